@@ -1,0 +1,35 @@
+# The two set-up commands of the README: `make serve` and `make test`.
+# Both bootstrap their own virtual environment in .venv from a clean clone.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test stress venv lint typecheck clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# The vision extra (mlx-vlm) is heavy; it is installed when it installs here, and the
+	# vision tests skip with the reason when it does not.
+	$(BIN)/pip install --quiet -e '.[test,vlm]' || $(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/mlxd serve
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+stress: $(STAMP)
+	$(BIN)/python -m pytest -q --stress
+
+lint: $(STAMP)
+	$(BIN)/ruff check mlxd tests bench
+	$(BIN)/mypy mlxd
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis dist build

@@ -1,0 +1,161 @@
+"""The ``mlxd`` command line.
+
+Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 3 daemon unreachable.
+Errors are printed on stderr as one line, never as a traceback.
+
+Each subcommand lives with the concern it belongs to; this module only parses
+arguments and dispatches (imports are lazy so ``mlxd --help`` is instant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from mlxd import __version__
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+
+class DaemonUnreachable(Exception):
+    """The CLI could not reach the daemon over HTTP (exit 3)."""
+
+
+def _add_url(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        help="daemon base URL (default: from --config, else http://127.0.0.1:8080)",
+    )
+    p.add_argument("--config", help="config file to read the daemon's host and port from")
+    p.add_argument(
+        "--api-key",
+        help="API key (default: the value of the config's api_key_env variable, MLXD_API_KEY)",
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the reply")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlxd",
+        description="mlxd: a local MLX model server with journaled residency management.",
+    )
+    parser.add_argument("--version", action="version", version=f"mlxd {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("serve", help="run the daemon (the built-in offline demo without --config)")
+    p.add_argument("--config", help="YAML config (default: the built-in offline demo config)")
+    p.add_argument("--host", help="bind address (overrides server.host)")
+    p.add_argument("--port", type=int, help="port, 0 for any free port (overrides server.port)")
+    p.add_argument("--journal", help="journal file (overrides journal.path)")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity (default: info)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow binding a non-loopback address without an API key",
+    )
+    p.add_argument(
+        "--ready-file",
+        help="write the bound URL to this file once the daemon is ready (for supervisors)",
+    )
+    p.set_defaults(handler="mlxd.daemon:cmd_serve")
+
+    p = sub.add_parser("check-config", help="validate a config and print the memory budget report")
+    p.add_argument("path", help="YAML config to check")
+    p.set_defaults(handler="mlxd.budget_report:cmd_check_config")
+
+    p = sub.add_parser("status", help="show the running daemon's residency status")
+    _add_url(p)
+    p.add_argument("--json", action="store_true", help="print the raw JSON status")
+    p.set_defaults(handler="mlxd.client:cmd_status")
+
+    p = sub.add_parser("load", help="ask the running daemon to load a model")
+    p.add_argument("name", help="model name")
+    _add_url(p)
+    p.set_defaults(handler="mlxd.client:cmd_load")
+
+    p = sub.add_parser("unload", help="ask the running daemon to unload a model")
+    p.add_argument("name", help="model name")
+    p.add_argument(
+        "--preempt", action="store_true", help="preempt live requests instead of letting them finish"
+    )
+    _add_url(p)
+    p.set_defaults(handler="mlxd.client:cmd_unload")
+
+    p = sub.add_parser("events", help="follow the daemon's residency and lease events")
+    _add_url(p)
+    p.add_argument("--json", action="store_true", help="print each event as one JSON line")
+    p.add_argument("--last-event-id", help="resume after this event id")
+    p.set_defaults(handler="mlxd.client:cmd_events")
+
+    p = sub.add_parser("history", help="print journal rows (reads the file; the daemon may be down)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--journal", help="journal file")
+    g.add_argument("--config", help="config whose journal.path to read")
+    p.add_argument("--model", help="only this model")
+    p.add_argument("--since", help="ISO time (2026-11-29T10:00) or a duration ago (90s, 15m, 2h, 7d)")
+    p.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
+    p.add_argument("--leases", action="store_true", help="show leases instead of transitions")
+    p.add_argument("--json", action="store_true", help="print a JSON array with the journal's columns")
+    p.set_defaults(handler="mlxd.history:cmd_history")
+
+    p = sub.add_parser("demo-model", help="write a small random-weight model that mlx-lm loads")
+    p.add_argument("path", help="directory to write")
+    p.add_argument("--size", choices=["tiny", "small"], default="tiny", help="tiny (tests) or small (~25M params)")
+    p.add_argument("--vision", action="store_true", help="write a tiny LLaVA for mlx-vlm instead")
+    p.add_argument("--force", action="store_true", help="overwrite an existing model")
+    p.set_defaults(handler="mlxd.demo_model:cmd_demo_model")
+
+    p = sub.add_parser("migrate", help="apply journal migrations (or show their status)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--journal", help="journal file")
+    g.add_argument("--config", help="config whose journal.path to use")
+    p.add_argument("--status", action="store_true", help="only show the version; never writes")
+    p.set_defaults(handler="mlxd.migrate:cmd_migrate")
+
+    p = sub.add_parser("launchd-plist", help="print a launchd plist for this install")
+    p.add_argument("--config", help="config file the daemon should use")
+    p.add_argument("--label", default="com.mlxd.daemon", help="launchd label")
+    p.set_defaults(handler="mlxd.service_files:cmd_launchd_plist")
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return EXIT_USAGE
+    module_name, func_name = args.handler.split(":")
+    from mlxd.errors import ConfigError, MlxdError
+
+    try:
+        handler = getattr(importlib.import_module(module_name), func_name)
+        return int(handler(args) or 0)
+    except ConfigError as e:
+        print(f"mlxd: {e.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except DaemonUnreachable as e:
+        print(f"mlxd: daemon unreachable: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except MlxdError as e:
+        print(f"mlxd: {e.message}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

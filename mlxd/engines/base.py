@@ -1,0 +1,116 @@
+"""The one protocol every engine implements, and the request/response shapes.
+
+An engine instance is one residency of one model: the manager makes a fresh
+engine for each load (``factory(model_config) -> Engine``), calls
+:meth:`Engine.load` once, hands it to leases while ``loaded``, and calls
+:meth:`Engine.stop` once to unload (also after a failed or cancelled load, to
+free a partial load).
+
+Cancellation contract (what the manager and HTTP layer rely on):
+
+* ``load()`` is cancellable: on ``trio.Cancelled`` it stops as soon as it can
+  and leaves the engine in a state where ``stop()`` frees everything.
+* ``generate()`` is an async iterator; when the task iterating it is
+  cancelled (client disconnect, preemption, shutdown) or the iterator is closed,
+  generation stops within one token (during prefill: at the next chunk).
+* ``stop()`` frees the engine's memory. It may raise; the manager then keeps
+  the engine as ``loaded`` and records ``last_error``.
+
+Requests to one engine are served in arrival order; beyond ``max_queue``
+waiting requests ``generate()`` raises :class:`mlxd.errors.Overloaded`.
+A batching engine may serve up to ``max_batch_size`` at once without changing
+this interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    #: plain text, or OpenAI content parts (``{"type": "text"|"image_url", ...}``)
+    content: str | list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One generation, already validated by the HTTP layer."""
+
+    kind: Literal["chat", "completion"]
+    #: for ``completion``
+    prompt: str | None = None
+    #: for ``chat``
+    messages: tuple[ChatMessage, ...] = ()
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    #: decoded images (PIL images or raw bytes) for ``mllm`` models
+    images: tuple[Any, ...] = ()
+    request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """New text produced by the model (may be empty while a byte sequence completes)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The last item of every generation."""
+
+    finish_reason: Literal["stop", "length"]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+GenerationEvent = TextDelta | Finished
+
+
+@dataclass(slots=True)
+class LoadProgress:
+    """What a load reports while it runs (download bytes, phase)."""
+
+    phase: str = "starting"  # starting | downloading | loading | measuring | done
+    bytes_done: int = 0
+    bytes_total: int | None = None
+    detail: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+ProgressCallback = Callable[[LoadProgress], None]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One residency of one model."""
+
+    #: the model name (API id)
+    name: str
+
+    async def load(self, progress: ProgressCallback) -> None:
+        """Load the weights; cancellable (see module docstring)."""
+        ...
+
+    async def stop(self) -> None:
+        """Free everything the engine holds. Safe after a failed or cancelled load."""
+        ...
+
+    def measured_bytes(self) -> int | None:
+        """The footprint measured by the last load, or None if it was not measured."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Stream a generation; the last item is a :class:`Finished`."""
+        ...
+
+    def queue_depth(self) -> int:
+        """Requests waiting for or in generation on this engine."""
+        ...

@@ -1,0 +1,192 @@
+"""The one error tree of mlxd.
+
+Every error a user can see is an :class:`MlxdError`. Each class declares its
+HTTP status, its OpenAI error ``type`` and ``code``, and whether it is
+retryable (``retry_after`` seconds, sent as ``Retry-After``). Route handlers
+raise these; one handler renders them in the OpenAI envelope
+``{"error": {"message", "type", "param", "code"}}``. Foreign exceptions are
+translated at the boundary (engine errors become :class:`LoadFailed`, sqlite
+errors become :class:`JournalError`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class MlxdError(Exception):
+    """Base of every error mlxd reports to a user."""
+
+    http_status: ClassVar[int] = 500
+    type: ClassVar[str] = "server_error"
+    code: ClassVar[str | None] = None
+    #: Seconds a client should wait before retrying; None means not retryable.
+    default_retry_after: ClassVar[float | None] = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.retry_after = retry_after if retry_after is not None else self.default_retry_after
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error envelope for this error."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, round(self.retry_after)))}
+
+
+# ---- 4xx: the request is wrong ---------------------------------------------------------
+
+
+class InvalidRequest(MlxdError):
+    http_status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class ModelExceedsBudget(InvalidRequest):
+    code = "model_exceeds_budget"
+
+
+class AuthenticationFailed(MlxdError):
+    http_status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(MlxdError):
+    http_status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model '{model}' does not exist", param="model")
+        self.model = model
+
+
+class MethodNotAllowed(MlxdError):
+    http_status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class Conflict(MlxdError):
+    http_status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
+class BodyTooLarge(MlxdError):
+    http_status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UnsupportedMediaType(MlxdError):
+    http_status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+# ---- 5xx: the server cannot do it now ---------------------------------------------------
+
+
+class LoadFailed(MlxdError):
+    """The engine raised while loading; the model is ``failed`` with ``last_error``."""
+
+    http_status = 502
+    type = "server_error"
+    code = "model_load_failed"
+
+
+class EngineError(MlxdError):
+    """The engine raised while generating."""
+
+    http_status = 502
+    type = "server_error"
+    code = "engine_error"
+
+
+class Unavailable(MlxdError):
+    """Base of the typed, retryable 503s."""
+
+    http_status = 503
+    type = "service_unavailable_error"
+    code = "unavailable"
+    default_retry_after = 1.0
+
+
+class ModelCapacity(Unavailable):
+    """The model does not fit now and the policy says not to wait."""
+
+    code = "model_capacity"
+
+
+class CapacityTimeout(Unavailable):
+    """Waited ``wait_timeout_s`` for room and none came."""
+
+    code = "capacity_timeout"
+
+
+class Preempted(Unavailable):
+    """The lease was preempted so that another model could have the memory."""
+
+    code = "preempted"
+
+
+class ShuttingDown(Unavailable):
+    code = "shutting_down"
+    default_retry_after = 5.0
+
+
+class Overloaded(Unavailable):
+    """More requests wait for this model than its ``max_queue`` allows."""
+
+    code = "overloaded"
+
+
+class JournalError(Unavailable):
+    """The journal cannot write; new loads are refused until it can."""
+
+    code = "journal_unavailable"
+    default_retry_after = 5.0
+
+
+class InternalError(MlxdError):
+    """An unexpected error; the message carries only an opaque id that is in the log."""
+
+    http_status = 500
+    type = "server_error"
+    code = "internal_error"
+
+
+# ---- not HTTP ---------------------------------------------------------------------------
+
+
+class ConfigError(MlxdError):
+    """A configuration error; the message names the key path. The CLI exits 2."""
+
+    http_status = 400
+    type = "invalid_request_error"
+    code = "invalid_config"

@@ -1,0 +1,79 @@
+"""What the manager tells its subscribers: transitions, leases and measurements.
+
+The manager calls every subscriber synchronously, in order, for each of these
+(see :meth:`mlxd.manager.Manager.subscribe`). The journal persists them, the
+metrics count them, ``/admin/events`` streams them. Times are wall-clock unix
+seconds from the manager's injected clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mlxd.states import Outcome, Reason, State
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionEvent:
+    model: str
+    from_state: State
+    to_state: State
+    reason: Reason
+    at: float
+    memory_bytes: int | None = None
+    error: str | None = None
+
+    kind = "transition"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseAcquired:
+    lease_id: str
+    model: str
+    request_id: str | None
+    route: str | None
+    at: float
+
+    kind = "lease_acquired"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseReleased:
+    lease_id: str
+    model: str
+    outcome: Outcome
+    at: float
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    #: seconds the lease was held (monotonic)
+    held_seconds: float = 0.0
+
+    kind = "lease_released"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class MeasurementEvent:
+    """The footprint and load time measured after a successful load."""
+
+    model: str
+    at: float
+    memory_bytes: int
+    load_seconds: float
+
+    kind = "measurement"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+
+ManagerEvent = TransitionEvent | LeaseAcquired | LeaseReleased | MeasurementEvent

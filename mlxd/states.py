@@ -1,0 +1,130 @@
+"""Residency states, the one table of legal transitions, and the journal vocabularies.
+
+Theory of operation
+-------------------
+A configured model is always in exactly one residency state. The strings are
+public: they appear in HTTP replies, in ``/admin/events`` and in the journal.
+
+=============  ===============  =========  =========================================
+state          memory counted   leases     meaning
+=============  ===============  =========  =========================================
+``unloaded``   no               no         nothing held
+``loading``    yes (reserved)   no         one shared load in flight
+``loaded``     yes              yes        ready
+``draining``   yes              no new     chosen as victim; live leases finish or are
+                                           preempted
+``unloading``  yes              no         engine stop in flight
+``failed``     no               no         last load failed; next acquire retries
+=============  ===============  =========  =========================================
+
+Who triggers which edge (all of them through :func:`check_transition`):
+
+* ``unloaded -> loading``: a waiter (request, preload, admin, restore) needs the model.
+* ``loading -> loaded``: the engine finished loading.
+* ``loading -> failed``: the engine raised while loading.
+* ``loading -> unloaded``: every waiter left (``abandoned``) or shutdown; the
+  partial engine has been stopped before this row is written.
+* ``loaded -> draining``: chosen as victim while leases are live (eviction for a
+  waiter, preemption, admin unload of a busy model, shutdown).
+* ``loaded -> unloading``: idle eviction, idle timeout, admin unload, shutdown.
+* ``draining -> unloading``: the last lease ended.
+* ``draining -> loaded``: the drain was called off (the waiter that needed the
+  room gave up or got room elsewhere).
+* ``unloading -> unloaded``: the engine stopped.
+* ``unloading -> loaded``: the engine stop failed; the engine is kept, ``last_error`` set.
+* ``failed -> loading``: the next acquire retries.
+* ``failed -> unloaded``: admin unload, config reload or shutdown clears the failure.
+
+At start-up only, a model the previous run left holding memory gets a journal
+row ``<state> -> unloaded`` with reason ``crash_recovery``; that edge is legal
+only with that reason (see :func:`is_legal`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class State(StrEnum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+    DRAINING = "draining"
+    UNLOADING = "unloading"
+    FAILED = "failed"
+
+
+class Reason(StrEnum):
+    """Why a transition happened (the journal's ``transitions.reason``)."""
+
+    REQUEST = "request"
+    PRELOAD = "preload"
+    ADMIN = "admin"
+    RESTORE = "restore"
+    IDLE_TIMEOUT = "idle_timeout"
+    EVICTED = "evicted"
+    PREEMPTED = "preempted"
+    ABANDONED = "abandoned"
+    LOAD_FAILED = "load_failed"
+    UNLOAD_FAILED = "unload_failed"
+    SHUTDOWN = "shutdown"
+    CRASH_RECOVERY = "crash_recovery"
+    CONFIG_RELOAD = "config_reload"
+
+
+class Outcome(StrEnum):
+    """How a lease ended (the journal's ``leases.outcome``)."""
+
+    COMPLETED = "completed"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+    DISCONNECTED = "disconnected"
+    PREEMPTED = "preempted"
+    SHUTDOWN = "shutdown"
+    INTERRUPTED = "interrupted"
+
+
+S = State
+
+#: The one table of legal moves. Anything not listed raises and changes nothing.
+TRANSITIONS: dict[State, frozenset[State]] = {
+    S.UNLOADED: frozenset({S.LOADING}),
+    S.LOADING: frozenset({S.LOADED, S.FAILED, S.UNLOADED}),
+    S.LOADED: frozenset({S.DRAINING, S.UNLOADING}),
+    S.DRAINING: frozenset({S.UNLOADING, S.LOADED}),
+    S.UNLOADING: frozenset({S.UNLOADED, S.LOADED}),
+    S.FAILED: frozenset({S.LOADING, S.UNLOADED}),
+}
+
+#: States whose bytes count against the memory budget.
+COMMITTED: frozenset[State] = frozenset({S.LOADING, S.LOADED, S.DRAINING, S.UNLOADING})
+
+#: States that hold (or may hold) engine memory; a crash leaves these to recover.
+HOLDS_MEMORY = COMMITTED
+
+
+class IllegalTransition(Exception):
+    """A move that the table does not allow; the state is left as it was."""
+
+    def __init__(self, model: str, from_state: State, to_state: State) -> None:
+        super().__init__(f"{model}: illegal residency transition {from_state} -> {to_state}")
+        self.model = model
+        self.from_state = from_state
+        self.to_state = to_state
+
+
+def is_legal(from_state: str, to_state: str, reason: str | None = None) -> bool:
+    """Whether ``from_state -> to_state`` is an allowed move (journal rows included)."""
+    try:
+        a, b = State(from_state), State(to_state)
+    except ValueError:
+        return False
+    if reason == Reason.CRASH_RECOVERY:
+        return a in HOLDS_MEMORY and b is S.UNLOADED
+    return b in TRANSITIONS[a]
+
+
+def check_transition(model: str, from_state: State, to_state: State) -> None:
+    """Raise :class:`IllegalTransition` unless the table allows the move."""
+    if to_state not in TRANSITIONS[from_state]:
+        raise IllegalTransition(model, from_state, to_state)

@@ -1,0 +1,37 @@
+"""Shared pytest configuration: the --stress flag for long suites."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--stress",
+        action="store_true",
+        default=False,
+        help="run the long suites (many Hypothesis examples, 1,000 crash kills, ...)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from hypothesis import settings
+
+    settings.register_profile("default", max_examples=300, deadline=None)
+    settings.register_profile("stress", max_examples=5000, deadline=None)
+    settings.load_profile("stress" if config.getoption("--stress") else "default")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--stress"):
+        return
+    skip = pytest.mark.skip(reason="long suite: run with --stress")
+    for item in items:
+        if "stress" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def stress(request: pytest.FixtureRequest) -> bool:
+    """True when the run was started with --stress."""
+    return bool(request.config.getoption("--stress"))
