@@ -1,0 +1,41 @@
+"""Engines: one residency of one model behind the :class:`~mlxd.engines.base.Engine` protocol.
+
+``engine: fake`` selects :class:`~mlxd.engines.fake.FakeEngine`; ``engine: mlx``
+(the default) selects the mlx-lm text engine, or the mlx-vlm vision engine for
+``mllm: true`` models. The real engines are imported lazily so that the fake
+path never imports MLX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mlxd.engines.base import Engine
+from mlxd.engines.fake import FakeFleet
+
+if TYPE_CHECKING:
+    from mlxd.config import ModelConfig
+
+EngineFactory = Callable[["ModelConfig"], Engine]
+
+
+class DefaultEngines:
+    """The daemon's engine factory: fakes for ``engine: fake``, MLX engines otherwise."""
+
+    def __init__(self, fleet: FakeFleet | None = None) -> None:
+        self.fleet = fleet or FakeFleet()
+
+    def __call__(self, model: ModelConfig) -> Engine:
+        if model.engine == "fake":
+            return self.fleet(model)
+        if model.mllm:
+            from mlxd.engines.mlx_vision import MlxVisionEngine
+
+            return MlxVisionEngine(model)
+        from mlxd.engines.mlx_text import MlxTextEngine
+
+        return MlxTextEngine(model)
+
+
+__all__ = ["DefaultEngines", "Engine", "EngineFactory", "FakeFleet"]

@@ -1,0 +1,252 @@
+"""A scriptable engine with no weights and no threads, for tests and demos.
+
+It starts no threads, so tests can run it under ``autojump_clock`` (a thread
+would let virtual time jump, trio#456). Everything about a model's fake lives
+in a :class:`FakeModel` shared by all residencies of that model: its size, its
+virtual load/unload time, its token rate, a failure script ("fail the 2nd
+load"), gates that park it at a phase until the test releases them, counters
+and a call log. Each load makes a fresh :class:`FakeEngine` (one residency).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import trio
+
+from mlxd.config import FakeSettings, ModelConfig
+from mlxd.engines.base import (
+    Finished,
+    GenerationEvent,
+    GenerationRequest,
+    LoadProgress,
+    ProgressCallback,
+    TextDelta,
+)
+from mlxd.errors import Overloaded
+
+
+class ScriptedFailure(RuntimeError):
+    """Raised by a fake engine where its failure script says so."""
+
+
+@dataclass
+class Gate:
+    """Parks an engine at a phase: ``reached`` is set when it arrives, ``release()`` lets it go."""
+
+    phase: str
+    reached: trio.Event = field(default_factory=trio.Event)
+    _open: trio.Event = field(default_factory=trio.Event)
+    #: how many engines passed through (after release)
+    passed: int = 0
+
+    def release(self) -> None:
+        self._open.set()
+
+    async def _pass(self) -> None:
+        self.reached.set()
+        await self._open.wait()
+        self.passed += 1
+
+
+@dataclass
+class FakeModel:
+    """The script and the counters of one fake model, across its residencies."""
+
+    name: str
+    memory_bytes: int
+    load_seconds: float = 0.0
+    unload_seconds: float = 0.0
+    tokens_per_second: float = 1000.0
+    reply: str = "This is mlxd's fake engine speaking. "
+    max_queue: int = 64
+    #: 1-based indices of load / unload attempts that raise ScriptedFailure
+    fail_loads: set[int] = field(default_factory=set)
+    fail_unloads: set[int] = field(default_factory=set)
+
+    loads_started: int = 0
+    loads_ok: int = 0
+    loads_cancelled: int = 0
+    stops: int = 0
+    stops_failed: int = 0
+    generations: int = 0
+    tokens: int = 0
+    #: engines currently holding memory (loaded, or partially loaded and not stopped)
+    resident: int = 0
+    log: list[tuple[float, str]] = field(default_factory=list)
+    gates: dict[str, Gate] = field(default_factory=dict)
+
+    def gate(self, phase: str) -> Gate:
+        """Park the next engines of this model at ``phase`` (load, unload, generate)."""
+        g = Gate(phase)
+        self.gates[phase] = g
+        return g
+
+    def record(self, what: str) -> None:
+        self.log.append((trio.current_time(), what))
+
+    async def _at(self, phase: str) -> None:
+        g = self.gates.get(phase)
+        if g is not None:
+            await g._pass()
+
+    @classmethod
+    def from_config(cls, model: ModelConfig, memory_bytes: int) -> FakeModel:
+        s = model.fake or FakeSettings()
+        return cls(
+            name=model.name,
+            memory_bytes=memory_bytes,
+            load_seconds=s.load_seconds,
+            unload_seconds=s.unload_seconds,
+            tokens_per_second=s.tokens_per_second,
+            reply=s.reply,
+            max_queue=model.max_queue,
+            fail_loads=set(s.fail_loads),
+            fail_unloads=set(s.fail_unloads),
+        )
+
+
+def _count_words(request: GenerationRequest) -> int:
+    if request.kind == "completion":
+        return len((request.prompt or "").split())
+    n = 0
+    for m in request.messages:
+        if isinstance(m.content, str):
+            n += len(m.content.split())
+        else:
+            n += sum(len(str(p.get("text", "")).split()) for p in m.content)
+    return n
+
+
+class FakeEngine:
+    """One residency of a :class:`FakeModel`."""
+
+    def __init__(self, model: FakeModel) -> None:
+        self.name = model.name
+        self.model = model
+        self._holding = False
+        self._stopped = False
+        self._lock = trio.Lock()  # FIFO: requests are served in arrival order
+        self._queued = 0
+
+    async def load(self, progress: ProgressCallback) -> None:
+        m = self.model
+        m.loads_started += 1
+        attempt = m.loads_started
+        m.record(f"load {attempt} start")
+        self._holding = True
+        m.resident += 1
+        try:
+            progress(LoadProgress(phase="loading", bytes_done=0, bytes_total=m.memory_bytes))
+            await m._at("load")
+            await trio.sleep(m.load_seconds)
+            if attempt in m.fail_loads:
+                m.record(f"load {attempt} failed")
+                raise ScriptedFailure(f"scripted failure of load {attempt} of {m.name}")
+        except trio.Cancelled:
+            m.loads_cancelled += 1
+            m.record(f"load {attempt} cancelled")
+            raise
+        m.loads_ok += 1
+        progress(LoadProgress(phase="done", bytes_done=m.memory_bytes, bytes_total=m.memory_bytes))
+        m.record(f"load {attempt} done")
+
+    async def stop(self) -> None:
+        m = self.model
+        if self._stopped:
+            return
+        m.stops += 1
+        attempt = m.stops
+        m.record(f"stop {attempt} start")
+        await m._at("unload")
+        await trio.sleep(m.unload_seconds)
+        if attempt in m.fail_unloads:
+            m.stops_failed += 1
+            m.record(f"stop {attempt} failed")
+            raise ScriptedFailure(f"scripted failure of unload {attempt} of {m.name}")
+        self._stopped = True
+        if self._holding:
+            self._holding = False
+            m.resident -= 1
+        m.record(f"stop {attempt} done")
+
+    def measured_bytes(self) -> int | None:
+        return self.model.memory_bytes
+
+    def queue_depth(self) -> int:
+        return self._queued
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        m = self.model
+        if self._queued >= m.max_queue:
+            raise Overloaded(
+                f"{m.name}: {self._queued} requests are already queued (max_queue={m.max_queue})"
+            )
+        self._queued += 1
+        try:
+            async with self._lock:
+                m.generations += 1
+                m.record("generate start")
+                await m._at("generate")
+                words = itertools.cycle(m.reply.split(" ") if m.reply else ["x"])
+                text = ""
+                produced = 0
+                finish: str = "length"
+                delay = 1.0 / m.tokens_per_second if m.tokens_per_second > 0 else 0.0
+                while produced < request.max_tokens:
+                    await trio.sleep(delay)
+                    piece = next(words) + " "
+                    produced += 1
+                    m.tokens += 1
+                    hit = _first_stop(text + piece, request.stop)
+                    if hit is not None:
+                        keep = hit - len(text)
+                        if keep > 0:
+                            yield TextDelta(piece[:keep])
+                        finish = "stop"
+                        break
+                    text += piece
+                    yield TextDelta(piece)
+                m.record("generate done")
+                yield Finished(
+                    finish_reason="stop" if finish == "stop" else "length",
+                    prompt_tokens=_count_words(request),
+                    completion_tokens=produced,
+                )
+        finally:
+            self._queued -= 1
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    positions = [i for s in stops if s and (i := text.find(s)) >= 0]
+    return min(positions) if positions else None
+
+
+class FakeFleet:
+    """The fakes of a whole config, by model name; use as the manager's engine factory.
+
+    ``fleet["a"]`` is the :class:`FakeModel` of model ``a`` (made on first use
+    from the config's ``fake:`` settings and the model's memory estimate).
+    """
+
+    def __init__(self, sizes: dict[str, int] | None = None) -> None:
+        self.models: dict[str, FakeModel] = {}
+        self._sizes = dict(sizes or {})
+
+    def add(self, model: FakeModel) -> FakeModel:
+        self.models[model.name] = model
+        return model
+
+    def __getitem__(self, name: str) -> FakeModel:
+        return self.models[name]
+
+    def for_config(self, model: ModelConfig) -> FakeModel:
+        if model.name not in self.models:
+            size = model.estimated_memory_bytes or self._sizes.get(model.name, 0)
+            self.models[model.name] = FakeModel.from_config(model, size)
+        return self.models[model.name]
+
+    def __call__(self, model: ModelConfig) -> FakeEngine:
+        return FakeEngine(self.for_config(model))
