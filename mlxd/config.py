@@ -115,6 +115,9 @@ class ModelConfig:
     fake: FakeSettings | None = None
     #: directory from which ``file://`` image URLs may be read (None: no local files)
     image_dir: Path | None = None
+    #: offline demo model: when set and ``source`` holds no model yet, the engine writes
+    #: a random-weight demo model of this kind there on first load (``mlxd demo-model``)
+    demo: Literal["tiny", "small", "vision"] | None = None
     #: seed keys kept for the budget report
     continuous_batching: bool | None = None
     gpu_memory_utilization: float | None = None
