@@ -1,0 +1,825 @@
+"""The sans-IO residency core: pure state, budget and policy.
+
+Theory of operation
+-------------------
+:class:`Core` holds every model's residency state, the memory budget, the
+queue of waiters and the live leases. It never awaits and never reads a clock:
+the Trio shell (:mod:`mlxd.manager`) turns happenings into :data:`Event` values
+carrying ``now`` (monotonic seconds), calls :meth:`Core.step`, and carries out
+the :data:`Command` values it returns, in order.
+
+Waiters are served first come, first served. After every event one pass
+(:meth:`Core._schedule`) walks the queue and, for each waiter:
+
+* grants a lease (or satisfies a residency waiter) when its model is ``loaded``;
+* joins the load when its model is ``loading`` (single flight);
+* waits when its model is on its way out (``draining``, ``unloading``, or a
+  cancelled load still tearing down): a late joiner starts a fresh load;
+* otherwise needs a load of ``need`` bytes. The pass tracks ``free`` (budget
+  minus committed bytes, minus what earlier waiters already claimed) and
+  ``incoming`` (bytes of models already on their way out, not yet claimed). A
+  load starts only when ``need <= free``. Otherwise the waiter claims room:
+  first idle ``loaded`` models are evicted (least recently used first, never
+  pinned), then the contention policy picks busy victims (LRU, never pinned)
+  and marks them ``draining``; preempting policies cancel their leases once
+  the waiter's ``preempt_at`` has come. A waiter whose room is on its way keeps
+  it: later waiters cannot take it (liveness). A waiter that cannot be helped by
+  any victim claims nothing, so it does not block the queue behind it.
+* A ``draining`` victim that no waiter claims at the end of a pass goes back to
+  ``loaded`` (the drain is called off), unless an admin unload or shutdown
+  drains it.
+
+Invariants (checked by :meth:`Core.check_invariants`, used by the property test):
+
+* committed bytes (``loading + loaded + draining + unloading``) never exceed the budget;
+* at most one load per model is in flight;
+* leases exist only on ``loaded`` or ``draining`` models, and a ``draining``
+  model is granted none;
+* every state change goes through :func:`mlxd.states.check_transition`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from mlxd.errors import (
+    CapacityTimeout,
+    Conflict,
+    JournalError,
+    LoadFailed,
+    MlxdError,
+    ModelCapacity,
+    ModelExceedsBudget,
+    ModelNotFound,
+    ShuttingDown,
+)
+from mlxd.states import COMMITTED, Reason, State, check_transition
+
+GIB = 1024**3
+
+
+# ---- inputs ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What the core needs to know about a configured model."""
+
+    name: str
+    size_bytes: int
+    pinned: bool = False
+    #: seconds without a lease before an idle unload; 0 = never
+    idle_unload_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The contention policy (see :class:`mlxd.config.ContentionPolicy`)."""
+
+    strategy: str = "wait_then_fail"
+    wait_timeout_s: float | None = 30.0
+    preempt_after_s: float | None = None
+
+    @property
+    def waits(self) -> bool:
+        return self.strategy != "fail"
+
+    @property
+    def preempt_delay_s(self) -> float | None:
+        if self.strategy == "preempt":
+            return 0.0
+        if self.strategy == "wait_then_preempt":
+            return self.preempt_after_s if self.preempt_after_s is not None else 0.0
+        return None
+
+
+class WaiterKind(StrEnum):
+    LEASE = "lease"  # a request: gets a lease, may leave at any time
+    RESIDENT = "resident"  # preload, admin load, restore: wants residency, never leaves
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    waiter_id: int
+    model: str
+    lease_id: str
+    now: float
+    kind: WaiterKind = WaiterKind.LEASE
+    reason: Reason = Reason.REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class CancelWaiter:
+    """The waiter left (cancelled, disconnected, timed out on its side)."""
+
+    waiter_id: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFinished:
+    model: str
+    load_id: int
+    now: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadAborted:
+    """A cancelled load has ended and its partial engine is stopped."""
+
+    model: str
+    load_id: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadFinished:
+    model: str
+    now: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    lease_id: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class AdminUnload:
+    model: str
+    now: float
+    preempt: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SetLoadGate:
+    """``reason`` None allows loads; a string refuses new loads with that reason."""
+
+    reason: str | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class SetSize:
+    """A new memory estimate for a model (e.g. measured by its last load).
+
+    It applies to the model's next reservation; a residency keeps the bytes it reserved.
+    """
+
+    model: str
+    size_bytes: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownDeadline:
+    """The grace period is over: preempt every remaining lease."""
+
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigure:
+    """Replace the registry and the manager settings (config reload).
+
+    ``replaced`` names models whose configuration changed; they and removed
+    models must be dormant (``unloaded``/``failed``), else :class:`Conflict`.
+    """
+
+    specs: tuple[ModelSpec, ...]
+    budget_bytes: int
+    policy: Policy
+    now: float
+    replaced: frozenset[str] = frozenset()
+
+
+Event = (
+    Acquire
+    | CancelWaiter
+    | LoadFinished
+    | LoadAborted
+    | UnloadFinished
+    | Release
+    | Tick
+    | AdminUnload
+    | SetLoadGate
+    | SetSize
+    | Shutdown
+    | ShutdownDeadline
+    | Reconfigure
+)
+
+
+# ---- outputs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartLoad:
+    model: str
+    load_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelLoad:
+    model: str
+    load_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartUnload:
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    waiter_id: int
+    model: str
+    lease_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Satisfy:
+    waiter_id: int
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    waiter_id: int
+    model: str
+    error: MlxdError
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    model: str
+    lease_ids: tuple[str, ...]
+    shutdown: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    model: str
+    from_state: State
+    to_state: State
+    reason: Reason
+    memory_bytes: int
+    error: str | None = None
+
+
+Command = StartLoad | CancelLoad | StartUnload | Grant | Satisfy | Reject | Preempt | Transition
+
+
+# ---- internal records ------------------------------------------------------------------
+
+#: drain owners that are not waiters: these drains are never called off
+ADMIN_DRAIN = -1
+SHUTDOWN_DRAIN = -2
+
+
+@dataclass
+class ModelRecord:
+    spec: ModelSpec
+    state: State = State.UNLOADED
+    #: bytes this residency holds or reserves (set when its load starts)
+    committed_bytes: int = 0
+    leases: set[str] = field(default_factory=set)
+    last_used: float | None = None
+    last_error: str | None = None
+    load_id: int = 0
+    load_reason: Reason = Reason.REQUEST
+    #: a CancelLoad was issued for the load in flight; it cannot be joined
+    load_cancelling: bool = False
+    abort_reason: Reason = Reason.ABANDONED
+    #: why it is draining / unloading (the reason of the row that ends it)
+    out_reason: Reason = Reason.EVICTED
+    #: ADMIN_DRAIN / SHUTDOWN_DRAIN when the drain must not be called off
+    drain_owner: int | None = None
+    #: its leases were preempted during this drain
+    preempted: bool = False
+    #: shutdown gave up on it (its unload failed during shutdown)
+    abandoned_at_shutdown: bool = False
+
+    @property
+    def counts(self) -> bool:
+        return self.state in COMMITTED
+
+
+@dataclass
+class Waiter:
+    id: int
+    model: str
+    lease_id: str
+    kind: WaiterKind
+    reason: Reason
+    since: float
+    #: capacity bound (None = unbounded)
+    deadline: float | None
+    #: when this waiter may preempt its victims (None = never)
+    preempt_at: float | None
+    #: waiting for room (subject to ``deadline``) rather than joined to a load
+    blocked: bool = False
+    #: draining victims this waiter claimed in the last pass
+    claims: list[str] = field(default_factory=list)
+
+
+# ---- the core --------------------------------------------------------------------------
+
+
+class Core:
+    """Residency state machine. Feed events to :meth:`step`; carry out the commands."""
+
+    def __init__(self, specs: Iterable[ModelSpec], budget_bytes: int, policy: Policy) -> None:
+        self.budget = int(budget_bytes)
+        self.policy = policy
+        self.models: dict[str, ModelRecord] = {s.name: ModelRecord(s) for s in specs}
+        self.waiters: dict[int, Waiter] = {}  # insertion order = arrival order (FIFO)
+        self.lease_model: dict[str, str] = {}
+        self.load_gate: str | None = None
+        self.shutting_down = False
+        self.now = 0.0
+        self._load_ids = itertools.count(1)
+        self._out: list[Command] = []
+
+    # -- queries ---------------------------------------------------------------------
+
+    @property
+    def committed(self) -> int:
+        return sum(r.committed_bytes for r in self.models.values() if r.counts)
+
+    def state(self, model: str) -> State:
+        return self.models[model].state
+
+    @property
+    def shutdown_complete(self) -> bool:
+        return self.shutting_down and all(
+            r.state in (State.UNLOADED, State.FAILED) or r.abandoned_at_shutdown
+            for r in self.models.values()
+        )
+
+    def next_deadline(self) -> float | None:
+        """The earliest time at which a :class:`Tick` could change something."""
+        times: list[float] = []
+        for w in self.waiters.values():
+            if w.blocked and w.deadline is not None:
+                times.append(w.deadline)
+            if w.preempt_at is not None and any(
+                not self.models[v].preempted for v in w.claims if v in self.models
+            ):
+                times.append(w.preempt_at)
+        for r in self.models.values():
+            due = self._idle_due(r)
+            if due is not None:
+                times.append(due)
+        return min(times) if times else None
+
+    def _idle_due(self, r: ModelRecord) -> float | None:
+        if (
+            r.state is State.LOADED
+            and not r.leases
+            and not r.spec.pinned
+            and r.spec.idle_unload_s > 0
+            and r.last_used is not None
+            and not self.shutting_down
+        ):
+            return r.last_used + r.spec.idle_unload_s
+        return None
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if a promise of the module docstring is broken."""
+        assert self.committed <= self.budget, (self.committed, self.budget)
+        for name, r in self.models.items():
+            if r.leases:
+                assert r.state in (State.LOADED, State.DRAINING), (name, r.state)
+            for lid in r.leases:
+                assert self.lease_model[lid] == name
+        assert len(self.lease_model) == sum(len(r.leases) for r in self.models.values())
+
+    # -- the step function -----------------------------------------------------------
+
+    def step(self, event: Event) -> list[Command]:
+        """Apply one event; return the commands to carry out, in order.
+
+        Raises :class:`MlxdError` (and changes nothing) for an admin request that
+        cannot be honoured (unknown model, unload of a loading model, a reload
+        that would replace a live model).
+        """
+        self.now = max(self.now, event.now)
+        self._out = []
+        handler = getattr(self, "_on_" + type(event).__name__)
+        handler(event)
+        if not self.shutting_down:
+            self._schedule()
+        else:
+            self._reject_all_waiters()
+        out, self._out = self._out, []
+        return out
+
+    # -- event handlers --------------------------------------------------------------
+
+    def _on_Acquire(self, ev: Acquire) -> None:
+        if ev.model not in self.models:
+            self._out.append(Reject(ev.waiter_id, ev.model, ModelNotFound(ev.model)))
+            return
+        if self.shutting_down:
+            self._out.append(
+                Reject(ev.waiter_id, ev.model, ShuttingDown("mlxd is shutting down"))
+            )
+            return
+        p = self.policy
+        bound = p.wait_timeout_s if p.strategy != "fail" else None
+        delay = p.preempt_delay_s
+        self.waiters[ev.waiter_id] = Waiter(
+            id=ev.waiter_id,
+            model=ev.model,
+            lease_id=ev.lease_id,
+            kind=ev.kind,
+            reason=ev.reason,
+            since=ev.now,
+            deadline=ev.now + bound if bound is not None else None,
+            preempt_at=ev.now + delay if delay is not None else None,
+        )
+
+    def _on_CancelWaiter(self, ev: CancelWaiter) -> None:
+        w = self.waiters.pop(ev.waiter_id, None)
+        if w is not None:
+            self._maybe_abandon_load(w.model)
+
+    def _on_LoadFinished(self, ev: LoadFinished) -> None:
+        r = self.models.get(ev.model)
+        if r is None or r.state is not State.LOADING or r.load_id != ev.load_id:
+            return
+        if ev.error is None:
+            self._move(r, State.LOADED, r.load_reason)
+            r.last_used = ev.now
+            r.last_error = None
+        else:
+            r.last_error = ev.error
+            self._move(r, State.FAILED, Reason.LOAD_FAILED, error=ev.error)
+            for w in [w for w in self.waiters.values() if w.model == r.spec.name]:
+                del self.waiters[w.id]
+                self._out.append(
+                    Reject(w.id, w.model, LoadFailed(f"loading '{w.model}' failed: {ev.error}"))
+                )
+
+    def _on_LoadAborted(self, ev: LoadAborted) -> None:
+        r = self.models.get(ev.model)
+        if r is None or r.state is not State.LOADING or r.load_id != ev.load_id:
+            return
+        r.load_cancelling = False
+        self._move(r, State.UNLOADED, r.abort_reason)
+
+    def _on_UnloadFinished(self, ev: UnloadFinished) -> None:
+        r = self.models.get(ev.model)
+        if r is None or r.state is not State.UNLOADING:
+            return
+        if ev.error is None:
+            self._move(r, State.UNLOADED, r.out_reason)
+        else:
+            r.last_error = ev.error
+            self._move(r, State.LOADED, Reason.UNLOAD_FAILED, error=ev.error)
+            r.drain_owner = None
+            r.last_used = ev.now
+            if self.shutting_down:
+                r.abandoned_at_shutdown = True
+
+    def _on_Release(self, ev: Release) -> None:
+        model = self.lease_model.pop(ev.lease_id, None)
+        if model is None:
+            return
+        r = self.models[model]
+        r.leases.discard(ev.lease_id)
+        r.last_used = ev.now
+        if r.state is State.DRAINING and not r.leases:
+            self._move(r, State.UNLOADING, r.out_reason)
+            self._out.append(StartUnload(model))
+
+    def _on_Tick(self, ev: Tick) -> None:
+        for w in list(self.waiters.values()):
+            if w.blocked and w.deadline is not None and ev.now >= w.deadline:
+                del self.waiters[w.id]
+                self._out.append(
+                    Reject(
+                        w.id,
+                        w.model,
+                        CapacityTimeout(
+                            f"waited {ev.now - w.since:.0f} s for room to load '{w.model}' "
+                            f"(wait_timeout_s={self.policy.wait_timeout_s:g})"
+                        ),
+                    )
+                )
+                self._maybe_abandon_load(w.model)
+        for r in self.models.values():
+            due = self._idle_due(r)
+            if due is not None and ev.now >= due:
+                self._begin_unload(r, Reason.IDLE_TIMEOUT)
+
+    def _on_AdminUnload(self, ev: AdminUnload) -> None:
+        r = self.models.get(ev.model)
+        if r is None:
+            raise ModelNotFound(ev.model)
+        if r.state is State.LOADING:
+            raise Conflict(f"'{ev.model}' is loading; unload it once it is loaded")
+        if r.state is State.FAILED:
+            self._move(r, State.UNLOADED, Reason.ADMIN)
+        elif r.state is State.LOADED:
+            if r.leases:
+                self._begin_drain(r, Reason.ADMIN, ADMIN_DRAIN)
+            else:
+                self._begin_unload(r, Reason.ADMIN)
+        elif r.state is State.DRAINING:
+            r.drain_owner = ADMIN_DRAIN
+            r.out_reason = Reason.ADMIN
+        if ev.preempt and r.state is State.DRAINING:
+            self._preempt(r, shutdown=False)
+
+    def _on_SetLoadGate(self, ev: SetLoadGate) -> None:
+        self.load_gate = ev.reason
+
+    def _on_SetSize(self, ev: SetSize) -> None:
+        r = self.models.get(ev.model)
+        if r is not None and ev.size_bytes > 0:
+            r.spec = replace(r.spec, size_bytes=int(ev.size_bytes))
+
+    def _on_Shutdown(self, ev: Shutdown) -> None:
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        for r in self.models.values():
+            if r.state is State.LOADING and not r.load_cancelling:
+                r.load_cancelling = True
+                r.abort_reason = Reason.SHUTDOWN
+                self._out.append(CancelLoad(r.spec.name, r.load_id))
+            elif r.state is State.LOADING:
+                r.abort_reason = Reason.SHUTDOWN
+            elif r.state is State.LOADED:
+                if r.leases:
+                    self._begin_drain(r, Reason.SHUTDOWN, SHUTDOWN_DRAIN)
+                else:
+                    self._begin_unload(r, Reason.SHUTDOWN)
+            elif r.state is State.DRAINING:
+                r.drain_owner = SHUTDOWN_DRAIN
+                r.out_reason = Reason.SHUTDOWN
+            elif r.state is State.FAILED:
+                self._move(r, State.UNLOADED, Reason.SHUTDOWN)
+
+    def _on_ShutdownDeadline(self, ev: ShutdownDeadline) -> None:
+        if not self.shutting_down:
+            self._on_Shutdown(Shutdown(ev.now))
+        for r in self.models.values():
+            if r.state is State.DRAINING and r.leases:
+                self._preempt(r, shutdown=True)
+
+    def _on_Reconfigure(self, ev: Reconfigure) -> None:
+        new = {s.name: s for s in ev.specs}
+        live = {n for n, r in self.models.items() if r.state not in (State.UNLOADED, State.FAILED)}
+        removed = set(self.models) - set(new)
+        busy = sorted((removed | (ev.replaced & set(self.models))) & live)
+        if busy:
+            raise Conflict(
+                "cannot remove or replace a live model: "
+                + ", ".join(f"{n} ({self.models[n].state})" for n in busy)
+            )
+        if ev.budget_bytes < self.committed:
+            raise Conflict(
+                f"the new budget ({ev.budget_bytes / GIB:.2f} GiB) is below the memory "
+                f"committed now ({self.committed / GIB:.2f} GiB); unload models first"
+            )
+        for name in sorted(removed | (ev.replaced & set(self.models))):
+            r = self.models[name]
+            if r.state is State.FAILED:
+                self._move(r, State.UNLOADED, Reason.CONFIG_RELOAD)
+        for name in sorted(removed):
+            del self.models[name]
+            for w in [w for w in self.waiters.values() if w.model == name]:
+                del self.waiters[w.id]
+                self._out.append(Reject(w.id, name, ModelNotFound(name)))
+        for name, spec in new.items():
+            if name in self.models:
+                self.models[name].spec = spec
+            else:
+                self.models[name] = ModelRecord(spec)
+        self.budget = ev.budget_bytes
+        self.policy = ev.policy
+
+    # -- scheduling ------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        # A drain called off turns a victim back to ``loaded``; its waiters are
+        # served by the next pass. Passes converge: a called-off victim was
+        # claimed by nobody, and nothing else changed in between.
+        for _ in range(4):
+            if not self._pass():
+                break
+
+    def _pass(self) -> bool:
+        """One first-come-first-served pass over the waiters; True if a drain was called off."""
+        free = self.budget - self.committed
+        incoming = sum(
+            r.committed_bytes
+            for r in self.models.values()
+            if r.state in (State.DRAINING, State.UNLOADING)
+        )
+        claimed: dict[str, int] = {}  # victim on its way out -> waiter that claimed it
+        planned: set[str] = set()  # models an earlier waiter is making room for
+        for w in list(self.waiters.values()):
+            r = self.models[w.model]
+            w.claims = []
+            if r.state is State.LOADED:
+                self._satisfy(w, r)
+                continue
+            if r.state is State.LOADING and not r.load_cancelling:
+                w.blocked = False
+                continue
+            w.blocked = True
+            if r.state not in (State.UNLOADED, State.FAILED) or w.model in planned:
+                continue  # on its way out, tearing down, or an earlier waiter plans it
+            need = r.spec.size_bytes
+            if need > self.budget:
+                self._reject(
+                    w,
+                    ModelExceedsBudget(
+                        f"'{w.model}' needs {need / GIB:.2f} GiB, more than the whole "
+                        f"memory budget of {self.budget / GIB:.2f} GiB",
+                        param="model",
+                    ),
+                )
+                continue
+            if self.load_gate is not None:
+                self._reject(w, JournalError(f"new loads are refused: {self.load_gate}"))
+                continue
+            if need <= free:
+                free -= need
+                self._start_load(w, r)
+                continue
+            idle = self._lru(busy=False, exclude=w.model)
+            busy = self._lru(busy=True, exclude=w.model) if self.policy.waits else []
+            idle_bytes = sum(v.committed_bytes for v in idle)
+            busy_bytes = sum(v.committed_bytes for v in busy)
+            if free + incoming + idle_bytes < need and not self.policy.waits:
+                self._reject(
+                    w,
+                    ModelCapacity(
+                        f"'{w.model}' ({need / GIB:.2f} GiB) does not fit: "
+                        f"{self.committed / GIB:.2f} of {self.budget / GIB:.2f} GiB "
+                        "are committed to models in use"
+                    ),
+                )
+                continue
+            planned.add(w.model)
+            if free + incoming + idle_bytes + busy_bytes < need:
+                continue  # no victim can make room now: claim nothing, touch nothing
+            # Room is short: idle victims first (LRU), then busy ones per the policy.
+            for v in idle:
+                if free + incoming >= need:
+                    break
+                incoming += v.committed_bytes
+                self._begin_unload(v, Reason.EVICTED)
+            drain_reason = (
+                Reason.PREEMPTED if self.policy.strategy == "preempt" else Reason.EVICTED
+            )
+            for v in busy:
+                if free + incoming >= need:
+                    break
+                incoming += v.committed_bytes
+                self._begin_drain(v, drain_reason, owner=None)
+            take_free = min(free, need)
+            free -= take_free
+            incoming -= need - take_free
+            self._claim_victims(w, need - take_free, claimed)
+        called_off = self._call_off_unclaimed(claimed)
+        self._preempt_due()
+        return called_off
+
+    def _satisfy(self, w: Waiter, r: ModelRecord) -> None:
+        del self.waiters[w.id]
+        if w.kind is WaiterKind.LEASE:
+            r.leases.add(w.lease_id)
+            self.lease_model[w.lease_id] = r.spec.name
+            r.last_used = self.now
+            self._out.append(Grant(w.id, r.spec.name, w.lease_id))
+        else:
+            self._out.append(Satisfy(w.id, r.spec.name))
+
+    def _reject(self, w: Waiter, error: MlxdError) -> None:
+        del self.waiters[w.id]
+        self._out.append(Reject(w.id, w.model, error))
+
+    def _reject_all_waiters(self) -> None:
+        for w in list(self.waiters.values()):
+            self._reject(w, ShuttingDown("mlxd is shutting down"))
+
+    def _start_load(self, w: Waiter, r: ModelRecord) -> None:
+        r.load_id = next(self._load_ids)
+        r.load_reason = w.reason
+        r.committed_bytes = r.spec.size_bytes
+        r.load_cancelling = False
+        r.abort_reason = Reason.ABANDONED
+        self._move(r, State.LOADING, w.reason)
+        w.blocked = False
+        self._out.append(StartLoad(r.spec.name, r.load_id))
+
+    def _maybe_abandon_load(self, model: str) -> None:
+        r = self.models.get(model)
+        if r is None or r.state is not State.LOADING or r.load_cancelling:
+            return
+        if any(w.model == model for w in self.waiters.values()):
+            return
+        r.load_cancelling = True
+        r.abort_reason = Reason.ABANDONED
+        self._out.append(CancelLoad(model, r.load_id))
+
+    def _lru(self, busy: bool, exclude: str) -> list[ModelRecord]:
+        cands = [
+            r
+            for name, r in self.models.items()
+            if name != exclude
+            and r.state is State.LOADED
+            and not r.spec.pinned
+            and bool(r.leases) == busy
+        ]
+        return sorted(cands, key=lambda r: (r.last_used or 0.0, r.spec.name))
+
+    def _claim_victims(self, w: Waiter, rest: int, claimed: dict[str, int]) -> None:
+        """Let ``w`` claim the unclaimed bytes on their way out, unloading ones first."""
+        if rest <= 0:
+            return
+        outgoing = sorted(
+            (
+                r
+                for r in self.models.values()
+                if r.state in (State.UNLOADING, State.DRAINING) and r.spec.name not in claimed
+            ),
+            key=lambda r: (r.state is State.DRAINING, r.last_used or 0.0, r.spec.name),
+        )
+        for r in outgoing:
+            if rest <= 0:
+                break
+            claimed[r.spec.name] = w.id
+            rest -= r.committed_bytes
+            if r.state is State.DRAINING:
+                w.claims.append(r.spec.name)
+
+    def _call_off_unclaimed(self, claimed: dict[str, int]) -> bool:
+        called_off = False
+        for r in self.models.values():
+            if r.state is State.DRAINING and r.drain_owner is None and r.spec.name not in claimed:
+                r.preempted = False
+                self._move(r, State.LOADED, Reason.ABANDONED)
+                called_off = True
+        return called_off
+
+    def _preempt_due(self) -> None:
+        for w in self.waiters.values():
+            if w.preempt_at is None or self.now < w.preempt_at:
+                continue
+            for name in w.claims:
+                r = self.models[name]
+                if r.state is State.DRAINING and not r.preempted:
+                    r.out_reason = Reason.PREEMPTED
+                    self._preempt(r, shutdown=False)
+
+    # -- moves -----------------------------------------------------------------------
+
+    def _begin_unload(self, r: ModelRecord, reason: Reason) -> None:
+        r.out_reason = reason
+        self._move(r, State.UNLOADING, reason)
+        self._out.append(StartUnload(r.spec.name))
+
+    def _begin_drain(self, r: ModelRecord, reason: Reason, owner: int | None) -> None:
+        r.out_reason = reason
+        r.drain_owner = owner
+        r.preempted = False
+        self._move(r, State.DRAINING, reason)
+
+    def _preempt(self, r: ModelRecord, *, shutdown: bool) -> None:
+        r.preempted = True
+        if shutdown:
+            r.out_reason = Reason.SHUTDOWN
+        if r.leases:
+            self._out.append(Preempt(r.spec.name, tuple(sorted(r.leases)), shutdown=shutdown))
+
+    def _move(
+        self, r: ModelRecord, to: State, reason: Reason, *, error: str | None = None
+    ) -> None:
+        check_transition(r.spec.name, r.state, to)
+        frm, r.state = r.state, to
+        if to in (State.UNLOADED, State.LOADED, State.LOADING):
+            r.drain_owner = None
+        self._out.append(Transition(r.spec.name, frm, to, reason, r.committed_bytes, error))
+

@@ -1,0 +1,642 @@
+"""The Trio shell around the residency core.
+
+:class:`Manager` owns one nursery (:meth:`Manager.run`). It turns happenings
+(an acquire, a waiter cancelled, a load finished, a timer firing) into events
+for :class:`mlxd.core.Core`, and carries out the commands the core returns:
+loads and unloads run as tasks in the manager's nursery (never in a request's
+task, so a cancelled request cannot take a shared load down with it), grants
+wake waiters, preemption cancels lease scopes, transitions go to subscribers.
+
+All of that happens synchronously inside :meth:`Manager._dispatch`; the only
+awaits are waiting (for a grant, for a state) and the engines' own work.
+
+Leases
+------
+``async with manager.lease("qwen") as lease:`` waits for a lease and releases
+it however the block ends. Work that preemption must be able to stop runs
+inside ``with lease.scope():``; preemption cancels those scopes and the holder
+sees :class:`mlxd.errors.Preempted` (``ShuttingDown`` when the shutdown grace
+ran out). A streaming response that cannot hold a cancel scope across its
+``yield``s opens ``lease.scope()`` around each await instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from mlxd import core as c
+from mlxd.config import Config, ModelConfig, resolve_estimate
+from mlxd.engines.base import Engine, LoadProgress
+from mlxd.errors import (
+    EngineError,
+    MlxdError,
+    ModelNotFound,
+    Preempted,
+    ShuttingDown,
+)
+from mlxd.events import (
+    LeaseAcquired,
+    LeaseReleased,
+    ManagerEvent,
+    MeasurementEvent,
+    TransitionEvent,
+)
+from mlxd.states import Outcome, Reason, State
+
+log = logging.getLogger("mlxd.manager")
+
+EngineFactory = Callable[[ModelConfig], Engine]
+Subscriber = Callable[[ManagerEvent], None]
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line description of an engine error for ``last_error``."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, MlxdError):
+        return exc.message
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def spec_for(model: ModelConfig, config: Config, measured: Mapping[str, int]) -> c.ModelSpec:
+    est = resolve_estimate(model, measured)
+    idle = (
+        model.idle_unload_seconds
+        if model.idle_unload_seconds is not None
+        else config.manager.idle_unload_seconds
+    )
+    return c.ModelSpec(
+        name=model.name,
+        size_bytes=est.bytes if est is not None else 0,
+        pinned=model.pin,
+        idle_unload_s=float(idle or 0.0),
+    )
+
+
+def policy_for(config: Config) -> c.Policy:
+    p = config.manager.contention_policy
+    return c.Policy(p.strategy, p.wait_timeout_s, p.preempt_after_s)
+
+
+class Lease:
+    """The right to use one loaded model's engine, for one request."""
+
+    def __init__(
+        self,
+        manager: Manager,
+        lease_id: str,
+        model: str,
+        engine: Engine,
+        request_id: str | None,
+        route: str | None,
+    ) -> None:
+        self.id = lease_id
+        self.model = model
+        self.engine = engine
+        self.request_id = request_id
+        self.route = route
+        self.acquired_at = trio.current_time()
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.preempted = False
+        self.preempted_by_shutdown = False
+        self.released = False
+        self.outcome: Outcome | None = None
+        self._manager = manager
+        self._scopes: set[trio.CancelScope] = set()
+
+    def preempted_error(self) -> MlxdError:
+        if self.preempted_by_shutdown:
+            return ShuttingDown(f"'{self.model}': the request was stopped because mlxd is shutting down")
+        return Preempted(
+            f"'{self.model}' was preempted to make room for another model; retry the request"
+        )
+
+    @contextmanager
+    def scope(self) -> Iterator[trio.CancelScope]:
+        """A region that preemption cancels; raises the preemption error if it did."""
+        with trio.CancelScope() as cs:
+            self._scopes.add(cs)
+            if self.preempted:
+                cs.cancel()
+            try:
+                yield cs
+            finally:
+                self._scopes.discard(cs)
+        if cs.cancelled_caught and self.preempted:
+            raise self.preempted_error()
+
+    def set_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+
+    def _preempt(self, shutdown: bool) -> None:
+        self.preempted = True
+        self.preempted_by_shutdown = shutdown
+        for cs in list(self._scopes):
+            cs.cancel()
+
+    def release(self, outcome: Outcome | None = None) -> None:
+        """Give the lease back (idempotent; safe in ``finally`` and under cancellation)."""
+        if self.released:
+            return
+        self.released = True
+        if outcome is None:
+            outcome = self._preempt_outcome() if self.preempted else Outcome.COMPLETED
+        self.outcome = outcome
+        self._manager._release(self)
+
+    def _preempt_outcome(self) -> Outcome:
+        return Outcome.SHUTDOWN if self.preempted_by_shutdown else Outcome.PREEMPTED
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is None:
+            self.release(Outcome.COMPLETED)
+        elif isinstance(exc, (Preempted, ShuttingDown)) and self.preempted:
+            self.release(self._preempt_outcome())
+        elif isinstance(exc, trio.Cancelled) or (
+            isinstance(exc, BaseExceptionGroup) and exc.subgroup(trio.Cancelled) is not None
+        ):
+            self.release(self._preempt_outcome() if self.preempted else Outcome.CANCELLED)
+        else:
+            self.release(Outcome.ERROR)
+
+
+@dataclass
+class _Waiter:
+    model: str
+    request_id: str | None
+    route: str | None
+    kind: c.WaiterKind
+    done: trio.Event = field(default_factory=trio.Event)
+    lease: Lease | None = None
+    error: MlxdError | None = None
+
+
+@dataclass
+class LoadInfo:
+    """A load in flight, for status and health."""
+
+    model: str
+    load_id: int
+    started: float
+    progress: LoadProgress = field(default_factory=LoadProgress)
+
+
+class Manager:
+    """Decides which models are resident; see the module docstring."""
+
+    def __init__(
+        self,
+        config: Config,
+        engines: EngineFactory,
+        *,
+        measured: Mapping[str, int] | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        stop_timeout_s: float = 60.0,
+    ) -> None:
+        self.config = config
+        self._engines_factory = engines
+        self._measured: dict[str, int] = dict(measured or {})
+        self._wall = wall_clock
+        self._stop_timeout_s = stop_timeout_s
+        self.core = c.Core(
+            [spec_for(m, config, self._measured) for m in config.models],
+            config.manager.memory_budget_bytes,
+            policy_for(config),
+        )
+        self._subscribers: list[Subscriber] = []
+        self._waiters: dict[int, _Waiter] = {}
+        self._leases: dict[str, Lease] = {}
+        self._engines: dict[str, Engine] = {}
+        self._loads: dict[str, LoadInfo] = {}
+        self._load_scopes: dict[str, tuple[int, trio.CancelScope]] = {}
+        self._ids = itertools.count(1)
+        self._nursery: trio.Nursery | None = None
+        self._timer_scope: trio.CancelScope | None = None
+        self._changed = trio.Event()
+        self._closed = trio.Event()
+        self._dispatching = False
+        self.last_transition: dict[str, c.Transition] = {}
+        self.counters: dict[str, int] = {"loads": 0, "evictions": 0, "preemptions": 0}
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until :meth:`shutdown` has unloaded everything (or until cancelled)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._timer)
+            task_status.started()
+            await self._closed.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _timer(self) -> None:
+        while True:
+            deadline = self.core.next_deadline()
+            with trio.CancelScope(deadline=deadline if deadline is not None else math.inf) as cs:
+                self._timer_scope = cs
+                await trio.sleep_forever()
+            self._timer_scope = None
+            self._dispatch(c.Tick(trio.current_time()))
+
+    def subscribe(self, callback: Subscriber) -> None:
+        """Call ``callback`` synchronously with every transition, lease and measurement."""
+        self._subscribers.append(callback)
+
+    # -- public operations -----------------------------------------------------------
+
+    def has_model(self, name: str) -> bool:
+        return name in self.core.models
+
+    async def acquire(
+        self, model: str, *, request_id: str | None = None, route: str | None = None
+    ) -> Lease:
+        """Wait for a lease on ``model``; raises a typed :class:`MlxdError` if none can be had.
+
+        If the caller is cancelled while waiting, it leaves the queue; if it was the
+        last waiter of a load in flight, that load is cancelled (abandoned).
+        """
+        if not self.has_model(model):
+            raise ModelNotFound(model)
+        wid, w = self._new_waiter(model, c.WaiterKind.LEASE, request_id, route)
+        self._dispatch(c.Acquire(wid, model, uuid.uuid4().hex, trio.current_time()))
+        try:
+            await w.done.wait()
+        except BaseException:
+            if not w.done.is_set():
+                self._waiters.pop(wid, None)
+                self._dispatch(c.CancelWaiter(wid, trio.current_time()))
+            elif w.lease is not None:
+                w.lease.release(Outcome.CANCELLED)
+            raise
+        if w.error is not None:
+            raise w.error
+        assert w.lease is not None
+        return w.lease
+
+    @asynccontextmanager
+    async def lease(
+        self, model: str, *, request_id: str | None = None, route: str | None = None
+    ) -> AsyncIterator[Lease]:
+        lease = await self.acquire(model, request_id=request_id, route=route)
+        async with lease:
+            yield lease
+
+    async def load(self, model: str, *, reason: Reason = Reason.ADMIN) -> None:
+        """Make ``model`` resident. The request stays even if the caller leaves."""
+        w = self.request_residency(model, reason=reason)
+        await w.done.wait()
+        if w.error is not None:
+            raise w.error
+
+    def request_residency(self, model: str, *, reason: Reason) -> _Waiter:
+        """Start making ``model`` resident (preload, restore, admin); never abandoned."""
+        if not self.has_model(model):
+            raise ModelNotFound(model)
+        wid, w = self._new_waiter(model, c.WaiterKind.RESIDENT, None, None)
+        self._dispatch(
+            c.Acquire(wid, model, "", trio.current_time(), kind=c.WaiterKind.RESIDENT, reason=reason)
+        )
+        return w
+
+    async def unload(self, model: str, *, preempt: bool = False) -> None:
+        """Unload ``model`` (draining live leases, or preempting them when asked)."""
+        if not self.has_model(model):
+            raise ModelNotFound(model)
+        before = self.last_transition.get(model)
+        self._dispatch(c.AdminUnload(model, trio.current_time(), preempt=preempt))
+        while True:
+            st = self.core.state(model)
+            last = self.last_transition.get(model)
+            if st is State.UNLOADED:
+                return
+            if (
+                st is State.LOADED
+                and last is not before
+                and last is not None
+                and last.reason is Reason.UNLOAD_FAILED
+            ):
+                raise EngineError(f"unloading '{model}' failed: {last.error}")
+            await self._wait_change()
+
+    async def reload(self, config: Config) -> dict[str, list[str]]:
+        """Adopt a new config: add, remove or replace dormant models (409 for live ones)."""
+        old = {m.name: m for m in self.config.models}
+        new = {m.name: m for m in config.models}
+        replaced = frozenset(n for n in old.keys() & new.keys() if old[n] != new[n])
+        specs = tuple(spec_for(m, config, self._measured) for m in config.models)
+        self._dispatch(
+            c.Reconfigure(
+                specs,
+                config.manager.memory_budget_bytes,
+                policy_for(config),
+                trio.current_time(),
+                replaced=replaced,
+            )
+        )
+        self.config = config
+        return {
+            "added": sorted(new.keys() - old.keys()),
+            "removed": sorted(old.keys() - new.keys()),
+            "replaced": sorted(replaced),
+            "unchanged": sorted(n for n in old.keys() & new.keys() if n not in replaced),
+        }
+
+    def set_load_gate(self, reason: str | None) -> None:
+        """Refuse new loads with ``reason`` (e.g. the journal cannot write); None allows them."""
+        if reason != self.core.load_gate:
+            self._dispatch(c.SetLoadGate(reason, trio.current_time()))
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Drain for ``grace_s``, then preempt what is left, cancel loads and unload all."""
+        self._dispatch(c.Shutdown(trio.current_time()))
+        with trio.move_on_after(grace_s):
+            await self._wait_until(lambda: self.core.shutdown_complete)
+        self._dispatch(c.ShutdownDeadline(trio.current_time()))
+        with trio.move_on_after(self._stop_timeout_s):
+            await self._wait_until(lambda: self.core.shutdown_complete)
+        if not self.core.shutdown_complete:
+            log.warning("shutdown: gave up waiting for engines to stop")
+        self._closed.set()
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.core.shutting_down
+
+    # -- status ----------------------------------------------------------------------
+
+    def loads_in_flight(self) -> list[LoadInfo]:
+        return list(self._loads.values())
+
+    def model_status(self, name: str) -> dict[str, Any]:
+        r = self.core.models[name]
+        mc = self.config.model(name)
+        est = resolve_estimate(mc, self._measured) if mc is not None else None
+        info = self._loads.get(name)
+        waiting = [w for w in self.core.waiters.values() if w.model == name]
+        counts = r.state in (State.LOADING, State.LOADED, State.DRAINING, State.UNLOADING)
+        return {
+            "state": r.state.value,
+            "loaded": r.state is State.LOADED,
+            "pinned": r.spec.pinned,
+            "memory_bytes": r.committed_bytes if counts else r.spec.size_bytes,
+            "memory_source": est.source if est is not None else None,
+            "estimated_bytes": r.spec.size_bytes,
+            "last_used_at": self._wall_of(r.last_used),
+            "last_error": r.last_error,
+            "active_leases": len(r.leases),
+            "waiters": len(waiting),
+            "idle_unload_seconds": r.spec.idle_unload_s,
+            "loading": None
+            if info is None
+            else {
+                "seconds": round(trio.current_time() - info.started, 3),
+                "phase": info.progress.phase,
+                "bytes_done": info.progress.bytes_done,
+                "bytes_total": info.progress.bytes_total,
+            },
+        }
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "budget_bytes": self.core.budget,
+            "committed_bytes": self.core.committed,
+            "policy": {
+                "strategy": self.core.policy.strategy,
+                "wait_timeout_s": self.core.policy.wait_timeout_s,
+                "preempt_after_s": self.core.policy.preempt_after_s,
+            },
+            "shutting_down": self.core.shutting_down,
+            "load_gate": self.core.load_gate,
+            "models": {name: self.model_status(name) for name in self.core.models},
+            "waiters": [
+                {
+                    "model": w.model,
+                    "kind": w.kind.value,
+                    "reason": w.reason.value,
+                    "waiting_s": round(trio.current_time() - w.since, 3),
+                    "blocked": w.blocked,
+                    "deadline_in_s": None
+                    if w.deadline is None
+                    else round(w.deadline - trio.current_time(), 3),
+                }
+                for w in self.core.waiters.values()
+            ],
+            "leases": [
+                {
+                    "id": lease.id,
+                    "model": lease.model,
+                    "request_id": lease.request_id,
+                    "route": lease.route,
+                    "held_s": round(trio.current_time() - lease.acquired_at, 3),
+                    "preempted": lease.preempted,
+                }
+                for lease in self._leases.values()
+            ],
+        }
+
+    def _wall_of(self, mono: float | None) -> float | None:
+        if mono is None:
+            return None
+        return self._wall() - (trio.current_time() - mono)
+
+    # -- internals -------------------------------------------------------------------
+
+    def _new_waiter(
+        self, model: str, kind: c.WaiterKind, request_id: str | None, route: str | None
+    ) -> tuple[int, _Waiter]:
+        if self._nursery is None:
+            raise RuntimeError("Manager.run() must be started before use")
+        wid = next(self._ids)
+        w = _Waiter(model, request_id, route, kind)
+        self._waiters[wid] = w
+        return wid, w
+
+    async def _wait_change(self) -> None:
+        await self._changed.wait()
+
+    async def _wait_until(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            await self._wait_change()
+
+    def _release(self, lease: Lease) -> None:
+        self._leases.pop(lease.id, None)
+        self._emit(
+            LeaseReleased(
+                lease_id=lease.id,
+                model=lease.model,
+                outcome=lease.outcome or Outcome.COMPLETED,
+                at=self._wall(),
+                prompt_tokens=lease.prompt_tokens,
+                completion_tokens=lease.completion_tokens,
+                held_seconds=trio.current_time() - lease.acquired_at,
+            )
+        )
+        self._dispatch(c.Release(lease.id, trio.current_time()))
+
+    def _emit(self, event: ManagerEvent) -> None:
+        for cb in list(self._subscribers):
+            try:
+                cb(event)
+            except Exception:  # a subscriber must never break residency
+                log.exception("event subscriber %r failed", cb)
+
+    def _dispatch(self, event: c.Event) -> None:
+        assert not self._dispatching, "re-entrant dispatch"
+        self._dispatching = True
+        try:
+            commands = self.core.step(event)
+        finally:
+            self._dispatching = False
+        for cmd in commands:
+            self._execute(cmd)
+        if self._timer_scope is not None:
+            d = self.core.next_deadline()
+            self._timer_scope.deadline = d if d is not None else math.inf
+
+    def _execute(self, cmd: c.Command) -> None:
+        if isinstance(cmd, c.Transition):
+            self._on_transition(cmd)
+        elif isinstance(cmd, c.Grant):
+            w = self._waiters.pop(cmd.waiter_id, None)
+            engine = self._engines[cmd.model]
+            lease = Lease(self, cmd.lease_id, cmd.model, engine, None, None)
+            if w is not None:
+                lease.request_id, lease.route = w.request_id, w.route
+            self._leases[lease.id] = lease
+            self._emit(
+                LeaseAcquired(lease.id, cmd.model, lease.request_id, lease.route, self._wall())
+            )
+            if w is None:  # the waiter is gone; give the lease straight back
+                lease.release(Outcome.CANCELLED)
+            else:
+                w.lease = lease
+                w.done.set()
+        elif isinstance(cmd, (c.Satisfy, c.Reject)):
+            w = self._waiters.pop(cmd.waiter_id, None)
+            if w is not None:
+                if isinstance(cmd, c.Reject):
+                    w.error = cmd.error
+                    if w.kind is c.WaiterKind.RESIDENT:
+                        log.warning("residency of %s refused: %s", cmd.model, cmd.error.message)
+                w.done.set()
+        elif isinstance(cmd, c.StartLoad):
+            assert self._nursery is not None
+            self.counters["loads"] += 1
+            self._loads[cmd.model] = LoadInfo(cmd.model, cmd.load_id, trio.current_time())
+            # The scope exists before the task runs, so a CancelLoad that comes first
+            # (the only waiter left at once) still cancels this very load.
+            scope = trio.CancelScope()
+            self._load_scopes[cmd.model] = (cmd.load_id, scope)
+            self._nursery.start_soon(self._load_task, cmd.model, cmd.load_id, scope)
+        elif isinstance(cmd, c.CancelLoad):
+            entry = self._load_scopes.get(cmd.model)
+            if entry is not None and entry[0] == cmd.load_id:
+                entry[1].cancel()
+        elif isinstance(cmd, c.StartUnload):
+            assert self._nursery is not None
+            self._nursery.start_soon(self._unload_task, cmd.model)
+        elif isinstance(cmd, c.Preempt):
+            self.counters["preemptions"] += len(cmd.lease_ids)
+            for lid in cmd.lease_ids:
+                victim = self._leases.get(lid)
+                if victim is not None:
+                    victim._preempt(cmd.shutdown)
+
+    def _on_transition(self, t: c.Transition) -> None:
+        self.last_transition[t.model] = t
+        if t.to_state is State.UNLOADING and t.reason in (Reason.EVICTED, Reason.PREEMPTED):
+            self.counters["evictions"] += 1
+        self._emit(
+            TransitionEvent(
+                model=t.model,
+                from_state=t.from_state,
+                to_state=t.to_state,
+                reason=t.reason,
+                at=self._wall(),
+                memory_bytes=t.memory_bytes,
+                error=t.error,
+            )
+        )
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _stop_engine(self, model: str, engine: Engine) -> str | None:
+        """Stop an engine, shielded and bounded; return an error text or None."""
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(self._stop_timeout_s) as cs:
+                try:
+                    await engine.stop()
+                except Exception as e:
+                    log.warning("stopping %s failed: %s", model, describe(e))
+                    return describe(e)
+            if cs.cancelled_caught:
+                return f"stopping the engine took longer than {self._stop_timeout_s:g} s"
+        return None
+
+    async def _load_task(self, model: str, load_id: int, scope: trio.CancelScope) -> None:
+        mc = self.config.model(model)
+        info = self._loads[model]
+        error: str | None = None
+        engine: Engine | None = None
+        t0 = trio.current_time()
+
+        def progress(p: LoadProgress) -> None:
+            info.progress = p
+
+        try:
+            with scope:
+                try:
+                    if mc is None:
+                        raise ModelNotFound(model)
+                    engine = self._engines_factory(mc)
+                    await engine.load(progress)
+                except Exception as e:
+                    log.warning("loading %s failed: %s", model, describe(e))
+                    error = describe(e)
+        except BaseException:
+            # The manager itself is being torn down: free the partial engine, then go.
+            if engine is not None:
+                await self._stop_engine(model, engine)
+            raise
+        finally:
+            self._load_scopes.pop(model, None)
+            self._loads.pop(model, None)
+        now = trio.current_time()
+        if scope.cancel_called or error is not None:
+            if engine is not None:
+                await self._stop_engine(model, engine)
+            if scope.cancel_called:
+                self._dispatch(c.LoadAborted(model, load_id, trio.current_time()))
+            else:
+                self._dispatch(c.LoadFinished(model, load_id, trio.current_time(), error=error))
+            return
+        assert engine is not None
+        self._engines[model] = engine
+        measured = engine.measured_bytes()
+        if measured:
+            self._measured[model] = measured
+            self._emit(MeasurementEvent(model, self._wall(), measured, now - t0))
+            if mc is not None and mc.estimated_memory_bytes is None:
+                self._dispatch(c.SetSize(model, measured, now))
+        self._dispatch(c.LoadFinished(model, load_id, now))
+
+    async def _unload_task(self, model: str) -> None:
+        engine = self._engines.get(model)
+        error = None if engine is None else await self._stop_engine(model, engine)
+        if error is None:
+            self._engines.pop(model, None)
+        self._dispatch(c.UnloadFinished(model, trio.current_time(), error=error))
