@@ -6,6 +6,11 @@ A vllm-mlx ``--models-config`` file loads unchanged (sections ``manager`` and
 mlxd adds ``server``, ``journal``, ``pin``, per-model ``idle_unload_seconds``,
 ``restore_on_start``, ``engine: fake`` with ``fake:`` settings.
 
+Entry points: :func:`load_config` (a YAML file), :func:`parse_config` (an
+already-parsed object), :func:`builtin_demo_config` (the offline demo that
+``mlxd serve`` runs without ``--config``). The readers and value grammars live
+in :mod:`mlxd.config_validation`, the per-section rules in :mod:`mlxd.config_parse`.
+
 Every error is a :class:`mlxd.errors.ConfigError` whose message starts with the
 key path (``models[2].estimated_memory_gb: must be a positive number``).
 """
@@ -14,16 +19,51 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import EllipsisType
 from typing import Literal
 
-Strategy = Literal["fail", "wait", "preempt", "wait_then_fail", "wait_then_preempt"]
-STRATEGIES: tuple[Strategy, ...] = ("fail", "wait", "preempt", "wait_then_fail", "wait_then_preempt")
+from mlxd.config_validation import GIB, MIB, Source, parse_memory_size, read_yaml
+from mlxd.errors import ConfigError
 
-GIB = 1024**3
-MIB = 1024**2
+Strategy = Literal["fail", "wait", "preempt", "wait_then_fail", "wait_then_preempt"]
+STRATEGIES: tuple[Strategy, ...] = (
+    "fail",
+    "wait",
+    "preempt",
+    "wait_then_fail",
+    "wait_then_preempt",
+)
+DEMO_KINDS = ("tiny", "small", "vision")
+#: ``wait_timeout_s`` of every strategy but ``wait`` when the config does not set it
+DEFAULT_WAIT_TIMEOUT_S = 30.0
+
+__all__ = [
+    "DEFAULT_WAIT_TIMEOUT_S",
+    "DEMO_KINDS",
+    "GIB",
+    "MIB",
+    "STRATEGIES",
+    "Config",
+    "ContentionPolicy",
+    "FakeSettings",
+    "JournalConfig",
+    "ManagerConfig",
+    "Measured",
+    "MemoryEstimate",
+    "ModelConfig",
+    "ServerConfig",
+    "Strategy",
+    "builtin_demo_config",
+    "default_state_dir",
+    "load_config",
+    "parse_config",
+    "parse_memory_size",
+    "resolve_estimate",
+    "weights_bytes",
+]
 
 
 def default_state_dir() -> Path:
@@ -56,13 +96,27 @@ class ContentionPolicy:
     """What an acquire does when its model does not fit after idle eviction.
 
     ``wait_timeout_s`` is the bound on waiting for room. It defaults to 30 s for
-    every strategy except ``wait``, which waits without bound unless it is set.
-    ``preempt_after_s`` (``wait_then_preempt`` only) defaults to 0.
+    every strategy except ``wait``, which waits without bound unless it is set
+    (build policies with :meth:`of` to get that default). ``preempt_after_s``
+    (``wait_then_preempt`` only) defaults to 0.
     """
 
     strategy: Strategy = "wait_then_fail"
-    wait_timeout_s: float | None = 30.0
+    wait_timeout_s: float | None = DEFAULT_WAIT_TIMEOUT_S
     preempt_after_s: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        strategy: Strategy,
+        *,
+        wait_timeout_s: float | EllipsisType | None = ...,
+        preempt_after_s: float | None = None,
+    ) -> ContentionPolicy:
+        """The policy for ``strategy``; ``wait_timeout_s`` omitted means the strategy's default."""
+        if isinstance(wait_timeout_s, EllipsisType):
+            wait_timeout_s = None if strategy == "wait" else DEFAULT_WAIT_TIMEOUT_S
+        return cls(strategy, wait_timeout_s, preempt_after_s)
 
     @property
     def preempt_delay_s(self) -> float | None:
@@ -98,6 +152,8 @@ class FakeSettings:
     fail_unloads: tuple[int, ...] = ()
     #: text the fake model "generates" (repeated as needed)
     reply: str = "This is mlxd's fake engine speaking. "
+    #: the fake's memory footprint (``fake.memory_gb``); the estimate of last resort
+    memory_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,16 +179,24 @@ class ModelConfig:
     gpu_memory_utilization: float | None = None
     #: vllm-mlx engine keys that were present and are ignored by mlxd
     ignored_keys: tuple[str, ...] = ()
+    #: ``local`` (a path; ``source`` is absolute) or ``hub`` (a Hugging Face repo id),
+    #: as the loader decided; None for configs built in code (decided by looking)
+    source_kind: Literal["local", "hub"] | None = None
 
     @property
     def is_local(self) -> bool:
-        return self.engine == "fake" or Path(self.source).expanduser().exists()
+        if self.engine == "fake":
+            return True
+        if self.source_kind is not None:
+            return self.source_kind == "local"
+        return Path(self.source).expanduser().exists()
 
 
 @dataclass(frozen=True, slots=True)
 class MemoryEstimate:
     bytes: int
-    #: ``config`` | ``measured`` | ``weights``
+    #: ``config`` (estimated_memory_gb) | ``measured`` (after the last load, journaled)
+    #: | ``weights`` (summed weight files) | ``fake`` (fake.memory_gb)
     source: str
 
 
@@ -146,12 +210,40 @@ class Config:
     path: Path | None = None
     #: human-readable notes about accepted-but-ignored keys
     warnings: tuple[str, ...] = ()
+    #: the measured sizes the config was checked with (model name -> bytes)
+    measured: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     def model(self, name: str) -> ModelConfig | None:
         for m in self.models:
             if m.name == name:
                 return m
         return None
+
+    def estimate(self, name: str, measured: Mapping[str, int] | None = None) -> MemoryEstimate:
+        """The memory estimate of model ``name`` (DESIGN.md order).
+
+        ``measured`` (model -> bytes, from the journal) replaces the sizes the
+        config was loaded with. Raises ``KeyError`` for an unknown model and
+        :class:`ConfigError` if no estimate applies (a config built in code).
+        """
+        model = self.model(name)
+        if model is None:
+            raise KeyError(name)
+        est = resolve_estimate(model, self.measured if measured is None else measured)
+        if est is None:
+            raise ConfigError(f"{name}: no memory estimate; set estimated_memory_gb")
+        return est
+
+    def idle_unload_for(self, name: str) -> float:
+        """Seconds without a lease after which ``name`` unloads (0: never)."""
+        model = self.model(name)
+        if model is None:
+            raise KeyError(name)
+        if model.pin:
+            return 0.0
+        if model.idle_unload_seconds is not None:
+            return model.idle_unload_seconds
+        return self.manager.idle_unload_seconds
 
 
 def weights_bytes(source: str) -> int:
@@ -172,7 +264,7 @@ def weights_bytes(source: str) -> int:
 
 
 def resolve_estimate(model: ModelConfig, measured: Mapping[str, int]) -> MemoryEstimate | None:
-    """The memory estimate of DESIGN.md: explicit, then measured, then weight files.
+    """The memory estimate of DESIGN.md: explicit, measured, weight files, then the fake's size.
 
     Returns None when none applies (a non-local source with no estimate), which
     the config loader turns into an error.
@@ -185,4 +277,48 @@ def resolve_estimate(model: ModelConfig, measured: Mapping[str, int]) -> MemoryE
         w = weights_bytes(model.source)
         if w > 0:
             return MemoryEstimate(w, "weights")
+    elif model.fake is not None and model.fake.memory_bytes is not None:
+        return MemoryEstimate(model.fake.memory_bytes, "fake")
     return None
+
+
+# ---- loading ----------------------------------------------------------------------------
+
+#: model name -> measured bytes, or a function of the journal settings that reads them
+Measured = Mapping[str, int] | Callable[[JournalConfig], Mapping[str, int]]
+
+
+def load_config(path: str | os.PathLike[str], *, measured: Measured = {}) -> Config:  # noqa: B006
+    """Read and validate a YAML config file (see DESIGN.md, "Config").
+
+    ``measured`` maps model names to the sizes measured after their last load
+    (the journal's ``measurements``), or is a function of the journal settings
+    that reads them. Raises :class:`ConfigError` naming the file and the key path.
+    """
+    from mlxd.config_parse import Parser  # lazy: config_parse imports this module
+
+    file = Path(path)
+    data, lines = read_yaml(file, str(path))
+    source = Source(str(path), lines, file.absolute().parent)
+    return Parser(source, measured).config(data, file.absolute())
+
+
+def parse_config(
+    raw: object,
+    *,
+    path: Path | None = None,
+    measured: Measured = {},  # noqa: B006
+) -> Config:
+    """Validate an already-parsed config object; relative paths resolve against ``path``'s folder."""
+    from mlxd.config_parse import Parser  # lazy: config_parse imports this module
+
+    base = path.absolute().parent if path is not None else Path.cwd()
+    source = Source(str(path) if path is not None else None, {}, base)
+    return Parser(source, measured).config(raw, path.absolute() if path is not None else None)
+
+
+def builtin_demo_config(measured: Measured = {}) -> Config:  # noqa: B006
+    """The built-in offline demo config that ``mlxd serve`` runs without ``--config``."""
+    from mlxd.resources import demo_config_path
+
+    return load_config(demo_config_path(), measured=measured)

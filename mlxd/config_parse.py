@@ -1,0 +1,448 @@
+"""The rules of each config section: what :func:`mlxd.config.load_config` checks.
+
+One :class:`Parser` reads one config top-down (server, journal, manager, then
+each model) and stops at the first error, a :class:`mlxd.errors.ConfigError`
+naming the key path. Along the way it collects warnings (one line each) for
+keys that are accepted but have no effect: the vllm-mlx engine keys, a
+``preempt_after_s`` that the strategy never uses, an ``image_dir`` on a text
+model. The typed readers it uses are in :mod:`mlxd.config_validation`.
+"""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal, cast
+
+from mlxd.config import (
+    DEMO_KINDS,
+    STRATEGIES,
+    Config,
+    ContentionPolicy,
+    FakeSettings,
+    JournalConfig,
+    ManagerConfig,
+    Measured,
+    ModelConfig,
+    ServerConfig,
+    Strategy,
+    default_state_dir,
+    resolve_estimate,
+)
+from mlxd.config_validation import (
+    GIB,
+    Source,
+    Table,
+    check_number,
+    expand_path_text,
+    is_env_name,
+    is_hub_repo_id,
+    join,
+    looks_local,
+    parse_memory_size,
+    show,
+)
+
+TOP_KEYS = ("server", "journal", "manager", "models")
+SERVER_KEYS = ("host", "port", "api_key_env", "shutdown_grace_s", "max_body_mb")
+JOURNAL_KEYS = ("path", "synchronous")
+MANAGER_KEYS = (
+    "memory_budget_gb",
+    "memory_budget",
+    "idle_unload_seconds",
+    "restore_on_start",
+    "contention_policy",
+)
+POLICY_KEYS = ("strategy", "wait_timeout_s", "preempt_after_s")
+SOURCE_KEYS = ("path", "source", "model")
+MODEL_KEYS = (
+    "name",
+    *SOURCE_KEYS,
+    "preload",
+    "pin",
+    "estimated_memory_gb",
+    "idle_unload_seconds",
+    "mllm",
+    "engine",
+    "max_queue",
+    "max_batch_size",
+    "fake",
+    "image_dir",
+    "demo",
+)
+FAKE_KEYS = (
+    "load_seconds",
+    "unload_seconds",
+    "tokens_per_second",
+    "fail_loads",
+    "fail_unloads",
+    "reply",
+    "memory_gb",
+)
+#: vllm-mlx per-entry engine keys (RegisteredModel / RegistryServeDefaults): accepted with
+#: their seed type (bool, int, number, fraction, string, any), reported as ignored
+ENGINE_KEYS: dict[str, str] = {
+    "continuous_batching": "bool",
+    "enable_mtp": "bool",
+    "prefill_step_size": "int",
+    "specprefill": "bool",
+    "specprefill_enabled": "bool",
+    "specprefill_threshold": "int",
+    "specprefill_keep_pct": "number",
+    "specprefill_backbone_pct": "number",
+    "specprefill_draft_model": "string",
+    "stream_interval": "int",
+    "gpu_memory_utilization": "fraction",
+    "max_tokens": "int",
+    "force_mllm": "bool",
+    "scheduler_config": "any",
+    "download_config": "any",
+}
+_ENGINE_KEY_NOTES = {
+    "continuous_batching": "mlxd batches up to max_batch_size",
+    "force_mllm": "use mllm: true",
+    "max_tokens": "clients set max_tokens per request",
+    "gpu_memory_utilization": "check-config still reconciles it with the budget",
+}
+
+
+_SERVER = ServerConfig()
+_FAKE = FakeSettings()
+
+
+class Parser:
+    """Reads one config, section by section, stopping at the first error."""
+
+    def __init__(self, source: Source, measured: Measured) -> None:
+        self.source = source
+        self.measured_arg = measured
+        self.warnings: list[str] = []
+
+    def config(self, raw: object, path: Path | None) -> Config:
+        top = Table(
+            self.source,
+            "",
+            {} if raw is None else raw,
+            TOP_KEYS,
+            what="a mapping with the sections server, journal, manager, models",
+        )
+        if not top.has("models"):
+            raise self.source.error("models", "required: a list of models")
+        server = self._server(top.table("server", SERVER_KEYS))
+        journal = self._journal(top.table("journal", JOURNAL_KEYS))
+        manager = self._manager(top.table("manager", MANAGER_KEYS))
+        measured = self.measured_arg
+        if callable(measured):
+            measured = measured(journal)
+        models = self._models(top, measured)
+        return Config(
+            server=server,
+            journal=journal,
+            manager=manager,
+            models=models,
+            path=path,
+            warnings=tuple(self.warnings),
+            measured=dict(measured),
+        )
+
+    # -- sections -------------------------------------------------------------------------
+
+    def _server(self, t: Table) -> ServerConfig:
+        host = t.string("host", _SERVER.host)
+        if any(ch.isspace() for ch in host):
+            raise t.error("host", f"must be a host name or address (got {show(host)})")
+        port = t.integer("port", _SERVER.port, minimum=0, maximum=65535)
+        api_key_env = t.string("api_key_env", _SERVER.api_key_env)
+        if not is_env_name(api_key_env):
+            raise t.error(
+                "api_key_env", f"must be an environment variable name (got {show(api_key_env)})"
+            )
+        return ServerConfig(
+            host=host,
+            port=port,
+            api_key_env=api_key_env,
+            shutdown_grace_s=t.number("shutdown_grace_s", _SERVER.shutdown_grace_s),
+            max_body_mb=t.number("max_body_mb", _SERVER.max_body_mb, positive=True),
+        )
+
+    def _journal(self, t: Table) -> JournalConfig:
+        path = (
+            self._local_path(t, "path", t.string("path", ""))
+            if "path" in t.raw
+            else default_state_dir() / "journal.db"
+        )
+        sync = t.string("synchronous", "full", choices=("full", "normal"))
+        return JournalConfig(path=path, synchronous=cast(Literal["full", "normal"], sync))
+
+    def _manager(self, t: Table) -> ManagerConfig:
+        if t.has("memory_budget_gb") and t.has("memory_budget"):
+            raise t.error("memory_budget", "conflicts with memory_budget_gb; give only one of them")
+        if t.has("memory_budget"):
+            try:
+                budget = parse_memory_size(t.raw["memory_budget"])
+            except ValueError as e:
+                raise t.error("memory_budget", str(e)) from None
+        elif t.has("memory_budget_gb"):
+            budget = self._gb_to_bytes(t, "memory_budget_gb", t.raw["memory_budget_gb"])
+        else:
+            raise t.error(
+                "memory_budget_gb",
+                "required: the memory budget for resident models, in GB "
+                "(or memory_budget: '16gb' | '512mb' | '1000000b')",
+            )
+        return ManagerConfig(
+            memory_budget_bytes=budget,
+            idle_unload_seconds=t.number("idle_unload_seconds", 0.0),
+            restore_on_start=t.boolean("restore_on_start", True),
+            contention_policy=self._policy(t.table("contention_policy", POLICY_KEYS)),
+        )
+
+    def _policy(self, t: Table) -> ContentionPolicy:
+        strategy = cast(Strategy, t.string("strategy", "wait_then_fail", choices=STRATEGIES))
+        policy = ContentionPolicy.of(strategy)
+        if "wait_timeout_s" in t.raw:
+            timeout = t.optional_number("wait_timeout_s", positive=True)
+            policy = ContentionPolicy.of(strategy, wait_timeout_s=timeout)
+            if strategy == "fail":
+                self.warnings.append(
+                    f"{t.path('wait_timeout_s')}: ignored: strategy 'fail' never waits"
+                )
+        after = t.optional_number("preempt_after_s")
+        if after is not None and strategy != "wait_then_preempt":
+            self.warnings.append(
+                f"{t.path('preempt_after_s')}: ignored: only strategy 'wait_then_preempt' uses it "
+                f"(this one is '{strategy}')"
+            )
+        return ContentionPolicy(strategy, policy.wait_timeout_s, after)
+
+    def _models(self, top: Table, measured: Mapping[str, int]) -> tuple[ModelConfig, ...]:
+        raw = top.raw["models"]
+        if not isinstance(raw, list):
+            raise top.error("models", f"must be a list of models (got {show(raw)})")
+        if not raw:
+            raise top.error("models", "must list at least one model")
+        seen: dict[str, int] = {}
+        return tuple(self._model(i, item, seen, measured) for i, item in enumerate(raw))
+
+    # -- one model ------------------------------------------------------------------------
+
+    def _model(
+        self, index: int, raw: object, seen: dict[str, int], measured: Mapping[str, int]
+    ) -> ModelConfig:
+        t = Table(self.source, join("models", index), raw, (*MODEL_KEYS, *ENGINE_KEYS))
+        name = self._name(t, index, seen)
+        engine = cast(Literal["mlx", "fake"], t.string("engine", "mlx", choices=("mlx", "fake")))
+        source_key, source_text = self._source_key(t, engine)
+        mllm = t.boolean("mllm", False)
+        estimated = t.raw.get("estimated_memory_gb")
+        fake = self._fake(t, engine)
+        demo = self._demo(t, engine, mllm)
+        if source_text is None:
+            source, kind = f"fake:{name}", None
+        else:
+            source, kind = self._source(t, source_key, source_text, engine, demo)
+        ignored, continuous_batching, gpu_util = self._engine_keys(t, name)
+        model = ModelConfig(
+            name=name,
+            source=source,
+            preload=t.boolean("preload", False),
+            pin=t.boolean("pin", False),
+            estimated_memory_bytes=(
+                None
+                if estimated is None
+                else self._gb_to_bytes(t, "estimated_memory_gb", estimated)
+            ),
+            idle_unload_seconds=t.optional_number("idle_unload_seconds"),
+            mllm=mllm,
+            engine=engine,
+            max_queue=t.integer("max_queue", 64, minimum=1),
+            max_batch_size=t.integer("max_batch_size", 8, minimum=1),
+            fake=fake,
+            image_dir=self._image_dir(t, mllm, name),
+            demo=demo,
+            continuous_batching=continuous_batching,
+            gpu_memory_utilization=gpu_util,
+            ignored_keys=ignored,
+            source_kind=kind,
+        )
+        if resolve_estimate(model, measured) is None:
+            raise t.error("estimated_memory_gb", self._why_no_estimate(model, source_key))
+        return model
+
+    def _name(self, t: Table, index: int, seen: dict[str, int]) -> str:
+        name = t.raw.get("name")
+        if name is None:
+            raise t.error("name", "required: the model id that clients send")
+        if not isinstance(name, str):
+            raise t.error("name", f"must be a string (got {show(name)})")
+        if not name:
+            raise t.error("name", "must not be empty")
+        if len(name) > 128:
+            raise t.error("name", f"must be at most 128 characters (got {len(name)})")
+        if any(ch.isspace() or unicodedata.category(ch).startswith("C") for ch in name):
+            raise t.error(
+                "name", f"must not contain whitespace or control characters (got {show(name)})"
+            )
+        if name in seen:
+            raise t.error(
+                "name", f"duplicate model name {show(name)} (models[{seen[name]}].name has it too)"
+            )
+        seen[name] = index
+        return name
+
+    def _source_key(self, t: Table, engine: str) -> tuple[str, str | None]:
+        """Which of path/source/model gives the source, and its text (None: a fake without one)."""
+        given = [(k, t.raw[k]) for k in SOURCE_KEYS if t.raw.get(k) is not None]
+        for key, value in given:
+            if not isinstance(value, str):
+                raise t.error(key, f"must be a string (got {show(value)})")
+            if not value.strip():
+                raise t.error(key, "must not be empty")
+        for key, value in given[1:]:
+            first_key, first = given[0]
+            if value != first:
+                raise t.error(
+                    key,
+                    f"conflicts with {first_key} ({show(first)} vs {show(value)}); "
+                    "give only one of path, source, model",
+                )
+        if given:
+            return given[0][0], cast(str, given[0][1])
+        if engine == "fake":
+            return "path", None
+        raise t.error(
+            "path",
+            "required (or source: / model:): a local model directory or a Hugging Face repo id",
+        )
+
+    def _source(
+        self, t: Table, key: str, text: str, engine: str, demo: str | None
+    ) -> tuple[str, Literal["local", "hub"]]:
+        if "\0" in text:
+            raise t.error(key, f"must not contain NUL characters (got {show(text)})")
+        if looks_local(text) or (self.source.base_dir / text).exists():
+            path = self._local_path(t, key, text)
+            if engine == "mlx" and demo is None and not path.exists():
+                raise t.error(key, f"local path '{path}' does not exist")
+            return str(path), "local"
+        if not is_hub_repo_id(text):
+            raise t.error(
+                key,
+                f"{show(text)} is neither an existing local path (start a path with / or ./) "
+                "nor a Hugging Face repo id (org/name)",
+            )
+        if demo is not None:
+            raise t.error(
+                "demo",
+                f"needs a local path to write the demo model to ({key} is a Hugging Face repo id)",
+            )
+        return text, "hub"
+
+    def _fake(self, t: Table, engine: str) -> FakeSettings | None:
+        if not t.has("fake"):
+            return FakeSettings() if engine == "fake" else None
+        if engine != "fake":
+            raise t.error(
+                "fake", f"only allowed with engine: fake (this model's engine is {engine})"
+            )
+        f = t.table("fake", FAKE_KEYS)
+        memory = f.raw.get("memory_gb")
+        return FakeSettings(
+            load_seconds=f.number("load_seconds", _FAKE.load_seconds),
+            unload_seconds=f.number("unload_seconds", _FAKE.unload_seconds),
+            tokens_per_second=f.number("tokens_per_second", _FAKE.tokens_per_second, positive=True),
+            fail_loads=f.int_list("fail_loads", minimum=1),
+            fail_unloads=f.int_list("fail_unloads", minimum=1),
+            reply=f.string("reply", _FAKE.reply),
+            memory_bytes=None if memory is None else self._gb_to_bytes(f, "memory_gb", memory),
+        )
+
+    def _demo(self, t: Table, engine: str, mllm: bool) -> Literal["tiny", "small", "vision"] | None:
+        demo = t.optional_string("demo", choices=DEMO_KINDS)
+        if demo is None:
+            return None
+        if engine != "mlx":
+            raise t.error("demo", f"only for engine: mlx (this model's engine is {engine})")
+        if (demo == "vision") != mllm:
+            need = "true" if demo == "vision" else "false"
+            raise t.error("demo", f"a '{demo}' demo model needs mllm: {need}")
+        return cast(Literal["tiny", "small", "vision"], demo)
+
+    def _image_dir(self, t: Table, mllm: bool, name: str) -> Path | None:
+        text = t.optional_string("image_dir")
+        if text is None:
+            return None
+        path = self._local_path(t, "image_dir", text)
+        if path.exists() and not path.is_dir():
+            raise t.error("image_dir", f"'{path}' is not a directory")
+        if not mllm:
+            self.warnings.append(
+                f"{t.path('image_dir')} ({name}): ignored: only mllm models read images"
+            )
+        elif not path.exists():
+            self.warnings.append(f"{t.path('image_dir')} ({name}): '{path}' does not exist (yet)")
+        return path
+
+    def _engine_keys(
+        self, t: Table, name: str
+    ) -> tuple[tuple[str, ...], bool | None, float | None]:
+        """Check the vllm-mlx engine keys' types; record them as ignored (with a warning each)."""
+        ignored: list[str] = []
+        for key, kind in ENGINE_KEYS.items():
+            if key not in t.raw:
+                continue
+            if kind == "bool":
+                t.optional_boolean(key)
+            elif kind == "int":
+                t.optional_integer(key, minimum=0)
+            elif kind == "number":
+                t.optional_number(key)
+            elif kind == "fraction":
+                t.optional_number(key, positive=True, at_most=1.0)
+            elif kind == "string":
+                t.optional_string(key)
+            ignored.append(key)
+            note = _ENGINE_KEY_NOTES.get(key)
+            self.warnings.append(
+                f"{t.path(key)} ({name}): vllm-mlx engine key, ignored by mlxd"
+                + (f" ({note})" if note else "")
+            )
+        gpu = t.optional_number("gpu_memory_utilization", positive=True, at_most=1.0)
+        return tuple(ignored), t.optional_boolean("continuous_batching"), gpu
+
+    # -- values ---------------------------------------------------------------------------
+
+    def _gb_to_bytes(self, t: Table, key: str, value: object) -> int:
+        gb = check_number(self.source, t.path(key), value, positive=True)
+        size = int(gb * GIB)
+        if size < 1:
+            raise t.error(key, f"must be at least one byte (got {show(value)})")
+        return size
+
+    def _local_path(self, t: Table, key: str, text: str) -> Path:
+        """A path value: ``~`` and variables expanded, relative to the config file's folder."""
+        try:
+            expanded = Path(expand_path_text(text, default_state_dir))
+        except ValueError as e:
+            raise t.error(key, str(e)) from None
+        if not expanded.is_absolute():
+            expanded = self.source.base_dir / expanded
+        return Path(os.path.normpath(expanded))
+
+    @staticmethod
+    def _why_no_estimate(model: ModelConfig, source_key: str) -> str:
+        if model.engine == "fake":
+            return "required for this fake model (or fake.memory_gb)"
+        if model.source_kind == "hub":
+            return (
+                f"required: {source_key} is a Hugging Face repo id, and a non-local model needs "
+                "an explicit memory estimate so that eviction stays deterministic"
+            )
+        if model.demo is not None:
+            return f"required: the demo model at '{model.source}' is not made yet"
+        return (
+            f"required: no *.safetensors or *.gguf files under '{model.source}' to estimate "
+            "the model's memory from"
+        )
