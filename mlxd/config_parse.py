@@ -326,6 +326,8 @@ class Parser:
             path = self._local_path(t, key, text)
             if engine == "mlx" and demo is None and not path.exists():
                 raise t.error(key, f"local path '{path}' does not exist")
+            if engine == "mlx" and path.exists() and not path.is_dir():
+                raise t.error(key, f"'{path}' is a file; a model source is a directory")
             return str(path), "local"
         if not is_hub_repo_id(text):
             raise t.error(

@@ -1,0 +1,470 @@
+"""The memory budget report: ``mlxd check-config`` and the daemon's start-up log.
+
+Two questions about a config, answered in words:
+
+1. *Do the models fit the budget?* Each model's estimate and where it comes
+   from, their sum against ``manager.memory_budget``, the models that can never
+   fit (they fail with ``model_exceeds_budget``), what pinned and preloaded
+   models leave for the others, and what the contention policy does when a
+   model does not fit.
+2. *Does the budget fit the machine?* The seed's reconciliation
+   (:class:`MemoryBudgetReport`): the budget counts model weights only and is
+   compared with the allocation ceiling MLX works under, the device's
+   recommended working set on Metal (scaled by the lowest
+   ``gpu_memory_utilization`` of a continuous-batching entry, as vllm-mlx
+   would install it). On a host where MLX reports no working set (Linux, CPU)
+   there is no ceiling to reconcile with; the total RAM is shown as context.
+
+MLX is imported lazily, inside :func:`device_working_set_bytes`, so importing
+this module (and ``mlxd --help``) stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import EllipsisType
+
+from mlxd.config import GIB, Config, ContentionPolicy, JournalConfig, ModelConfig, load_config
+
+log = logging.getLogger(__name__)
+
+_ESTIMATE_SOURCES = {
+    "config": "from estimated_memory_gb",
+    "measured": "measured after its last load, from the journal",
+    "weights": "summed *.safetensors/*.gguf files",
+    "fake": "from fake.memory_gb",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBudgetReport:
+    """Reconciliation of the weight budget with the allocation ceiling (the seed's report).
+
+    The budget counts model weights only; the ceiling (device working set x
+    utilization) is process-wide. Both are totals over every resident model, so
+    a budget above the ceiling is a deterministic conflict: mlxd would keep
+    models resident that MLX cannot allocate, and a load would fail with an
+    out-of-memory error instead of evicting.
+    """
+
+    budget_bytes: int
+    #: Metal's recommended working set; None where MLX reports none (CPU backend)
+    device_working_set_bytes: int | None
+    #: lowest gpu_memory_utilization among continuous-batching entries, if any declares one
+    gpu_memory_utilization: float | None
+    gpu_memory_utilization_source: str | None
+    continuous_batching_entries: int
+    total_entries: int
+    #: total RAM of this host (context where there is no ceiling); None if unknown
+    host_memory_bytes: int | None = None
+    host_available_bytes: int | None = None
+
+    @property
+    def allocation_ceiling_bytes(self) -> int | None:
+        """The most MLX can allocate: the working set, scaled by the utilization if one is set."""
+        if self.device_working_set_bytes is None:
+            return None
+        return int(self.device_working_set_bytes * (self.gpu_memory_utilization or 1.0))
+
+    @property
+    def exceeds_ceiling(self) -> bool:
+        """True when the weights budget alone cannot fit under the ceiling."""
+        ceiling = self.allocation_ceiling_bytes
+        return ceiling is not None and self.budget_bytes > ceiling
+
+    @property
+    def exceeds_host_memory(self) -> bool:
+        """True when the budget is larger than this host's RAM."""
+        return self.host_memory_bytes is not None and self.budget_bytes > self.host_memory_bytes
+
+
+def device_working_set_bytes() -> int | None:
+    """Metal's recommended working-set size, or None when MLX cannot report one."""
+    try:
+        import mlx.core as mx
+
+        if not mx.metal.is_available():
+            return None
+        info = mx.device_info()
+        raw = info.get("max_recommended_working_set_size", info.get("memory_size", 0))
+        working_set = int(raw or 0)
+    except Exception as e:  # platform dependent: no MLX, no Metal, an older MLX
+        log.debug("could not query MLX device memory: %s", e)
+        return None
+    return working_set or None
+
+
+def _host_memory() -> tuple[int | None, int | None]:
+    try:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return int(vm.total), int(vm.available)
+    except Exception:  # psutil missing or unsupported platform
+        return None, None
+
+
+def build_memory_budget_report(
+    config: Config,
+    *,
+    device_working_set: int | EllipsisType | None = ...,
+    host_memory: tuple[int | None, int | None] | EllipsisType = ...,
+) -> MemoryBudgetReport:
+    """Reconcile the budget with the allocation ceiling (``...``: ask MLX and psutil).
+
+    Only continuous-batching entries contribute a ``gpu_memory_utilization``
+    (in vllm-mlx only the batched engine installs a Metal limit); the lowest one
+    wins, since the limit is process-wide. With none, the ceiling is the working
+    set itself.
+    """
+    if isinstance(device_working_set, EllipsisType):
+        device_working_set = device_working_set_bytes()
+    if isinstance(host_memory, EllipsisType):
+        host_memory = _host_memory()
+    candidates: list[tuple[float, str]] = []
+    batching = 0
+    for model in sorted(config.models, key=lambda m: m.name):
+        if not model.continuous_batching:
+            continue
+        batching += 1
+        if model.gpu_memory_utilization is not None:
+            candidates.append((model.gpu_memory_utilization, f"models-config entry '{model.name}'"))
+    utilization, source = min(candidates) if candidates else (None, None)
+    return MemoryBudgetReport(
+        budget_bytes=config.manager.memory_budget_bytes,
+        device_working_set_bytes=device_working_set,
+        gpu_memory_utilization=utilization,
+        gpu_memory_utilization_source=source,
+        continuous_batching_entries=batching,
+        total_entries=len(config.models),
+        host_memory_bytes=host_memory[0],
+        host_available_bytes=host_memory[1],
+    )
+
+
+def gb(n: int) -> str:
+    """Bytes in GB for people: ``4.00 GB``; three decimals below 0.1 GB (``0.010 GB``)."""
+    return f"{n / GIB:.2f} GB" if n >= GIB // 10 else f"{n / GIB:.3f} GB"
+
+
+def _seconds(s: float) -> str:
+    return f"{s:g} s"
+
+
+def describe_policy(policy: ContentionPolicy) -> str:
+    """What a request that does not fit (after idle eviction) gets, in one sentence."""
+    timeout = policy.wait_timeout_s
+    bound = f"up to {_seconds(timeout)}" if timeout is not None else "without a time limit"
+    give_up = ", then gets 503 capacity_timeout" if timeout is not None else ""
+    if policy.strategy == "fail":
+        return (
+            "fail: a request that does not fit gets 503 model_capacity at once "
+            "(with Retry-After); busy models are never drained for it"
+        )
+    if policy.strategy in ("wait", "wait_then_fail"):
+        return (
+            f"{policy.strategy}: a request that does not fit waits {bound} for room "
+            f"(the least recently used busy models drain: no new requests, running ones finish)"
+            f"{give_up}"
+        )
+    if policy.strategy == "preempt":
+        return (
+            "preempt: a request that does not fit preempts the requests of the least recently "
+            f"used busy models at once (they get 503 preempted) and waits {bound} for the room"
+            f"{give_up}"
+        )
+    delay = policy.preempt_delay_s or 0.0
+    return (
+        f"wait_then_preempt: a request that does not fit waits {_seconds(delay)} for the least "
+        "recently used busy models to finish, then preempts them (503 preempted); it waits "
+        f"{bound} in all{give_up}"
+    )
+
+
+def describe_ceiling(report: MemoryBudgetReport) -> list[tuple[int, str]]:
+    """The seed's reconciliation sentences, as ``(logging level, sentence)`` pairs."""
+    out: list[tuple[int, str]] = []
+    budget = gb(report.budget_bytes)
+    ceiling = report.allocation_ceiling_bytes
+    if ceiling is None:
+        out.append(
+            (
+                logging.INFO,
+                f"Memory budget: {budget} of model weights; no Metal allocation ceiling to "
+                "reconcile it with (MLX cannot report a device working set on this host).",
+            )
+        )
+    else:
+        working_set = gb(report.device_working_set_bytes or 0)
+        if report.gpu_memory_utilization is not None:
+            origin = (
+                f"{report.gpu_memory_utilization * 100:.0f}% of the {working_set} device working "
+                f"set, from gpu_memory_utilization of {report.gpu_memory_utilization_source}; "
+                f"{report.continuous_batching_entries} of {report.total_entries} entries use "
+                "continuous batching"
+            )
+        else:
+            origin = "the device's recommended working set"
+        out.append(
+            (
+                logging.INFO,
+                f"Memory budget: {budget} of model weights; allocation ceiling {gb(ceiling)} "
+                f"({origin}).",
+            )
+        )
+        if report.exceeds_ceiling:
+            raise_hint = " or raise gpu_memory_utilization" if report.gpu_memory_utilization else ""
+            out.append(
+                (
+                    logging.WARNING,
+                    f"The memory budget ({budget}) exceeds the allocation ceiling "
+                    f"({gb(ceiling)}). The budget counts model weights only, so mlxd will keep "
+                    "models resident that MLX cannot allocate, and a load can fail with an "
+                    f"out-of-memory error instead of evicting. Lower the budget below "
+                    f"{gb(ceiling)} (further still, since the KV cache and activations also come "
+                    f"out of the ceiling){raise_hint}.",
+                )
+            )
+    if not report.exceeds_ceiling:
+        out.append(
+            (
+                logging.INFO,
+                "The budget covers model weights only; the KV cache and activations are "
+                "additional and are not reserved by it.",
+            )
+        )
+    if report.host_memory_bytes is not None:
+        available = (
+            f", {gb(report.host_available_bytes)} available now"
+            if report.host_available_bytes is not None
+            else ""
+        )
+        out.append(
+            (logging.INFO, f"This host has {gb(report.host_memory_bytes)} of RAM{available}.")
+        )
+        if report.exceeds_host_memory:
+            out.append(
+                (
+                    logging.WARNING,
+                    f"The memory budget ({budget}) is larger than this host's RAM "
+                    f"({gb(report.host_memory_bytes)}): models that fit the budget may not fit "
+                    "in memory; lower the budget.",
+                )
+            )
+    return out
+
+
+def describe_budget(
+    config: Config, measured: Mapping[str, int] | None = None
+) -> list[tuple[int, str]]:
+    """What the estimates mean for the budget, as ``(logging level, sentence)`` pairs.
+
+    The sum against the budget, the models that can never fit, what pinned and
+    preloaded models take, the contention policy, idle unload and restore.
+    """
+    budget = config.manager.memory_budget_bytes
+    sizes = {m.name: config.estimate(m.name, measured).bytes for m in config.models}
+    total = sum(sizes.values())
+    info, warn = logging.INFO, logging.WARNING
+    out: list[tuple[int, str]] = []
+    if total <= budget:
+        out.append(
+            (
+                info,
+                f"The estimates add up to {gb(total)} of the {gb(budget)} budget: "
+                "all models fit at once.",
+            )
+        )
+    else:
+        out.append(
+            (
+                info,
+                f"The estimates add up to {gb(total)}, more than the {gb(budget)} budget: not "
+                "all models fit at once; idle models are evicted, least recently used first "
+                "(pinned ones never).",
+            )
+        )
+    for m in config.models:
+        if sizes[m.name] > budget:
+            out.append(
+                (
+                    warn,
+                    f"{m.name} can never fit ({gb(sizes[m.name])} > the {gb(budget)} budget): "
+                    "requests for it fail at once with 400 model_exceeds_budget.",
+                )
+            )
+    out.extend(
+        _describe_group(config, sizes, "pin", "Pinned (resident until shutdown once loaded)")
+    )
+    out.extend(_describe_group(config, sizes, "preload", "Preloaded at start-up"))
+    pinned = sum(sizes[m.name] for m in config.models if m.pin)
+    if 0 < pinned <= budget:
+        room = budget - pinned
+        for m in config.models:
+            if not m.pin and room < sizes[m.name] <= budget:
+                out.append(
+                    (
+                        warn,
+                        f"{m.name} ({gb(sizes[m.name])}) cannot load while every pinned model "
+                        f"is resident (they leave {gb(room)}).",
+                    )
+                )
+    out.append((info, f"Contention policy: {describe_policy(config.manager.contention_policy)}."))
+    idle = config.manager.idle_unload_seconds
+    out.append(
+        (
+            info,
+            f"Idle unload: after {_seconds(idle)} without requests (per-model overrides apply)."
+            if idle > 0
+            else "Idle unload: off (models stay until evicted), except per-model overrides.",
+        )
+    )
+    restore = (
+        "on: what was resident when the last run ended is loaded again."
+        if config.manager.restore_on_start
+        else "off."
+    )
+    out.append((info, f"Restore on start: {restore}"))
+    return out
+
+
+def _describe_group(
+    config: Config, sizes: Mapping[str, int], attr: str, label: str
+) -> list[tuple[int, str]]:
+    group = [m for m in config.models if getattr(m, attr)]
+    if not group:
+        return []
+    total = sum(sizes[m.name] for m in group)
+    budget = config.manager.memory_budget_bytes
+    names = ", ".join(m.name for m in group)
+    if total <= budget:
+        return [(logging.INFO, f"{label}: {names}, {gb(total)} in all; that fits the budget.")]
+    consequence = (
+        "they can never all be resident; the loads beyond the budget fail"
+        if attr == "pin"
+        else "preloads beyond the budget evict earlier unpinned ones or fail"
+    )
+    return [
+        (
+            logging.WARNING,
+            f"{label}: {names}, {gb(total)} in all, more than the {gb(budget)} budget: "
+            f"{consequence}.",
+        )
+    ]
+
+
+def describe_model(
+    config: Config, model: ModelConfig, measured: Mapping[str, int] | None
+) -> list[str]:
+    """A few lines about one model: source, engine, estimate, residency, ignored keys."""
+    if model.engine == "fake":
+        where = "no weights (fake engine)"
+    elif model.is_local:
+        pending = model.demo is not None and not Path(model.source).exists()
+        kind_of = "local demo model, written on first load" if pending else "local"
+        where = f"{model.source} ({kind_of})"
+    else:
+        where = f"{model.source} (Hugging Face Hub, downloaded on first load)"
+    kind = "vision, mlx-vlm" if model.mllm else "text, mlx-lm"
+    engine = "fake" if model.engine == "fake" else f"mlx ({kind})"
+    est = config.estimate(model.name, measured)
+    residency = [
+        "preloaded at start" if model.preload else "loaded on first request",
+        "pinned (never evicted)" if model.pin else "evictable",
+    ]
+    idle = config.idle_unload_for(model.name)
+    residency.append(f"idle unload after {_seconds(idle)}" if idle > 0 else "no idle unload")
+    lines = [
+        f"{model.name}: {where}",
+        f"    engine {engine}; max_queue {model.max_queue}, max_batch_size {model.max_batch_size}",
+        f"    estimate {gb(est.bytes)} ({_ESTIMATE_SOURCES.get(est.source, est.source)})",
+        f"    {'; '.join(residency)}",
+    ]
+    if model.ignored_keys:
+        lines.append(f"    ignored vllm-mlx keys: {', '.join(model.ignored_keys)}")
+    return lines
+
+
+def render_report(config: Config, report: MemoryBudgetReport) -> str:
+    """The whole ``check-config`` report, in words."""
+    s = config.server
+    lines = [
+        f"Config: {config.path or '(built in code)'}: valid.",
+        f"Server: {s.host}:{s.port}; an API key is required when ${s.api_key_env} is set.",
+        f"Journal: {config.journal.path} (synchronous {config.journal.synchronous}).",
+        f"Memory budget: {gb(config.manager.memory_budget_bytes)} "
+        f"({config.manager.memory_budget_bytes} bytes).",
+        "",
+        f"Models ({len(config.models)}):",
+    ]
+    for model in config.models:
+        lines.extend(f"  {line}" for line in describe_model(config, model, None))
+    lines += ["", "Budget:"]
+    lines.extend(_sentences(describe_budget(config)))
+    lines += ["", "Memory ceiling:"]
+    lines.extend(_sentences(describe_ceiling(report)))
+    if config.warnings:
+        lines += ["", f"Warnings ({len(config.warnings)}):"]
+        lines.extend(f"  - {w}" for w in config.warnings)
+    return "\n".join(lines)
+
+
+def _sentences(pairs: list[tuple[int, str]]) -> list[str]:
+    return [f"  {'WARNING: ' if level >= logging.WARNING else ''}{text}" for level, text in pairs]
+
+
+def log_memory_budget_report(
+    config: Config,
+    report: MemoryBudgetReport | None = None,
+    *,
+    logger: logging.Logger = log,
+    measured: Mapping[str, int] | None = None,
+) -> None:
+    """Log the reconciliation and the budget findings (for the daemon at start-up)."""
+    report = report or build_memory_budget_report(config)
+    for level, text in describe_ceiling(report):
+        logger.log(level, "%s", text)
+    for level, text in describe_budget(config, measured):
+        logger.log(level, "%s", text)
+    for warning in config.warnings:
+        logger.warning("config: %s", warning)
+
+
+def journal_measurements(journal: JournalConfig) -> dict[str, int]:
+    """The latest measured size of each model in the journal (read-only; {} if none).
+
+    Used as ``load_config(..., measured=journal_measurements)`` so that
+    ``check-config`` sees the same estimates as the daemon. Never creates or
+    writes the file.
+    """
+    path = Path(journal.path).absolute()
+    if not path.is_file():
+        return {}
+    try:
+        con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+        try:
+            rows = con.execute(
+                "SELECT model, memory_bytes, MAX(at) FROM measurements GROUP BY model"
+            ).fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error as e:  # not a journal yet, locked, or an older schema
+        log.debug("could not read measurements from %s: %s", path, e)
+        return {}
+    return {str(model): int(size) for model, size, _ in rows if size and int(size) > 0}
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """``mlxd check-config PATH``: validate the config and print the budget report (exit 0).
+
+    A config error raises :class:`mlxd.errors.ConfigError`, which the CLI prints
+    as one line and turns into exit code 2.
+    """
+    config = load_config(args.path, measured=journal_measurements)
+    print(render_report(config, build_memory_budget_report(config)))
+    return 0
