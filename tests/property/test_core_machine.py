@@ -1,0 +1,212 @@
+"""A Hypothesis state machine drives the sans-IO core with every kind of event.
+
+After every step it checks the residency promises: committed bytes never above
+the budget, at most one load per model in flight, leases only on loaded (or
+draining) models, no lease granted on a draining model, every transition legal
+and starting from the state the model was in, and the shell-side bookkeeping
+(loads, unloads, leases, waiters) consistent with the core's.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import event as note_event
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from mlxd import core as c
+from mlxd.states import TRANSITIONS, State
+
+GB = 1024**3
+NAMES = ["a", "b", "c", "d"]
+
+
+class CoreMachine(RuleBasedStateMachine):
+    """The shell, simulated: it carries out commands the way mlxd.manager does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core: c.Core | None = None
+        self.now = 0.0
+        self.ids = itertools.count(1)
+        self.shadow: dict[str, State] = {}
+        self.loads: dict[str, tuple[int, bool]] = {}  # model -> (load_id, cancel requested)
+        self.unloads: set[str] = set()
+        self.leases: dict[str, str] = {}  # lease id -> model
+        self.preempted: set[str] = set()
+        self.waiters: dict[int, str] = {}  # lease waiters the shell may cancel
+        self.steps = 0
+
+    @initialize(
+        sizes=st.lists(st.integers(2, 6), min_size=4, max_size=4),
+        budget=st.integers(6, 10),
+        strategy=st.sampled_from(["fail", "wait", "preempt", "wait_then_fail", "wait_then_preempt"]),
+        timeout=st.sampled_from([None, 5.0, 30.0]),
+        preempt_after=st.sampled_from([None, 0.0, 3.0]),
+        pinned=st.sets(st.sampled_from(NAMES), max_size=2),
+        idle=st.sampled_from([0.0, 10.0]),
+    )
+    def setup(
+        self,
+        sizes: list[int],
+        budget: int,
+        strategy: str,
+        timeout: float | None,
+        preempt_after: float | None,
+        pinned: set[str],
+        idle: float,
+    ) -> None:
+        specs = [
+            c.ModelSpec(name, size * GB, pinned=name in pinned, idle_unload_s=idle)
+            for name, size in zip(NAMES, sizes, strict=True)
+        ]
+        self.core = c.Core(specs, budget * GB, c.Policy(strategy, timeout, preempt_after))
+        self.shadow = {name: State.UNLOADED for name in NAMES}
+
+    # -- carrying out commands --------------------------------------------------------
+
+    def feed(self, event: c.Event) -> None:
+        assert self.core is not None
+        try:
+            commands = self.core.step(event)
+        except c.MlxdError:
+            return  # admin refusals change nothing (checked by the invariants)
+        self.steps += 1
+        for cmd in commands:
+            note_event(type(cmd).__name__ + (f" {cmd.to_state}/{cmd.reason}" if isinstance(cmd, c.Transition) else ""))
+            if isinstance(cmd, c.Reject):
+                note_event(f"Reject {cmd.error.code}")
+            if isinstance(cmd, c.Transition):
+                assert self.shadow[cmd.model] is cmd.from_state, cmd
+                assert cmd.to_state in TRANSITIONS[cmd.from_state], cmd
+                self.shadow[cmd.model] = cmd.to_state
+            elif isinstance(cmd, c.Grant):
+                assert self.shadow[cmd.model] is State.LOADED, f"lease granted on {cmd.model} while {self.shadow[cmd.model]}"
+                self.leases[cmd.lease_id] = cmd.model
+                self.waiters.pop(cmd.waiter_id, None)
+            elif isinstance(cmd, (c.Satisfy, c.Reject)):
+                self.waiters.pop(cmd.waiter_id, None)
+            elif isinstance(cmd, c.StartLoad):
+                assert cmd.model not in self.loads, f"second load of {cmd.model} in flight"
+                self.loads[cmd.model] = (cmd.load_id, False)
+            elif isinstance(cmd, c.CancelLoad):
+                load_id, _ = self.loads[cmd.model]
+                assert load_id == cmd.load_id
+                self.loads[cmd.model] = (load_id, True)
+            elif isinstance(cmd, c.StartUnload):
+                assert cmd.model not in self.unloads
+                self.unloads.add(cmd.model)
+            elif isinstance(cmd, c.Preempt):
+                for lid in cmd.lease_ids:
+                    assert self.leases[lid] == cmd.model
+                    self.preempted.add(lid)
+
+    # -- rules -----------------------------------------------------------------------
+
+    @precondition(lambda self: self.core is not None)
+    @rule(model=st.sampled_from(NAMES), resident=st.booleans())
+    def acquire(self, model: str, resident: bool) -> None:
+        wid = next(self.ids)
+        kind = c.WaiterKind.RESIDENT if resident else c.WaiterKind.LEASE
+        if not resident:
+            self.waiters[wid] = model
+        self.feed(c.Acquire(wid, model, f"L{wid}", self.now, kind=kind))
+
+    @precondition(lambda self: bool(self.waiters))
+    @rule(data=st.data())
+    def cancel_waiter(self, data: st.DataObject) -> None:
+        wid = data.draw(st.sampled_from(sorted(self.waiters)))
+        del self.waiters[wid]
+        self.feed(c.CancelWaiter(wid, self.now))
+
+    @precondition(lambda self: bool(self.leases))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        lid = data.draw(st.sampled_from(sorted(self.leases)))
+        del self.leases[lid]
+        self.preempted.discard(lid)
+        self.feed(c.Release(lid, self.now))
+
+    @precondition(lambda self: bool(self.loads))
+    @rule(data=st.data(), ok=st.booleans())
+    def load_finishes(self, data: st.DataObject, ok: bool) -> None:
+        model = data.draw(st.sampled_from(sorted(self.loads)))
+        load_id, cancelled = self.loads.pop(model)
+        if cancelled:  # the shell always reports a cancelled load as aborted
+            self.feed(c.LoadAborted(model, load_id, self.now))
+        else:
+            self.feed(c.LoadFinished(model, load_id, self.now, error=None if ok else "boom"))
+
+    @precondition(lambda self: bool(self.unloads))
+    @rule(data=st.data(), ok=st.booleans())
+    def unload_finishes(self, data: st.DataObject, ok: bool) -> None:
+        model = data.draw(st.sampled_from(sorted(self.unloads)))
+        self.unloads.discard(model)
+        self.feed(c.UnloadFinished(model, self.now, error=None if ok else "stuck"))
+
+    @precondition(lambda self: self.core is not None)
+    @rule(dt=st.sampled_from([0.5, 1.0, 3.0, 5.0, 11.0, 31.0]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        self.feed(c.Tick(self.now))
+        assert self.core is not None
+        for w in self.core.waiters.values():  # every acquire resolves within its bound
+            assert not (w.blocked and w.deadline is not None and w.deadline <= self.now), w
+
+    @precondition(lambda self: self.core is not None)
+    @rule(model=st.sampled_from(NAMES), preempt=st.booleans())
+    def admin_unload(self, model: str, preempt: bool) -> None:
+        self.feed(c.AdminUnload(model, self.now, preempt=preempt))
+
+    @precondition(lambda self: self.core is not None)
+    @rule(closed=st.booleans())
+    def load_gate(self, closed: bool) -> None:
+        self.feed(c.SetLoadGate("journal down" if closed else None, self.now))
+
+    # Shutdown ends the interesting part of a run, so it comes late.
+    @precondition(lambda self: self.core is not None and not self.core.shutting_down and self.steps >= 40)
+    @rule()
+    def shutdown(self) -> None:
+        self.feed(c.Shutdown(self.now))
+
+    @precondition(lambda self: self.core is not None and self.core.shutting_down)
+    @rule()
+    def shutdown_deadline(self) -> None:
+        self.feed(c.ShutdownDeadline(self.now))
+
+    # -- invariants ------------------------------------------------------------------
+
+    @invariant()
+    def promises_hold(self) -> None:
+        core = self.core
+        if core is None:
+            return
+        core.check_invariants()
+        assert core.committed <= core.budget
+        for name, r in core.models.items():
+            assert r.state is self.shadow[name]
+            assert (name in self.loads) == (r.state is State.LOADING), name
+            assert (name in self.unloads) == (r.state is State.UNLOADING), name
+            if r.state is State.DRAINING:
+                # a draining model has live leases, or its unload is already on its way
+                assert r.leases, name
+        assert set(self.leases) == set(core.lease_model)
+        for w in core.waiters.values():  # nobody is left waiting on a model it could have
+            assert core.models[w.model].state is not State.LOADED, w
+        for lid in self.preempted:
+            # preempted leases are on a victim, or on one whose drain was called off after
+            assert core.models[self.leases[lid]].state in (State.DRAINING, State.LOADED)
+        if core.shutting_down:
+            assert not core.waiters
+
+
+CoreMachine.TestCase.settings = settings(stateful_step_count=80)
+TestCoreMachine = CoreMachine.TestCase
