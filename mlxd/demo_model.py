@@ -1,0 +1,274 @@
+"""Random-weight demo models that mlx-lm (and mlx-vlm) load: ``mlxd demo-model``.
+
+A demo model is a real model directory (``config.json``, ``model.safetensors``,
+a trained byte-level BPE tokenizer with a chat template) whose weights are
+random. It lets the daemon, the tests and the benchmarks run the real MLX
+engines with no network and no downloaded weights:
+
+* ``tiny``: a 2-layer llama with hidden size 64, under 1 MB, a few hundred
+  tokens per second on CPU; for tests.
+* ``small``: about 25M parameters (hidden 512, 7 layers); for benchmarks.
+* ``vision``: a tiny LLaVA (llama text model, CLIP vision tower on 28 px
+  images) that ``mlx_vlm.load`` reads; needs the ``vlm`` extra.
+
+Weights are fp32: the MLX CPU backend is several times slower in fp16.
+The embedding row of the end-of-sequence token is zero, so that the random
+model almost never ends on its own and generations run to ``max_tokens``
+(tests rely on long, deterministic greedy outputs).
+
+MLX work runs on the caller's thread; the engines call :func:`write_demo_model`
+on their own MLX thread (demo on first use), the CLI on the main thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+DemoKind = Literal["tiny", "small", "vision"]
+KINDS: tuple[str, ...] = ("tiny", "small", "vision")
+
+#: the text model shape of each kind (llama)
+TEXT_SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
+    "small": dict(
+        hidden_size=512,
+        num_hidden_layers=7,
+        intermediate_size=1536,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+    ),
+}
+VOCAB_SIZE = {"tiny": 512, "small": 512, "vision": 512}
+
+#: renders plain-string contents (text models) and content-part lists (LLaVA) alike
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: "
+    "{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<image>{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+_CORPUS = [
+    "hello world this is a tiny model for testing mlxd, an always on daemon serving mlx models.",
+    "the quick brown fox jumps over the lazy dog while the scheduler keeps models resident.",
+    "memory budgets, leases, journals and preemption: every transition is written down.",
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen.",
+    "Models load, generate tokens, and unload again; the residency manager decides which stay.",
+    "A user asks a question and the assistant answers with random words from its vocabulary.",
+]
+
+Report = Callable[[str], None]
+
+
+class DemoModelError(Exception):
+    """Bad input for the demo model writer (the CLI exits 2 with its message)."""
+
+
+def _train_tokenizer(vocab_size: int, *, vision: bool) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<s>", "</s>", "<image>"] if vision else ["<s>", "</s>"]
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([line * 3 for line in _CORPUS] * 40, trainer)
+    extra: dict[str, Any] = {"extra_special_tokens": {"image_token": "<image>"}} if vision else {}
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", **extra
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _random_params(model: Any, eos_id: int, embed_keys: tuple[str, ...]) -> dict[str, Any]:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    params = {k: v.astype(mx.float32) for k, v in tree_flatten(model.parameters())}
+    for key in embed_keys:
+        if key in params:
+            w = params[key]
+            params[key] = mx.concatenate([w[:eos_id], mx.zeros_like(w[eos_id : eos_id + 1]), w[eos_id + 1 :]])
+    mx.eval(params)
+    return params
+
+
+def _write_text(out: Path, size: str, seed: int, report: Report) -> int:
+    import mlx.core as mx
+    from mlx_lm.models import llama
+
+    report(f"training a {VOCAB_SIZE[size]}-token BPE tokenizer")
+    fast = _train_tokenizer(VOCAB_SIZE[size], vision=False)
+    fast.save_pretrained(str(out))
+    vocab = len(fast)
+    eos = fast.convert_tokens_to_ids("</s>")
+    cfg = dict(
+        model_type="llama",
+        rms_norm_eps=1e-5,
+        vocab_size=vocab,
+        tie_word_embeddings=True,
+        bos_token_id=fast.convert_tokens_to_ids("<s>"),
+        eos_token_id=eos,
+        torch_dtype="float32",
+        **TEXT_SHAPES[size],
+    )
+    report(f"writing random fp32 llama weights ({size})")
+    mx.random.seed(seed)
+    model = llama.Model(llama.ModelArgs.from_dict(cfg))
+    params = _random_params(model, eos, ("model.embed_tokens.weight",))
+    mx.save_safetensors(str(out / "model.safetensors"), params)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return sum(int(v.size) for v in params.values())
+
+
+def _write_vision(out: Path, seed: int, report: Report) -> int:
+    import mlx.core as mx
+    from transformers import CLIPImageProcessor, LlavaProcessor
+
+    try:
+        from mlx_vlm.models import llava
+    except ImportError as e:  # the vlm extra is optional
+        raise DemoModelError(f"--vision needs the vlm extra (pip install 'mlxd[vlm]'): {e}") from e
+
+    report("training a 512-token BPE tokenizer with an <image> token")
+    fast = _train_tokenizer(VOCAB_SIZE["vision"], vision=True)
+    vocab = len(fast)
+    eos = fast.convert_tokens_to_ids("</s>")
+    ip = CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+    LlavaProcessor(
+        image_processor=ip,
+        tokenizer=fast,
+        patch_size=14,
+        vision_feature_select_strategy="default",
+        chat_template=CHAT_TEMPLATE,
+        num_additional_image_tokens=1,
+    ).save_pretrained(str(out))
+    text = dict(model_type="llama", rms_norm_eps=1e-5, vocab_size=vocab, **TEXT_SHAPES["tiny"])
+    cfg = {
+        "model_type": "llava",
+        "image_token_index": fast.convert_tokens_to_ids("<image>"),
+        "vocab_size": vocab,
+        "vision_feature_select_strategy": "default",
+        "vision_feature_layer": -2,
+        "eos_token_id": [eos],
+        "torch_dtype": "float32",
+        "text_config": text,
+        "vision_config": {
+            "model_type": "clip_vision_model",
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "image_size": 28,
+            "patch_size": 14,
+            "projection_dim": 32,
+            "num_channels": 3,
+            "layer_norm_eps": 1e-5,
+        },
+    }
+    report("writing random fp32 LLaVA weights")
+    mx.random.seed(seed)
+    mc = llava.ModelConfig.from_dict(cfg)
+    mc.text_config = llava.TextConfig.from_dict(cfg["text_config"])
+    mc.vision_config = llava.VisionConfig.from_dict(cfg["vision_config"])
+    model = llava.Model(mc)
+    params = _random_params(
+        model,
+        eos,
+        ("language_model.model.embed_tokens.weight", "language_model.lm_head.weight"),
+    )
+    mx.save_safetensors(str(out / "model.safetensors"), params)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return sum(int(v.size) for v in params.values())
+
+
+def is_model_dir(path: Path) -> bool:
+    """True if ``path`` holds a model (has a ``config.json``)."""
+    return (path / "config.json").is_file()
+
+
+def write_demo_model(
+    path: str | Path,
+    kind: DemoKind = "tiny",
+    *,
+    force: bool = False,
+    seed: int = 0,
+    report: Report | None = None,
+) -> int:
+    """Write a demo model of ``kind`` into ``path``; return its parameter count.
+
+    Refuses (:class:`DemoModelError`) to write into a non-empty directory unless
+    ``force``. The files are written into a sibling temporary directory and
+    moved into place at the end, so a crash never leaves a half model behind
+    that :func:`is_model_dir` would accept.
+    """
+    if kind not in KINDS:
+        raise DemoModelError(f"unknown demo model kind {kind!r} (expected one of {', '.join(KINDS)})")
+    out = Path(path).expanduser()
+    if out.exists() and not out.is_dir():
+        raise DemoModelError(f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise DemoModelError(f"{out} is not empty (use --force to overwrite)")
+    say = report or (lambda _msg: None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        n = _write_vision(tmp, seed, say) if kind == "vision" else _write_text(tmp, kind, seed, say)
+        (tmp / "README.md").write_text(
+            f"# mlxd demo model ({kind})\n\nRandom fp32 weights ({n:,} parameters) written by "
+            "`mlxd demo-model`; its output is gibberish by design.\n"
+        )
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say(f"wrote {out} ({n:,} parameters)")
+    return n
+
+
+def cmd_demo_model(args: argparse.Namespace) -> int:
+    """``mlxd demo-model PATH [--size tiny|small] [--vision] [--force]``."""
+    kind: DemoKind = "vision" if args.vision else args.size
+    if args.vision and args.size not in (None, "tiny"):
+        print("mlxd: --vision writes a tiny LLaVA; --size small is not available for it", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+
+    def report(msg: str) -> None:
+        print(f"demo-model: {msg} ({time.monotonic() - t0:.1f}s)", file=sys.stderr, flush=True)
+
+    try:
+        write_demo_model(args.path, kind, force=bool(getattr(args, "force", False)), report=report)
+    except DemoModelError as e:
+        print(f"mlxd: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"mlxd: cannot write {args.path}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0
