@@ -1,0 +1,160 @@
+"""Memory: what MLX holds, what the device offers, and giving memory back.
+
+Theory of operation. MLX counts the bytes of its arrays itself
+(``mx.get_active_memory()``), on every backend; that is the number residency
+decisions use. The counters are **process-global** (over all threads and all
+engines), so a footprint taken as an active-memory delta around a load is only
+right if no other load or unload runs at the same time; the engines take it on
+their own MLX thread and fall back to the summed parameter bytes when the delta
+is implausible (see :func:`footprint`). RSS (psutil) is a sanity metric only:
+on Apple silicon the weights live in unified memory that RSS does not show.
+
+Unloading on Linux needs one more step than ``del`` + ``gc.collect()`` +
+``mx.clear_cache()``: glibc keeps the freed model memory in its arenas, so RSS
+stays high from the second load/unload cycle on. ``malloc_trim(0)`` gives it
+back (TECH-NOTES §0.5 and §4). :func:`release_memory` does all of it.
+
+Everything here that touches MLX must run on the thread that owns the arrays
+(an engine's MLX thread); :func:`malloc_trim` and :func:`rss_bytes` may run
+anywhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import sys
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySnapshot:
+    """MLX's counters at one moment (bytes)."""
+
+    active: int
+    cache: int
+    peak: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"active": self.active, "cache": self.cache, "peak": self.peak}
+
+
+def active_bytes() -> int:
+    """Bytes held by live MLX arrays, over the whole process."""
+    import mlx.core as mx
+
+    return int(mx.get_active_memory())
+
+
+def snapshot() -> MemorySnapshot:
+    """MLX's active, cache and peak counters (process-global)."""
+    import mlx.core as mx
+
+    return MemorySnapshot(
+        active=int(mx.get_active_memory()),
+        cache=int(mx.get_cache_memory()),
+        peak=int(mx.get_peak_memory()),
+    )
+
+
+def device_info() -> dict[str, Any]:
+    """``mx.device_info()`` plus the memory limit and total RAM, for status pages.
+
+    On the CPU backend ``device_info()`` has only the architecture and the
+    device name; on Metal it also has ``memory_size`` and
+    ``max_recommended_working_set_size``.
+    """
+    import mlx.core as mx
+
+    info: dict[str, Any] = {}
+    try:
+        info.update(mx.device_info())
+    except Exception as e:  # older mlx, or no device
+        info["error"] = str(e)
+    try:
+        info["memory_limit"] = int(mx.get_memory_limit())
+    except Exception:
+        pass
+    info["default_device"] = str(mx.default_device())
+    info["system_memory"] = system_memory_bytes()
+    return info
+
+
+def system_memory_bytes() -> int | None:
+    """Total physical memory of the machine, or None if unknown."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:
+        return None
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (a sanity metric, not a residency number)."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def parameter_bytes(model: Any) -> int:
+    """Summed ``nbytes`` of every array in ``model`` (what mlx-lm's ``wired_limit`` uses)."""
+    from mlx.utils import tree_flatten
+
+    params = model.parameters() if hasattr(model, "parameters") else model
+    return int(sum(getattr(v, "nbytes", 0) for _, v in tree_flatten(params)))
+
+
+def footprint(active_before: int, active_after: int, model: Any) -> tuple[int, str]:
+    """The measured size of a load: the active-memory delta, or the parameter bytes.
+
+    The delta is process-global, so a concurrent unload elsewhere can make it
+    small or negative, and a concurrent load can inflate it. The delta wins when
+    it is at least the parameter bytes (a model also holds buffers that are not
+    parameters) and not absurdly larger; otherwise the parameter bytes are used.
+    Returns ``(bytes, "active_delta" | "parameters")``.
+    """
+    delta = active_after - active_before
+    params = parameter_bytes(model)
+    if params <= delta <= 2 * params + (64 << 20):
+        return delta, "active_delta"
+    return params, "parameters"
+
+
+@cache
+def _libc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    name = ctypes.util.find_library("c") or "libc.so.6"
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+def malloc_trim() -> bool:
+    """Return freed heap memory to the OS (glibc ``malloc_trim(0)``); False where unavailable."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return False
+    try:
+        return bool(libc.malloc_trim(0))
+    except Exception:
+        return False
+
+
+def release_memory() -> None:
+    """After dropping the last reference to a model: collect, empty MLX's cache, trim the heap.
+
+    Run it on the MLX thread that owned the model (``mx.clear_cache`` frees
+    that thread's buffers); the caller must already have dropped every
+    reference (model, tokenizer, caches, responses holding arrays).
+    """
+    import mlx.core as mx
+
+    gc.collect()
+    mx.clear_cache()
+    malloc_trim()
