@@ -11,10 +11,23 @@ CREATE TABLE runs (
     config_path TEXT
 );
 
--- One row per residency transition; seq is the journal sequence (also the
--- /admin/events id of the transition).
+-- Every journaled happening in one sequence, for /admin/events and Last-Event-ID:
+-- seq is the event id (strictly increasing, not dense: a measurement or the end of
+-- a run takes a number but has no row here); kind is transition | lease_acquired |
+-- lease_released; payload is the event as JSON.
+CREATE TABLE events (
+    seq     INTEGER PRIMARY KEY,
+    run_id  INTEGER NOT NULL REFERENCES runs(id),
+    at      REAL    NOT NULL,
+    kind    TEXT    NOT NULL CHECK (kind IN ('transition','lease_acquired','lease_released')),
+    model   TEXT,
+    payload TEXT    NOT NULL
+);
+
+-- One row per residency transition; seq is the journal sequence: the transition's
+-- events row has the same seq (its /admin/events id).
 CREATE TABLE transitions (
-    seq          INTEGER PRIMARY KEY,
+    seq          INTEGER PRIMARY KEY REFERENCES events(seq),
     run_id       INTEGER NOT NULL REFERENCES runs(id),
     at           REAL    NOT NULL,
     model        TEXT    NOT NULL,
@@ -45,6 +58,7 @@ CREATE TABLE leases (
     completion_tokens INTEGER
 );
 CREATE INDEX leases_model_acquired ON leases(model, acquired_at);
+CREATE INDEX leases_acquired ON leases(acquired_at);
 CREATE INDEX leases_open ON leases(run_id) WHERE released_at IS NULL;
 
 -- The footprint and load time measured after each successful load.
@@ -55,15 +69,3 @@ CREATE TABLE measurements (
     load_seconds REAL NOT NULL
 );
 CREATE INDEX measurements_model_at ON measurements(model, at);
-
--- Every journaled happening in one sequence, for /admin/events and Last-Event-ID:
--- seq is the event id; kind is transition | lease_acquired | lease_released;
--- payload is the event as JSON.
-CREATE TABLE events (
-    seq     INTEGER PRIMARY KEY,
-    run_id  INTEGER NOT NULL REFERENCES runs(id),
-    at      REAL    NOT NULL,
-    kind    TEXT    NOT NULL,
-    model   TEXT,
-    payload TEXT    NOT NULL
-);
