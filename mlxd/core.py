@@ -314,10 +314,22 @@ class ModelRecord:
     preempted: bool = False
     #: shutdown gave up on it (its unload failed during shutdown)
     abandoned_at_shutdown: bool = False
+    #: the waiters of this model, in arrival order
+    queue: dict[int, Waiter] = field(default_factory=dict)
+    #: its waiters wait for room (subject to their deadlines), not for a load in flight
+    blocked: bool = False
+    #: no waiter of this model has a deadline before this (a lower bound; may be stale-early)
+    queue_deadline: float | None = None
+    #: draining victims its waiters claimed in the last pass
+    claims: list[str] = field(default_factory=list)
 
     @property
     def counts(self) -> bool:
         return self.state in COMMITTED
+
+    @property
+    def head(self) -> Waiter | None:
+        return next(iter(self.queue.values()), None)
 
 
 @dataclass
@@ -332,10 +344,6 @@ class Waiter:
     deadline: float | None
     #: when this waiter may preempt its victims (None = never)
     preempt_at: float | None
-    #: waiting for room (subject to ``deadline``) rather than joined to a load
-    blocked: bool = False
-    #: draining victims this waiter claimed in the last pass
-    claims: list[str] = field(default_factory=list)
 
 
 # ---- the core --------------------------------------------------------------------------
@@ -348,7 +356,8 @@ class Core:
         self.budget = int(budget_bytes)
         self.policy = policy
         self.models: dict[str, ModelRecord] = {s.name: ModelRecord(s) for s in specs}
-        self.waiters: dict[int, Waiter] = {}  # insertion order = arrival order (FIFO)
+        #: every waiter by id; each model's ``queue`` holds its own in arrival order
+        self.waiters: dict[int, Waiter] = {}
         self.lease_model: dict[str, str] = {}
         self.load_gate: str | None = None
         self.shutting_down = False
@@ -375,13 +384,16 @@ class Core:
     def next_deadline(self) -> float | None:
         """The earliest time at which a :class:`Tick` could change something."""
         times: list[float] = []
-        for w in self.waiters.values():
-            if w.blocked and w.deadline is not None:
-                times.append(w.deadline)
-            if w.preempt_at is not None and any(
-                not self.models[v].preempted for v in w.claims if v in self.models
+        for r in self.models.values():
+            head = r.head
+            if head is None:
+                continue
+            if r.blocked and r.queue_deadline is not None:
+                times.append(r.queue_deadline)
+            if head.preempt_at is not None and any(
+                not self.models[v].preempted for v in r.claims if v in self.models
             ):
-                times.append(w.preempt_at)
+                times.append(head.preempt_at)
         for r in self.models.values():
             due = self._idle_due(r)
             if due is not None:
@@ -444,7 +456,7 @@ class Core:
         p = self.policy
         bound = p.wait_timeout_s if p.strategy != "fail" else None
         delay = p.preempt_delay_s
-        self.waiters[ev.waiter_id] = Waiter(
+        w = Waiter(
             id=ev.waiter_id,
             model=ev.model,
             lease_id=ev.lease_id,
@@ -454,10 +466,16 @@ class Core:
             deadline=ev.now + bound if bound is not None else None,
             preempt_at=ev.now + delay if delay is not None else None,
         )
+        r = self.models[ev.model]
+        self.waiters[w.id] = w
+        r.queue[w.id] = w
+        if w.deadline is not None and (r.queue_deadline is None or w.deadline < r.queue_deadline):
+            r.queue_deadline = w.deadline
 
     def _on_CancelWaiter(self, ev: CancelWaiter) -> None:
-        w = self.waiters.pop(ev.waiter_id, None)
+        w = self.waiters.get(ev.waiter_id)
         if w is not None:
+            self._drop(w)
             self._maybe_abandon_load(w.model)
 
     def _on_LoadFinished(self, ev: LoadFinished) -> None:
@@ -471,11 +489,8 @@ class Core:
         else:
             r.last_error = ev.error
             self._move(r, State.FAILED, Reason.LOAD_FAILED, error=ev.error)
-            for w in [w for w in self.waiters.values() if w.model == r.spec.name]:
-                del self.waiters[w.id]
-                self._out.append(
-                    Reject(w.id, w.model, LoadFailed(f"loading '{w.model}' failed: {ev.error}"))
-                )
+            for w in list(r.queue.values()):
+                self._reject(w, LoadFailed(f"loading '{w.model}' failed: {ev.error}"))
 
     def _on_LoadAborted(self, ev: LoadAborted) -> None:
         r = self.models.get(ev.model)
@@ -510,20 +525,21 @@ class Core:
             self._out.append(StartUnload(model))
 
     def _on_Tick(self, ev: Tick) -> None:
-        for w in list(self.waiters.values()):
-            if w.blocked and w.deadline is not None and ev.now >= w.deadline:
-                del self.waiters[w.id]
-                self._out.append(
-                    Reject(
-                        w.id,
-                        w.model,
+        for r in self.models.values():
+            if not r.blocked or r.queue_deadline is None or ev.now < r.queue_deadline:
+                continue
+            for w in list(r.queue.values()):
+                if w.deadline is not None and ev.now >= w.deadline:
+                    self._reject(
+                        w,
                         CapacityTimeout(
                             f"waited {ev.now - w.since:.0f} s for room to load '{w.model}' "
-                            f"(wait_timeout_s={self.policy.wait_timeout_s:g})"
+                            f"(wait_timeout_s={self.policy.wait_timeout_s})"
                         ),
                     )
-                )
-                self._maybe_abandon_load(w.model)
+            deadlines = [w.deadline for w in r.queue.values() if w.deadline is not None]
+            r.queue_deadline = min(deadlines) if deadlines else None
+            self._maybe_abandon_load(r.spec.name)
         for r in self.models.values():
             due = self._idle_due(r)
             if due is not None and ev.now >= due:
@@ -605,10 +621,9 @@ class Core:
             if r.state is State.FAILED:
                 self._move(r, State.UNLOADED, Reason.CONFIG_RELOAD)
         for name in sorted(removed):
+            for w in list(self.models[name].queue.values()):
+                self._reject(w, ModelNotFound(name))
             del self.models[name]
-            for w in [w for w in self.waiters.values() if w.model == name]:
-                del self.waiters[w.id]
-                self._out.append(Reject(w.id, name, ModelNotFound(name)))
         for name, spec in new.items():
             if name in self.models:
                 self.models[name].spec = spec
@@ -628,60 +643,66 @@ class Core:
                 break
 
     def _pass(self) -> bool:
-        """One first-come-first-served pass over the waiters; True if a drain was called off."""
+        """One first-come-first-served pass over the models with waiters.
+
+        Models are taken in the order of their earliest waiter; all waiters of a
+        model share its fate (lease, load, or wait), so a pass costs O(models).
+        Returns True if a drain was called off.
+        """
         free = self.budget - self.committed
         incoming = sum(
             r.committed_bytes
             for r in self.models.values()
             if r.state in (State.DRAINING, State.UNLOADING)
         )
-        claimed: dict[str, int] = {}  # victim on its way out -> waiter that claimed it
-        planned: set[str] = set()  # models an earlier waiter is making room for
-        for w in list(self.waiters.values()):
-            r = self.models[w.model]
-            w.claims = []
+        claimed: dict[str, str] = {}  # victim on its way out -> model whose waiters claimed it
+        waiting = sorted(
+            (r for r in self.models.values() if r.queue), key=lambda r: next(iter(r.queue))
+        )
+        for r in waiting:
+            r.claims = []
             if r.state is State.LOADED:
-                self._satisfy(w, r)
+                for w in list(r.queue.values()):
+                    self._satisfy(w, r)
                 continue
             if r.state is State.LOADING and not r.load_cancelling:
-                w.blocked = False
+                r.blocked = False
                 continue
-            w.blocked = True
-            if r.state not in (State.UNLOADED, State.FAILED) or w.model in planned:
-                continue  # on its way out, tearing down, or an earlier waiter plans it
-            need = r.spec.size_bytes
+            r.blocked = True
+            if r.state not in (State.UNLOADED, State.FAILED):
+                continue  # on its way out, or a cancelled load still tearing down
+            name, need = r.spec.name, r.spec.size_bytes
             if need > self.budget:
-                self._reject(
-                    w,
+                self._reject_queue(
+                    r,
                     ModelExceedsBudget(
-                        f"'{w.model}' needs {need / GIB:.2f} GiB, more than the whole "
+                        f"'{name}' needs {need / GIB:.2f} GiB, more than the whole "
                         f"memory budget of {self.budget / GIB:.2f} GiB",
                         param="model",
                     ),
                 )
                 continue
             if self.load_gate is not None:
-                self._reject(w, JournalError(f"new loads are refused: {self.load_gate}"))
+                self._reject_queue(r, JournalError(f"new loads are refused: {self.load_gate}"))
                 continue
             if need <= free:
                 free -= need
-                self._start_load(w, r)
+                self._start_load(r)
                 continue
-            idle = self._lru(busy=False, exclude=w.model)
-            busy = self._lru(busy=True, exclude=w.model) if self.policy.waits else []
+            idle = self._lru(busy=False, exclude=name)
+            busy = self._lru(busy=True, exclude=name) if self.policy.waits else []
             idle_bytes = sum(v.committed_bytes for v in idle)
             busy_bytes = sum(v.committed_bytes for v in busy)
             if free + incoming + idle_bytes < need and not self.policy.waits:
-                self._reject(
-                    w,
+                self._reject_queue(
+                    r,
                     ModelCapacity(
-                        f"'{w.model}' ({need / GIB:.2f} GiB) does not fit: "
+                        f"'{name}' ({need / GIB:.2f} GiB) does not fit: "
                         f"{self.committed / GIB:.2f} of {self.budget / GIB:.2f} GiB "
                         "are committed to models in use"
                     ),
                 )
                 continue
-            planned.add(w.model)
             if free + incoming + idle_bytes + busy_bytes < need:
                 continue  # no victim can make room now: claim nothing, touch nothing
             # Room is short: idle victims first (LRU), then busy ones per the policy.
@@ -701,13 +722,23 @@ class Core:
             take_free = min(free, need)
             free -= take_free
             incoming -= need - take_free
-            self._claim_victims(w, need - take_free, claimed)
+            self._claim_victims(r, need - take_free, claimed)
         called_off = self._call_off_unclaimed(claimed)
         self._preempt_due()
         return called_off
 
-    def _satisfy(self, w: Waiter, r: ModelRecord) -> None:
+    def _drop(self, w: Waiter) -> None:
         del self.waiters[w.id]
+        r = self.models.get(w.model)
+        if r is not None:
+            r.queue.pop(w.id, None)
+            if not r.queue:
+                r.blocked = False
+                r.queue_deadline = None
+                r.claims = []
+
+    def _satisfy(self, w: Waiter, r: ModelRecord) -> None:
+        self._drop(w)
         if w.kind is WaiterKind.LEASE:
             r.leases.add(w.lease_id)
             self.lease_model[w.lease_id] = r.spec.name
@@ -717,28 +748,34 @@ class Core:
             self._out.append(Satisfy(w.id, r.spec.name))
 
     def _reject(self, w: Waiter, error: MlxdError) -> None:
-        del self.waiters[w.id]
+        self._drop(w)
         self._out.append(Reject(w.id, w.model, error))
+
+    def _reject_queue(self, r: ModelRecord, error: MlxdError) -> None:
+        for w in list(r.queue.values()):
+            self._reject(w, error)
 
     def _reject_all_waiters(self) -> None:
         for w in list(self.waiters.values()):
             self._reject(w, ShuttingDown("mlxd is shutting down"))
 
-    def _start_load(self, w: Waiter, r: ModelRecord) -> None:
+    def _start_load(self, r: ModelRecord) -> None:
+        head = r.head
+        reason = head.reason if head is not None else Reason.REQUEST
         r.load_id = next(self._load_ids)
-        r.load_reason = w.reason
+        r.load_reason = reason
         r.committed_bytes = r.spec.size_bytes
         r.load_cancelling = False
         r.abort_reason = Reason.ABANDONED
-        self._move(r, State.LOADING, w.reason)
-        w.blocked = False
+        self._move(r, State.LOADING, reason)
+        r.blocked = False
         self._out.append(StartLoad(r.spec.name, r.load_id))
 
     def _maybe_abandon_load(self, model: str) -> None:
         r = self.models.get(model)
         if r is None or r.state is not State.LOADING or r.load_cancelling:
             return
-        if any(w.model == model for w in self.waiters.values()):
+        if r.queue:
             return
         r.load_cancelling = True
         r.abort_reason = Reason.ABANDONED
@@ -755,27 +792,27 @@ class Core:
         ]
         return sorted(cands, key=lambda r: (r.last_used or 0.0, r.spec.name))
 
-    def _claim_victims(self, w: Waiter, rest: int, claimed: dict[str, int]) -> None:
-        """Let ``w`` claim the unclaimed bytes on their way out, unloading ones first."""
+    def _claim_victims(self, r: ModelRecord, rest: int, claimed: dict[str, str]) -> None:
+        """Let ``r``'s waiters claim unclaimed bytes on their way out, unloading ones first."""
         if rest <= 0:
             return
         outgoing = sorted(
             (
-                r
-                for r in self.models.values()
-                if r.state in (State.UNLOADING, State.DRAINING) and r.spec.name not in claimed
+                v
+                for v in self.models.values()
+                if v.state in (State.UNLOADING, State.DRAINING) and v.spec.name not in claimed
             ),
-            key=lambda r: (r.state is State.DRAINING, r.last_used or 0.0, r.spec.name),
+            key=lambda v: (v.state is State.DRAINING, v.last_used or 0.0, v.spec.name),
         )
-        for r in outgoing:
+        for v in outgoing:
             if rest <= 0:
                 break
-            claimed[r.spec.name] = w.id
-            rest -= r.committed_bytes
-            if r.state is State.DRAINING:
-                w.claims.append(r.spec.name)
+            claimed[v.spec.name] = r.spec.name
+            rest -= v.committed_bytes
+            if v.state is State.DRAINING:
+                r.claims.append(v.spec.name)
 
-    def _call_off_unclaimed(self, claimed: dict[str, int]) -> bool:
+    def _call_off_unclaimed(self, claimed: dict[str, str]) -> bool:
         called_off = False
         for r in self.models.values():
             if r.state is State.DRAINING and r.drain_owner is None and r.spec.name not in claimed:
@@ -785,14 +822,15 @@ class Core:
         return called_off
 
     def _preempt_due(self) -> None:
-        for w in self.waiters.values():
-            if w.preempt_at is None or self.now < w.preempt_at:
+        for r in self.models.values():
+            head = r.head
+            if head is None or head.preempt_at is None or self.now < head.preempt_at:
                 continue
-            for name in w.claims:
-                r = self.models[name]
-                if r.state is State.DRAINING and not r.preempted:
-                    r.out_reason = Reason.PREEMPTED
-                    self._preempt(r, shutdown=False)
+            for name in r.claims:
+                v = self.models[name]
+                if v.state is State.DRAINING and not v.preempted:
+                    v.out_reason = Reason.PREEMPTED
+                    self._preempt(v, shutdown=False)
 
     # -- moves -----------------------------------------------------------------------
 

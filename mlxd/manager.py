@@ -428,7 +428,7 @@ class Manager:
                     "kind": w.kind.value,
                     "reason": w.reason.value,
                     "waiting_s": round(trio.current_time() - w.since, 3),
-                    "blocked": w.blocked,
+                    "blocked": self.core.models[w.model].blocked,
                     "deadline_in_s": None
                     if w.deadline is None
                     else round(w.deadline - trio.current_time(), 3),

@@ -159,7 +159,8 @@ class CoreMachine(RuleBasedStateMachine):
         self.feed(c.Tick(self.now))
         assert self.core is not None
         for w in self.core.waiters.values():  # every acquire resolves within its bound
-            assert not (w.blocked and w.deadline is not None and w.deadline <= self.now), w
+            blocked = self.core.models[w.model].blocked
+            assert not (blocked and w.deadline is not None and w.deadline <= self.now), w
 
     @precondition(lambda self: self.core is not None)
     @rule(model=st.sampled_from(NAMES), preempt=st.booleans())

@@ -61,6 +61,23 @@ def make_config(
     )
 
 
+class Results(list[object]):
+    """What background acquires produced (leases or errors), awaitable by count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._changed = trio.Event()
+
+    def append(self, item: object) -> None:
+        super().append(item)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_for(self, n: int = 1) -> None:
+        while len(self) < n:
+            await self._changed.wait()
+
+
 @dataclass
 class Held:
     """A lease held by a background task until ``release`` is set."""
@@ -110,7 +127,7 @@ class Harness:
 
         return await self.nursery.start(holder)
 
-    def spawn_acquire(self, model: str, results: list[object]) -> trio.CancelScope:
+    def spawn_acquire(self, model: str, results: Results) -> trio.CancelScope:
         """Start an acquire in the background; append the lease or error; return its scope."""
         scope = trio.CancelScope()
 

@@ -19,18 +19,17 @@ from mlxd.errors import (
 )
 from mlxd.manager import Lease
 from mlxd.states import Outcome
-from tests.support.harness import GB, make_config, running
+from tests.support.harness import GB, Results, make_config, running
 
 
 async def test_concurrent_acquires_share_one_load(autojump_clock: trio.abc.Clock) -> None:
     """Ten concurrent acquires of a cold model cause exactly one load and all get leases."""
     async with running(make_config({"a": 1}, 4)) as h:
-        results: list[object] = []
+        results = Results()
         for _ in range(10):
             h.spawn_acquire("a", results)
         t0 = trio.current_time()
-        while len(results) < 10:
-            await trio.sleep(0.1)
+        await results.wait_for(10)
         assert all(isinstance(r, Lease) for r in results)
         assert h.fleet["a"].loads_started == 1
         assert trio.current_time() - t0 == pytest.approx(1.0, abs=0.11)
@@ -79,15 +78,14 @@ async def test_wait_strategy_waits_until_busy_victim_drains(autojump_clock: trio
     """Under `wait`, the request waits (unbounded) until the busy victim's lease ends, then loads."""
     async with running(make_config({"a": 4, "b": 4}, 6, strategy="wait", wait_timeout_s=None)) as h:
         held = await h.hold("a")
-        results: list[object] = []
+        results = Results()
         h.spawn_acquire("b", results)
         await trio.sleep(500)  # far beyond any default timeout
         assert results == []
         assert h.state("a") == "draining"
         t_release = trio.current_time()
         held.release.set()
-        while not results:
-            await trio.sleep(0.05)
+        await results.wait_for(1)
         assert isinstance(results[0], Lease)
         assert trio.current_time() - t_release == pytest.approx(1.0, abs=0.06)  # b's load time
         assert h.transitions("a")[-3:] == [
@@ -132,13 +130,12 @@ async def test_wait_then_preempt_preempts_at_exactly_preempt_after(autojump_cloc
     async with running(cfg) as h:
         held = await h.hold("a")
         t0 = trio.current_time()
-        results: list[object] = []
+        results = Results()
         h.spawn_acquire("b", results)
         await held.finished.wait()
         assert trio.current_time() - t0 == pytest.approx(5)
         assert isinstance(held.errors[0], Preempted)
-        while not results:
-            await trio.sleep(0.05)
+        await results.wait_for(1)
         assert isinstance(results[0], Lease)
         assert h.transitions("a")[-2:] == [
             ("a", "draining", "unloading", "preempted"),
@@ -153,11 +150,11 @@ async def test_draining_victim_refuses_new_leases_until_waiter_gives_up(
     """A draining victim grants no new lease while a waiter needs its room, and grants again once the waiter leaves."""
     async with running(make_config({"a": 4, "b": 4}, 6, strategy="wait", wait_timeout_s=None)) as h:
         held = await h.hold("a")
-        b_results: list[object] = []
+        b_results = Results()
         b_scope = h.spawn_acquire("b", b_results)
         await trio.sleep(1)
         assert h.state("a") == "draining"
-        a_results: list[object] = []
+        a_results = Results()
         h.spawn_acquire("a", a_results)
         await trio.sleep(100)
         assert a_results == []  # new traffic to the victim waits
@@ -173,7 +170,7 @@ async def test_draining_victim_refuses_new_leases_until_waiter_gives_up(
 async def test_last_waiter_leaving_cancels_the_load(autojump_clock: trio.abc.Clock) -> None:
     """When the only waiter of a load leaves, the load is cancelled, the partial engine stopped, the model unloaded (abandoned)."""
     async with running(make_config({"a": 1}, 4, load_seconds=10)) as h:
-        results: list[object] = []
+        results = Results()
         scope = h.spawn_acquire("a", results)
         await trio.sleep(3)
         scope.cancel()
@@ -188,14 +185,13 @@ async def test_last_waiter_leaving_cancels_the_load(autojump_clock: trio.abc.Clo
 async def test_one_of_two_waiters_leaving_keeps_the_load(autojump_clock: trio.abc.Clock) -> None:
     """When one of two waiters leaves, the load goes on and the other waiter gets the model."""
     async with running(make_config({"a": 1}, 4, load_seconds=10)) as h:
-        first: list[object] = []
-        second: list[object] = []
+        first = Results()
+        second = Results()
         scope = h.spawn_acquire("a", first)
         h.spawn_acquire("a", second)
         await trio.sleep(3)
         scope.cancel()
-        while not second:
-            await trio.sleep(0.5)
+        await second.wait_for(1)
         assert first == [] and isinstance(second[0], Lease)
         assert h.fleet["a"].loads_started == 1 and h.fleet["a"].loads_cancelled == 0
         second[0].release()  # type: ignore[union-attr]
@@ -206,16 +202,15 @@ async def test_cancelled_leader_leaks_nothing_and_others_get_the_model(
 ) -> None:
     """The task whose acquire started a load is cancelled: no reservation leaks and the other waiters still get the model."""
     async with running(make_config({"a": 3, "b": 3}, 6, load_seconds=10)) as h:
-        leader: list[object] = []
-        others: list[object] = []
+        leader = Results()
+        others = Results()
         leader_scope = h.spawn_acquire("a", leader)
         await trio.sleep(1)
         h.spawn_acquire("a", others)
         h.spawn_acquire("a", others)
         await trio.testing.wait_all_tasks_blocked()  # both joined the load
         leader_scope.cancel()
-        while len(others) < 2:
-            await trio.sleep(0.5)
+        await others.wait_for(2)
         assert all(isinstance(o, Lease) for o in others)
         assert h.fleet["a"].loads_started == 1
         for o in others:
@@ -230,7 +225,7 @@ async def test_late_joiner_of_abandoned_load_starts_a_fresh_one(autojump_clock: 
     fleet = FakeFleet()
     fleet.add(FakeModel("a", GB, load_seconds=10, unload_seconds=2))
     async with running(make_config({"a": 1}, 4), fleet) as h:
-        first: list[object] = []
+        first = Results()
         scope = h.spawn_acquire("a", first)
         await trio.sleep(3)
         scope.cancel()
@@ -295,7 +290,7 @@ async def test_idle_unload_at_exactly_the_configured_second(autojump_clock: trio
         assert h.state("a") == "loaded"
         await trio.sleep(0.2)
         assert h.state("a") == "unloaded"
-        unload_at = [t for t in h.fleet["a"].log if t[1] == "stop 1 start"][0][0]
+        unload_at = next(t for t in h.fleet["a"].log if t[1] == "stop 1 start")[0]
         assert unload_at - t_release == pytest.approx(300)
         assert h.transitions("a")[-2] == ("a", "loaded", "unloading", "idle_timeout")
 
@@ -369,7 +364,7 @@ async def test_shutdown_unloads_everything(autojump_clock: trio.abc.Clock) -> No
     async with running(cfg, fleet) as h:
         held = await h.hold("busy")
         await h.manager.load("idle")
-        slow: list[object] = []
+        slow = Results()
         h.spawn_acquire("slow", slow)
         await trio.sleep(2)
         assert h.state("slow") == "loading"
@@ -444,13 +439,12 @@ async def test_admin_unload_of_busy_model_drains_or_preempts(autojump_clock: tri
 async def test_admin_unload_of_loading_model_is_a_conflict(autojump_clock: trio.abc.Clock) -> None:
     """Unloading a model while it loads is refused with 409 and changes nothing."""
     async with running(make_config({"a": 1}, 4, load_seconds=5)) as h:
-        results: list[object] = []
+        results = Results()
         h.spawn_acquire("a", results)
         await trio.sleep(1)
         with pytest.raises(Conflict):
             await h.manager.unload("a")
-        while not results:
-            await trio.sleep(1)
+        await results.wait_for(1)
         assert isinstance(results[0], Lease)
         results[0].release()  # type: ignore[union-attr]
 
@@ -495,22 +489,20 @@ async def test_fifo_room_is_kept_for_the_earlier_waiter(autojump_clock: trio.abc
     cfg = make_config({"a": 4, "b": 4, "c": 1}, 6, strategy="wait", wait_timeout_s=None)
     async with running(cfg) as h:
         held = await h.hold("a")
-        b_res: list[object] = []
+        b_res = Results()
         h.spawn_acquire("b", b_res)
         await trio.sleep(1)
-        c_res: list[object] = []
+        c_res = Results()
         h.spawn_acquire("c", c_res)  # c (1 GB) would fit in the 2 GB left, but b came first
         await trio.sleep(1)
         assert c_res == [] and h.state("c") == "unloaded"
         held.release.set()
-        while not b_res:
-            await trio.sleep(0.1)
-        while not c_res:
-            await trio.sleep(0.1)
+        await b_res.wait_for(1)
+        await c_res.wait_for(1)
         b_lease, c_lease = b_res[0], c_res[0]
         assert isinstance(b_lease, Lease) and isinstance(c_lease, Lease)
-        b_loaded = [t for t in h.fleet["b"].log if t[1] == "load 1 done"][0][0]
-        c_loaded = [t for t in h.fleet["c"].log if t[1] == "load 1 done"][0][0]
+        b_loaded = next(t for t in h.fleet["b"].log if t[1] == "load 1 done")[0]
+        c_loaded = next(t for t in h.fleet["c"].log if t[1] == "load 1 done")[0]
         assert b_loaded <= c_loaded
         b_lease.release()
         c_lease.release()
