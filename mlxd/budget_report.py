@@ -159,8 +159,13 @@ def _seconds(s: float) -> str:
 def describe_policy(policy: ContentionPolicy) -> str:
     """What a request that does not fit (after idle eviction) gets, in one sentence."""
     timeout = policy.wait_timeout_s
-    bound = f"up to {_seconds(timeout)}" if timeout is not None else "without a time limit"
     give_up = ", then gets 503 capacity_timeout" if timeout is not None else ""
+    waits = (
+        f"waits up to {_seconds(timeout)} for room"
+        if timeout is not None
+        else "waits for room without a time limit"
+    )
+    victims = "the least recently used busy models"
     if policy.strategy == "fail":
         return (
             "fail: a request that does not fit gets 503 model_capacity at once "
@@ -168,22 +173,21 @@ def describe_policy(policy: ContentionPolicy) -> str:
         )
     if policy.strategy in ("wait", "wait_then_fail"):
         return (
-            f"{policy.strategy}: a request that does not fit waits {bound} for room "
-            f"(the least recently used busy models drain: no new requests, running ones finish)"
-            f"{give_up}"
+            f"{policy.strategy}: a request that does not fit {waits}{give_up} (meanwhile "
+            f"{victims} drain: they take no new requests and their running ones finish)"
         )
     if policy.strategy == "preempt":
         return (
-            "preempt: a request that does not fit preempts the requests of the least recently "
-            f"used busy models at once (they get 503 preempted) and waits {bound} for the room"
-            f"{give_up}"
+            f"preempt: a request that does not fit preempts the requests of {victims} at once "
+            f"(they get 503 preempted) and {waits}{give_up}"
         )
     delay = policy.preempt_delay_s or 0.0
-    return (
-        f"wait_then_preempt: a request that does not fit waits {_seconds(delay)} for the least "
-        "recently used busy models to finish, then preempts them (503 preempted); it waits "
-        f"{bound} in all{give_up}"
+    first = (
+        f"waits {_seconds(delay)} for {victims} to finish, then preempts them (503 preempted)"
+        if delay > 0
+        else f"preempts the requests of {victims} at once (preempt_after_s is 0; they get 503 preempted)"
     )
+    return f"wait_then_preempt: a request that does not fit {first}; in all it {waits}{give_up}"
 
 
 def describe_ceiling(report: MemoryBudgetReport) -> list[tuple[int, str]]:
