@@ -1,0 +1,480 @@
+"""The mlx-lm text engine: one residency of one text model on its own MLX thread.
+
+Theory of operation. ``load`` resolves the source (local directory, demo
+model made on first use, or a Hugging Face download; :mod:`mlxd.sources`),
+then starts the engine's :class:`~mlxd.engines.mlx_thread.MlxThread`, which
+loads the weights with ``mlx_lm.load`` and measures the footprint. Every later
+MLX call runs on that thread: each generation (``mlx_lm.stream_generate``) and
+the unload. ``stop`` cancels what runs, unloads, releases the memory and ends
+the thread (``mx.synchronize(); mx.clear_streams()``).
+
+``generate`` validates the request on the Trio side, hands a
+:class:`~mlxd.engines.mlx_thread.Job` to the scheduler (arrival order, one at a
+time, ``max_queue`` admission: :class:`~mlxd.errors.Overloaded` before anything
+is yielded) and relays what the MLX thread emits. When the consumer leaves
+(``trio.Cancelled`` at its await, or ``aclose()``), the job's cancel flag is
+set; the MLX thread checks it after every token and, during prefill, after
+every ``prefill_step_size`` chunk (the progress callback raises).
+
+Text is streamed through :class:`StopText`, which trims the output at the first
+stop string and holds back any tail that could still become one, so no part
+of a stop string is ever sent.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from mlxd.config import ModelConfig
+from mlxd.engines.base import (
+    ChatMessage,
+    Finished,
+    GenerationEvent,
+    GenerationRequest,
+    LoadProgress,
+    ProgressCallback,
+    TextDelta,
+)
+from mlxd.engines.mlx_thread import (
+    GenerationStats,
+    Job,
+    MlxThread,
+    PrefillProgress,
+    SerialScheduler,
+    Sink,
+)
+from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError
+
+PREFILL_STEP_ENV = "MLXD_PREFILL_STEP"
+#: prompt tokens per prefill chunk: a cancel during prefill waits at most one chunk
+#: (mlx-lm's default is 2048, which is tens of seconds of uninterruptible work on CPU)
+DEFAULT_PREFILL_STEP = 256
+
+#: observer(event, stats): called on the Trio thread for "prefill", "token" and "end"
+Observer = Callable[[str, GenerationStats], None]
+
+
+class _PrefillAborted(Exception):
+    """Raised from the prefill progress callback to stop a cancelled prompt at a chunk boundary."""
+
+
+class StopText:
+    """Accumulates generated text; trims it at the first stop string without leaking a prefix."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self._longest = max((len(s) for s in self.stops), default=0)
+        self.text = ""
+        self.emitted = 0  # invariant: text[:emitted] was sent and holds no stop string
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """Add ``piece``; return ``(text safe to send now, stop string reached)``."""
+        self.text += piece
+        if not self.stops:
+            return self._emit_to(len(self.text)), False
+        # a match cannot start before `emitted`: its start was held back while it was a prefix
+        hits = [i for s in self.stops if (i := self.text.find(s, self.emitted)) >= 0]
+        if hits:
+            cut = min(hits)
+            out = self._emit_to(cut)
+            self.text = self.text[:cut]
+            return out, True
+        return self._emit_to(len(self.text) - self._held()), False
+
+    def flush(self) -> str:
+        """The held-back tail, once no more text will come."""
+        return self._emit_to(len(self.text))
+
+    def _held(self) -> int:
+        limit = min(self._longest - 1, len(self.text) - self.emitted)
+        for k in range(limit, 0, -1):
+            tail = self.text[-k:]
+            if any(s.startswith(tail) for s in self.stops):
+                return k
+        return 0
+
+    def _emit_to(self, end: int) -> str:
+        out = self.text[self.emitted : end]
+        self.emitted = max(self.emitted, end)
+        return out
+
+
+def message_text(message: ChatMessage) -> str:
+    """The text of a chat message (plain string, or the ``text`` content parts joined)."""
+    if isinstance(message.content, str):
+        return message.content
+    return "".join(str(p.get("text", "")) for p in message.content if p.get("type") == "text")
+
+
+def count_image_parts(messages: tuple[ChatMessage, ...]) -> int:
+    return sum(
+        1
+        for m in messages
+        if not isinstance(m.content, str)
+        for p in m.content
+        if p.get("type") in ("image_url", "image", "input_image")
+    )
+
+
+def prefill_step_size() -> int:
+    raw = os.environ.get(PREFILL_STEP_ENV)
+    try:
+        return max(1, int(raw)) if raw else DEFAULT_PREFILL_STEP
+    except ValueError:
+        return DEFAULT_PREFILL_STEP
+
+
+class MlxTextEngine:
+    """One residency of an mlx-lm text model (see the module docstring)."""
+
+    kind = "text"
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        *,
+        prefill_step: int | None = None,
+        observer: Observer | None = None,
+    ) -> None:
+        self.name = model.name
+        self.config = model
+        self.prefill_step = prefill_step or prefill_step_size()
+        self.observer = observer
+        #: the last generations' stats, newest last (for metrics and tests)
+        self.history: collections.deque[GenerationStats] = collections.deque(maxlen=64)
+        self.path: Path | None = None
+        self.load_seconds: float | None = None
+        self.memory_source: str | None = None
+        self._measured: int | None = None
+        self._thread: MlxThread | None = None
+        self._scheduler: SerialScheduler | None = None
+        self._ready = False
+        self._stopped = False
+        self._has_chat_template = False
+        # owned by the MLX thread: written and read only there
+        self._model: Any = None
+        self._tokenizer: Any = None
+
+    # ---- protocol: load / stop ---------------------------------------------------------
+
+    async def load(self, progress: ProgressCallback) -> None:
+        if self._thread is not None or self._stopped:
+            raise LoadFailed(f"{self.name}: an engine loads once; make a new one")
+        t0 = time.monotonic()
+        progress(LoadProgress(phase="starting", detail=self.config.source))
+        try:
+            path = await self._resolve(progress)
+        except (LoadFailed, trio.Cancelled):
+            raise
+        except Exception as e:
+            raise LoadFailed(f"{self.name}: {describe_load_error(e)}") from e
+        self.path = path
+        self._thread = MlxThread(name=f"mlx-{self.name}")
+        self._scheduler = SerialScheduler(
+            self._thread, self._run_one, max_queue=self.config.max_queue, name=self.name
+        )
+        progress(LoadProgress(phase="loading", detail=str(path)))
+        cancel = threading.Event()
+        try:
+            await self._thread.run(self._load_on_thread, path, progress_sink(progress), cancel, cancel=cancel)
+        except (LoadFailed, trio.Cancelled):
+            raise
+        except MlxdError as e:
+            raise LoadFailed(f"{self.name}: {e.message}") from e
+        except Exception as e:
+            raise LoadFailed(f"{self.name}: cannot load {path}: {describe_load_error(e)}") from e
+        self.load_seconds = time.monotonic() - t0
+        self._ready = True
+        size = self._measured or 0
+        progress(LoadProgress(phase="done", bytes_done=size, bytes_total=size, detail=self.memory_source))
+
+    async def _resolve(self, progress: ProgressCallback) -> Path:
+        from mlxd import sources
+
+        if self.config.demo:
+            return demo_path(self.config.source)  # written on the MLX thread if missing
+        path = await sources.resolve_source(
+            self.config.source, progress, allow_patterns=self._allow_patterns()
+        )
+        if not (path / "config.json").is_file():
+            raise LoadFailed(f"{self.name}: {path} holds no config.json (not a model directory)")
+        return path
+
+    def _allow_patterns(self) -> tuple[str, ...]:
+        from mlxd.sources import TEXT_PATTERNS
+
+        return TEXT_PATTERNS
+
+    def _load_on_thread(
+        self, path: Path, report: Callable[[LoadProgress], None], cancel: threading.Event
+    ) -> None:
+        import mlx.core as mx
+
+        from mlxd.memory import footprint
+
+        if self.config.demo:
+            self._write_demo(path, report)
+        if cancel.is_set():
+            return
+        before = int(mx.get_active_memory())
+        self._model, self._tokenizer = self._load_weights(path)
+        after = int(mx.get_active_memory())
+        # active memory is process-global: loads are serialized per engine, but another
+        # engine's load or unload at the same moment skews the delta (footprint() checks it)
+        self._measured, self.memory_source = footprint(before, after, self._model)
+        report(LoadProgress(phase="measuring", bytes_done=self._measured, bytes_total=self._measured))
+
+    def _write_demo(self, path: Path, report: Callable[[LoadProgress], None]) -> None:
+        from mlxd.demo_model import DemoModelError, is_model_dir, write_demo_model
+
+        if is_model_dir(path):
+            return
+        kind = self.config.demo or "tiny"
+
+        def say(msg: str) -> None:
+            report(LoadProgress(phase="loading", detail=f"demo model: {msg}"))
+
+        try:
+            write_demo_model(path, kind, report=say)
+        except DemoModelError as e:
+            raise LoadFailed(f"{self.name}: cannot make the demo model: {e}") from e
+
+    def _load_weights(self, path: Path) -> tuple[Any, Any]:
+        from mlx_lm import load
+
+        model, tokenizer = load(str(path))
+        self._has_chat_template = bool(getattr(tokenizer, "has_chat_template", False))
+        return model, tokenizer
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._ready = False
+        if self._scheduler is not None:
+            self._scheduler.close(EngineError(f"{self.name}: the model was unloaded", retry_after=1.0))
+        thread = self._thread
+        if thread is None:
+            return
+        try:
+            # queued behind the running job (if any), which stops within one token
+            await thread.run(self._unload_on_thread)
+        finally:
+            thread.close_nowait()  # even if cancelled: the thread unloads, then ends on its own
+        await thread.aclose()
+        from mlxd.memory import malloc_trim
+
+        malloc_trim()  # again, after the thread's clear_streams freed its stream buffers
+
+    def _unload_on_thread(self) -> None:
+        from mlxd.memory import release_memory
+
+        self._model = None
+        self._tokenizer = None
+        self._unload_extra()
+        release_memory()
+
+    def _unload_extra(self) -> None:
+        """Drop engine-specific MLX references (the vision engine's processor)."""
+
+    def measured_bytes(self) -> int | None:
+        return self._measured
+
+    def queue_depth(self) -> int:
+        return self._scheduler.depth() if self._scheduler is not None else 0
+
+    # ---- protocol: generate ----------------------------------------------------------------
+
+    def _validate(self, request: GenerationRequest) -> None:
+        if request.max_tokens < 1:
+            raise InvalidRequest("max_tokens must be at least 1", param="max_tokens")
+        if request.kind == "chat":
+            if not request.messages:
+                raise InvalidRequest("messages must not be empty", param="messages")
+            if not self._has_chat_template:
+                raise InvalidRequest(
+                    f"model '{self.name}' has no chat template; use /v1/completions with a plain prompt",
+                    param="messages",
+                )
+        if request.images or count_image_parts(request.messages):
+            raise InvalidRequest(
+                f"model '{self.name}' does not accept images (it is not an mllm model)",
+                param="messages",
+            )
+
+    async def _prepare(self, request: GenerationRequest) -> Any:
+        """Engine-specific input prepared off the MLX thread (the vision engine decodes images)."""
+        return None
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        scheduler = self._scheduler
+        if not self._ready or scheduler is None:
+            raise EngineError(f"{self.name}: the model is not loaded", retry_after=1.0)
+        self._validate(request)
+        scheduler.check_capacity()
+        data = await self._prepare(request)
+        job = Job(request=request, sink=Sink(), data=data)
+        job.stats.request_id = request.request_id
+        scheduler.submit(job)
+        self.history.append(job.stats)
+        finished = False
+        try:
+            async with job.sink.receive:
+                async for item in job.sink.receive:
+                    if isinstance(item, TextDelta):
+                        self._observe("token", job.stats)
+                        yield item
+                    elif isinstance(item, PrefillProgress):
+                        self._observe("prefill", job.stats)
+                    elif isinstance(item, Finished):
+                        finished = True
+                        self._observe("end", job.stats)
+                        yield item
+                        return
+                    elif isinstance(item, MlxdError):
+                        raise item
+                    elif isinstance(item, BaseException):
+                        raise EngineError(
+                            f"{self.name}: generation failed: {type(item).__name__}: {item}"
+                        ) from item
+            raise EngineError(f"{self.name}: generation ended without a result")
+        finally:
+            if not finished:
+                scheduler.withdraw(job)
+
+    def _observe(self, event: str, stats: GenerationStats) -> None:
+        if self.observer is not None:
+            self.observer(event, stats)
+
+    # ---- on the MLX thread --------------------------------------------------------------------
+
+    def _encode(self, request: GenerationRequest) -> list[int]:
+        """The prompt token ids, exactly as ``mlx_lm.stream_generate`` encodes a string prompt."""
+        tok = self._tokenizer
+        if request.kind == "chat":
+            messages = [{"role": m.role, "content": message_text(m)} for m in request.messages]
+            try:
+                prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            except Exception as e:  # jinja errors: roles out of order, unsupported role, ...
+                raise InvalidRequest(f"the chat template rejected the messages: {e}", param="messages") from e
+        else:
+            prompt = request.prompt or ""
+        add_special = tok.bos_token is None or not prompt.startswith(tok.bos_token)
+        ids = list(tok.encode(prompt, add_special_tokens=add_special))
+        if not ids:
+            raise InvalidRequest("the prompt is empty", param="prompt" if request.kind == "completion" else "messages")
+        return ids
+
+    def _run_one(self, job: Job) -> None:
+        st = job.stats
+        st.started_at = time.monotonic()
+        try:
+            if job.cancel.is_set():
+                st.outcome = "cancelled"
+                return
+            self._generate_on_thread(job)
+        finally:
+            st.ended_at = time.monotonic()
+
+    def _generate_on_thread(self, job: Job) -> None:
+        import mlx.core as mx
+        from mlx_lm import stream_generate
+        from mlx_lm.sample_utils import make_sampler
+
+        req, st = job.request, job.stats
+        ids = self._encode(req)
+        st.prompt_tokens = len(ids)
+        if req.seed is not None:
+            mx.random.seed(req.seed)
+        top_p = req.top_p if 0.0 < req.top_p < 1.0 else 0.0
+        sampler = make_sampler(temp=max(0.0, req.temperature), top_p=top_p)
+
+        def on_prefill(done: int, total: int) -> None:
+            st.prefill_done = done
+            if job.cancel.is_set():
+                raise _PrefillAborted
+            if 0 < done < total:
+                st.prefill_chunks += 1
+                job.emit(PrefillProgress(done, total))
+
+        stops = StopText(req.stop)
+        gen = stream_generate(
+            self._model,
+            self._tokenizer,
+            ids,
+            max_tokens=req.max_tokens,
+            sampler=sampler,
+            prefill_step_size=self.prefill_step,
+            prompt_progress_callback=on_prefill,
+        )
+        try:
+            for r in gen:
+                if self._on_token(job, stops, r.text, r.generation_tokens, r.finish_reason):
+                    return
+        except _PrefillAborted:
+            st.outcome = "cancelled"
+        finally:
+            gen.close()  # runs mlx-lm's cleanup (wired_limit -> mx.synchronize) here and now
+
+    def _on_token(
+        self, job: Job, stops: StopText, text: str, n_tokens: int, finish_reason: str | None
+    ) -> bool:
+        """Handle one generated token; True when the generation is over (finished or cancelled)."""
+        st = job.stats
+        now = time.monotonic()
+        if st.first_token_at is None:
+            st.first_token_at = now
+            st.prefill_done = st.prompt_tokens
+        st.completion_tokens = n_tokens
+        if st.cancel_requested_at is not None and st.cancel_requested_at < now:
+            st.tokens_after_cancel += 1
+        if job.cancel.is_set():
+            st.outcome = "cancelled"
+            return True
+        piece, hit = stops.feed(text)
+        if hit or finish_reason is not None:
+            if not hit:
+                piece += stops.flush()
+            if piece:
+                job.emit(TextDelta(piece))
+            reason = "stop" if hit or finish_reason == "stop" else "length"
+            st.outcome = reason
+            job.emit(Finished(reason, st.prompt_tokens, n_tokens))
+            return True
+        if piece:
+            job.emit(TextDelta(piece))
+        return False
+
+
+def demo_path(source: str) -> Path:
+    return Path(source).expanduser()
+
+
+def progress_sink(progress: ProgressCallback) -> Callable[[LoadProgress], None]:
+    """A thread-safe wrapper that delivers ``progress`` calls on the Trio thread."""
+    from mlxd.engines.mlx_thread import call_soon
+
+    token = trio.lowlevel.current_trio_token()
+
+    def report(p: LoadProgress) -> None:
+        call_soon(token, progress, p)
+
+    return report
+
+
+def describe_load_error(e: BaseException) -> str:
+    """One readable line for an exception raised by a model loader."""
+    if isinstance(e, FileNotFoundError):
+        return f"missing file: {e.filename or e}"
+    if isinstance(e, ImportError):
+        return f"a required package is missing: {e}"
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

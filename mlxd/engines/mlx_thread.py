@@ -1,0 +1,365 @@
+"""The dedicated MLX thread of an engine, and the scheduler that feeds it generations.
+
+Theory of operation (TECH-NOTES §0.1, §0.2, §2):
+
+* MLX streams belong to the thread that made them, and an array still lazy
+  on one thread fails on another. So every MLX call of one engine (demo write,
+  load, every generation, unload) runs on **one** OS thread,
+  :class:`MlxThread`, and only plain Python values (strings, ints, exceptions)
+  leave it. Nothing MLX ever runs on the Trio thread.
+* A thread that ran compiled MLX functions must end with
+  ``mx.synchronize(); mx.clear_streams()`` or the process may abort at exit;
+  :meth:`MlxThread._main` always does, and an ``atexit`` hook closes threads
+  an engine forgot to stop.
+* Results go into Trio with ``trio_token.run_sync_soon(...)`` into unbounded
+  memory channels (:class:`Sink`), so the MLX thread never blocks on a slow
+  consumer and the Trio side awaits a channel, which is cancellable at once.
+* A job cannot be interrupted from outside; it polls its ``cancel`` flag
+  (between tokens, and between prefill chunks).
+
+:class:`SerialScheduler` is the engine's request path: arrival order, one
+generation at a time, ``max_queue`` admission. It is the seam for continuous
+batching: a batching scheduler takes the same :class:`Job` objects (request,
+sink, cancel flag, stats) and runs many of them per step on the same thread,
+without changing how :meth:`generate` or the manager see the engine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import math
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import outcome
+import trio
+
+from mlxd.engines.base import GenerationRequest
+from mlxd.errors import EngineError, Overloaded
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_LIVE: weakref.WeakSet[MlxThread] = weakref.WeakSet()
+
+
+def call_soon(token: trio.lowlevel.TrioToken, fn: Callable[..., object], *args: Any) -> bool:
+    """``token.run_sync_soon`` that tolerates a finished Trio run (returns False then)."""
+    try:
+        token.run_sync_soon(fn, *args)
+        return True
+    except trio.RunFinishedError:
+        return False
+
+
+class MlxThread:
+    """One OS thread that runs every MLX call of one engine, in submission order."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        # invariant: the only references to MLX objects these jobs create live in the
+        # engine (written and read on this thread) or in the job's local variables
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Any] | None] = (
+            queue.SimpleQueue()
+        )
+        self._closing = False
+        self.exited = threading.Event()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        _LIVE.add(self)
+        self._thread.start()
+
+    @property
+    def ident(self) -> int | None:
+        return self._thread.ident
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _main(self) -> None:
+        try:
+            while (job := self._jobs.get()) is not None:
+                fn, args, done = job
+                result = outcome.capture(fn, *args)
+                del job, fn, args  # drop references (maybe to arrays) before the next wait
+                if done is not None:
+                    try:
+                        done(result)
+                    except BaseException:  # a callback must not kill the thread
+                        log.exception("%s: job completion callback failed", self.name)
+                del result, done
+        finally:
+            try:
+                import mlx.core as mx
+
+                mx.synchronize()
+                mx.clear_streams()  # without it the process can abort at exit (TECH-NOTES §0.1)
+            finally:
+                self.exited.set()
+
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        done: Callable[[outcome.Outcome[Any]], None] | None = None,
+    ) -> None:
+        """Queue ``fn(*args)``; ``done(outcome)`` runs on this thread when it ends. Thread-safe."""
+        if self._closing:
+            raise EngineError(f"{self.name}: the MLX thread is closed")
+        self._jobs.put((fn, args, done))
+
+    async def run(
+        self, fn: Callable[..., T], *args: Any, cancel: threading.Event | None = None
+    ) -> T:
+        """Run ``fn(*args)`` on this thread and return its result (or raise its exception).
+
+        If the awaiting task is cancelled, ``cancel`` is set and ``trio.Cancelled``
+        propagates at once; the job itself runs on until it notices the flag, and
+        the jobs queued after it (an unload) run after it, in order.
+        """
+        token = trio.lowlevel.current_trio_token()
+        finished = trio.Event()
+        box: list[outcome.Outcome[T]] = []
+
+        def done(result: outcome.Outcome[T]) -> None:
+            box.append(result)
+            call_soon(token, finished.set)
+
+        self.submit(fn, *args, done=done)
+        try:
+            await finished.wait()
+        except trio.Cancelled:
+            if cancel is not None:
+                cancel.set()
+            raise
+        return box[0].unwrap()
+
+    def close_nowait(self) -> None:
+        """Ask the thread to end after the jobs already queued. Idempotent."""
+        if not self._closing:
+            self._closing = True
+            self._jobs.put(None)
+
+    async def aclose(self) -> None:
+        """End the thread (after its queued jobs) and wait until it has exited."""
+        self.close_nowait()
+        if not self.exited.is_set():
+            await trio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
+        self._thread.join(timeout=1.0)
+        _LIVE.discard(self)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Blocking: close and wait up to ``timeout`` s; True if the thread has exited."""
+        self.close_nowait()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+@atexit.register
+def _close_live_threads() -> None:  # pragma: no cover - exercised by the cycle test's clean exit
+    threads = list(_LIVE)
+    for t in threads:
+        t.close_nowait()
+    for t in threads:
+        t.join(timeout=10.0)
+
+
+class Sink:
+    """An unbounded channel from an MLX thread into Trio; ``put`` never blocks the thread."""
+
+    def __init__(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self.send, self.receive = trio.open_memory_channel[object](math.inf)
+
+    def put(self, item: object) -> None:
+        """Thread-safe: deliver ``item`` to the receiving side (dropped if it has gone)."""
+        call_soon(self._token, self._deliver, item)
+
+    def _deliver(self, item: object) -> None:
+        try:
+            self.send.send_nowait(item)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the consumer left; the job is being cancelled
+
+    def close_soon(self) -> None:
+        """Thread-safe: close the sending side after the items already put."""
+        call_soon(self._token, self.send.close)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillProgress:
+    """Internal event: ``done`` of ``total`` prompt tokens processed (per prefill chunk)."""
+
+    done: int
+    total: int
+
+
+@dataclass(slots=True)
+class GenerationStats:
+    """What happened to one generation; times are ``time.monotonic()`` (comparable across threads).
+
+    Written by the MLX thread while the job runs (plain ints and floats only),
+    except ``enqueued_at`` and ``cancel_requested_at``, which the Trio side
+    writes. Read them after the job has ended.
+    """
+
+    request_id: str | None = None
+    enqueued_at: float = 0.0
+    started_at: float | None = None
+    first_token_at: float | None = None
+    ended_at: float | None = None
+    prompt_tokens: int = 0
+    prefill_done: int = 0
+    prefill_chunks: int = 0
+    completion_tokens: int = 0
+    cancel_requested_at: float | None = None
+    #: tokens the MLX thread produced after the cancel was requested (at most one in flight)
+    tokens_after_cancel: int = 0
+    #: stop | length | cancelled | withdrawn (left the queue unstarted) | error
+    outcome: str | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.first_token_at is None:
+            return None
+        return self.first_token_at - self.enqueued_at
+
+    @property
+    def cancel_latency_s(self) -> float | None:
+        """Seconds from the cancel request until the MLX thread was free again."""
+        if self.cancel_requested_at is None or self.ended_at is None:
+            return None
+        return max(0.0, self.ended_at - self.cancel_requested_at)
+
+    @property
+    def decode_tps(self) -> float | None:
+        if self.first_token_at is None or self.ended_at is None or self.completion_tokens < 2:
+            return None
+        span = self.ended_at - self.first_token_at
+        return (self.completion_tokens - 1) / span if span > 0 else None
+
+
+@dataclass(eq=False)
+class Job:
+    """One generation request as a scheduler sees it."""
+
+    request: GenerationRequest
+    sink: Sink
+    cancel: threading.Event = field(default_factory=threading.Event)
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    #: engine-specific prepared input (decoded images, ...)
+    data: Any = None
+
+    def emit(self, item: object) -> None:
+        """Thread-safe: send an event to the consumer."""
+        self.sink.put(item)
+
+    def request_cancel(self) -> None:
+        """Ask the MLX thread to stop this job (within one token / one prefill chunk)."""
+        if not self.cancel.is_set():
+            if self.stats.ended_at is None:
+                self.stats.cancel_requested_at = time.monotonic()
+            self.cancel.set()
+
+
+class SerialScheduler:
+    """Runs an engine's generations one at a time, in arrival order, on its MLX thread.
+
+    All methods run on the Trio thread. ``run_one(job)`` runs on the MLX thread;
+    when it returns (or raises) the job's sink is closed (after an exception
+    item, if it raised) and the next waiting job is started.
+    """
+
+    def __init__(
+        self,
+        thread: MlxThread,
+        run_one: Callable[[Job], None],
+        *,
+        max_queue: int,
+        name: str,
+    ) -> None:
+        self._thread = thread
+        self._run_one = run_one
+        self.max_queue = max_queue
+        self.name = name
+        self._token = trio.lowlevel.current_trio_token()
+        self._waiting: collections.deque[Job] = collections.deque()
+        # invariant: at most one job is on the MLX thread; it is self._running until its
+        # completion has been handled on the Trio side
+        self._running: Job | None = None
+        self._closed = False
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def depth(self) -> int:
+        """Requests waiting for or in generation (what ``max_queue`` limits)."""
+        return len(self._waiting) + (self._running is not None)
+
+    def check_capacity(self) -> None:
+        """Raise :class:`Overloaded` (or :class:`EngineError` once closed) if a new job would be refused."""
+        if self._closed:
+            raise EngineError(f"{self.name}: the model is being unloaded", retry_after=1.0)
+        if self.depth() >= self.max_queue:
+            raise Overloaded(
+                f"{self.name}: {self.depth()} requests are already queued (max_queue={self.max_queue})"
+            )
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` behind the ones already there, or refuse it."""
+        self.check_capacity()
+        job.stats.enqueued_at = time.monotonic()
+        self._waiting.append(job)
+        self._dispatch()
+
+    def withdraw(self, job: Job) -> None:
+        """The consumer has gone (finished, cancelled, closed): stop or unqueue ``job``."""
+        if job is self._running:
+            job.request_cancel()
+        elif job in self._waiting:
+            self._waiting.remove(job)
+            job.stats.outcome = "withdrawn"
+            job.stats.ended_at = time.monotonic()
+
+    def _dispatch(self) -> None:
+        if self._running is not None or self._closed or not self._waiting:
+            return
+        job = self._waiting.popleft()
+        self._running = job
+        self._idle = trio.Event()
+        token = self._token
+
+        def done(result: outcome.Outcome[None]) -> None:  # on the MLX thread
+            call_soon(token, self._finished, job, result)
+
+        self._thread.submit(self._run_one, job, done=done)
+
+    def _finished(self, job: Job, result: outcome.Outcome[None]) -> None:
+        if isinstance(result, outcome.Error):
+            job.stats.outcome = job.stats.outcome or "error"
+            job.sink.put(result.error)
+        job.sink.close_soon()
+        self._running = None
+        self._idle.set()
+        self._dispatch()
+
+    async def wait_idle(self) -> None:
+        """Wait until no job is on the MLX thread."""
+        while self._running is not None:
+            await self._idle.wait()
+
+    def close(self, reason: BaseException) -> None:
+        """Refuse new jobs, fail the waiting ones with ``reason``, cancel the running one."""
+        self._closed = True
+        while self._waiting:
+            job = self._waiting.popleft()
+            job.stats.outcome = "withdrawn"
+            job.sink.put(reason)
+            job.sink.close_soon()
+        if self._running is not None:
+            self._running.request_cancel()
