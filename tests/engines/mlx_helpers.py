@@ -1,0 +1,37 @@
+"""Plain helpers of the engine tests (requests, collecting a generation)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlxd.config import ModelConfig
+from mlxd.engines.base import ChatMessage, Finished, GenerationEvent, GenerationRequest, TextDelta
+from mlxd.engines.mlx_text import MlxTextEngine
+
+
+def tiny_config(path: Path, **kw: object) -> ModelConfig:
+    return ModelConfig(name=str(kw.pop("name", "tiny")), source=str(path), **kw)  # type: ignore[arg-type]
+
+
+
+def chat(text: str, **kw: object) -> GenerationRequest:
+    return GenerationRequest(kind="chat", messages=(ChatMessage("user", text),), **kw)  # type: ignore[arg-type]
+
+
+def completion(prompt: str, **kw: object) -> GenerationRequest:
+    return GenerationRequest(kind="completion", prompt=prompt, **kw)  # type: ignore[arg-type]
+
+
+async def collect(eng: MlxTextEngine, request: GenerationRequest) -> tuple[str, Finished, list[str]]:
+    """Run a generation to its end: (joined text, the Finished event, the deltas)."""
+    deltas: list[str] = []
+    finished: Finished | None = None
+    event: GenerationEvent
+    async for event in eng.generate(request):
+        if isinstance(event, TextDelta):
+            assert finished is None, "a delta after Finished"
+            deltas.append(event.text)
+        else:
+            finished = event
+    assert finished is not None, "the generation ended without Finished"
+    return "".join(deltas), finished, deltas
