@@ -1,0 +1,238 @@
+"""Reading the journal: the queries behind ``mlxd history``, ``/admin/history`` and SSE resume.
+
+Every function here takes a connection opened read-only
+(:func:`mlxd.migrate.open_readonly`), so it works while the daemon is running
+(WAL lets readers run beside the writer) and while it is down. Rows come back
+as plain dicts keyed by the journal's column names, oldest first: a limit keeps
+the *most recent* rows, like ``tail``.
+
+``mlxd history`` reads the file directly: ``--journal PATH``, else the
+``journal.path`` of ``--config``, else the default path. ``--since`` takes an
+ISO time (local when it has no offset) or a duration ago (``90s``, ``15m``,
+``2h``, ``7d``); ``--limit 0`` means every row. A bad ``--since`` or ``--limit``
+exits 2, a missing journal file exits 1, each with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sqlite3
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from mlxd.errors import ConfigError, JournalError
+
+TRANSITION_COLUMNS: tuple[str, ...] = (
+    "seq", "run_id", "at", "model", "from_state", "to_state", "reason", "memory_bytes", "error",
+)  # fmt: skip
+LEASE_COLUMNS: tuple[str, ...] = (
+    "id", "run_id", "model", "request_id", "route", "acquired_at", "released_at", "outcome",
+    "prompt_tokens", "completion_tokens",
+)  # fmt: skip
+EVENT_COLUMNS: tuple[str, ...] = ("seq", "run_id", "at", "kind", "model", "payload")
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+# ---- queries ------------------------------------------------------------------------------
+
+
+def _where(clauses: Sequence[str]) -> str:
+    return (" WHERE " + " AND ".join(clauses)) if clauses else ""
+
+
+def read_transitions(
+    conn: sqlite3.Connection,
+    *,
+    model: str | None = None,
+    since: float | None = None,
+    limit: int | None = 50,
+) -> list[dict[str, Any]]:
+    """The last ``limit`` transitions (``None``: all) matching, in journal order."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if model is not None:
+        clauses.append("model = ?")
+        params.append(model)
+    if since is not None:
+        clauses.append("at >= ?")
+        params.append(since)
+    cols = ", ".join(TRANSITION_COLUMNS)
+    sql = f"SELECT {cols} FROM transitions{_where(clauses)} ORDER BY seq DESC LIMIT ?"
+    rows = conn.execute(sql, [*params, -1 if limit is None else limit]).fetchall()
+    return [dict(zip(TRANSITION_COLUMNS, r, strict=True)) for r in reversed(rows)]
+
+
+def read_leases(
+    conn: sqlite3.Connection,
+    *,
+    model: str | None = None,
+    since: float | None = None,
+    limit: int | None = 50,
+    open_only: bool = False,
+) -> list[dict[str, Any]]:
+    """The last ``limit`` leases acquired (at or after ``since``), oldest first."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if model is not None:
+        clauses.append("model = ?")
+        params.append(model)
+    if since is not None:
+        clauses.append("acquired_at >= ?")
+        params.append(since)
+    if open_only:
+        clauses.append("released_at IS NULL")
+    cols = ", ".join(LEASE_COLUMNS)
+    sql = (
+        f"SELECT {cols} FROM leases{_where(clauses)} ORDER BY acquired_at DESC, rowid DESC LIMIT ?"
+    )
+    rows = conn.execute(sql, [*params, -1 if limit is None else limit]).fetchall()
+    return [dict(zip(LEASE_COLUMNS, r, strict=True)) for r in reversed(rows)]
+
+
+def read_events_after(
+    conn: sqlite3.Connection, seq: int, limit: int = 1000
+) -> list[dict[str, Any]]:
+    """Events with a sequence number above ``seq``, in order; ``payload`` decoded."""
+    cols = ", ".join(EVENT_COLUMNS)
+    rows = conn.execute(
+        f"SELECT {cols} FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
+    ).fetchall()
+    out = []
+    for r in rows:
+        row = dict(zip(EVENT_COLUMNS, r, strict=True))
+        row["payload"] = json.loads(row["payload"])
+        out.append(row)
+    return out
+
+
+def read_latest_measurements(conn: sqlite3.Connection) -> dict[str, int]:
+    """Each model's most recently measured footprint in bytes."""
+    # SQLite takes the bare column from the row that holds max(): the latest measurement.
+    rows = conn.execute(
+        "SELECT model, memory_bytes, max(at) FROM measurements GROUP BY model"
+    ).fetchall()
+    return {model: int(memory) for model, memory, _ in rows}
+
+
+# ---- the CLI --------------------------------------------------------------------------------
+
+
+def parse_since(text: str, *, now: float | None = None) -> float:
+    """``--since``: an ISO time (local if naive) or a duration ago (``90s``, ``15m``, ``2h``, ``7d``)."""
+    now = time.time() if now is None else now
+    if m := _DURATION_RE.match(text):
+        return now - float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    try:
+        dt = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ConfigError(
+            f"--since: {text!r} is neither an ISO time (2026-11-29T10:00) "
+            "nor a duration (90s, 15m, 2h, 7d)"
+        ) from None
+    return dt.timestamp()  # a naive datetime is taken as local time
+
+
+def _local(at: float | None) -> str:
+    if at is None:
+        return "-"
+    return datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    if n >= 1024**3:
+        return f"{n / 1024**3:.2f} GiB"
+    return f"{n / 1024**2:.1f} MiB"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def format_transitions(rows: Sequence[dict[str, Any]]) -> str:
+    header = ("time", "seq", "run", "model", "transition", "reason", "memory", "error")
+    body = [
+        (
+            _local(r["at"]),
+            str(r["seq"]),
+            str(r["run_id"]),
+            r["model"],
+            f"{r['from_state']} -> {r['to_state']}",
+            r["reason"],
+            _bytes(r["memory_bytes"]),
+            r["error"] or "",
+        )
+        for r in rows
+    ]
+    return _table(header, body)
+
+
+def format_leases(rows: Sequence[dict[str, Any]]) -> str:
+    header = ("acquired", "released", "held", "model", "outcome", "route", "tokens", "lease")
+    body = []
+    for r in rows:
+        held = (
+            f"{r['released_at'] - r['acquired_at']:.2f}s"
+            if r["released_at"] is not None
+            else "open"
+        )
+        tokens = (
+            f"{r['prompt_tokens'] or 0}+{r['completion_tokens'] or 0}"
+            if r["prompt_tokens"] is not None or r["completion_tokens"] is not None
+            else "-"
+        )
+        body.append(
+            (
+                _local(r["acquired_at"]),
+                _local(r["released_at"]),
+                held,
+                r["model"],
+                r["outcome"] or "-",
+                r["route"] or "-",
+                tokens,
+                r["id"],
+            )
+        )
+    return _table(header, body)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """``mlxd history``: print journal rows; reads the file, never writes."""
+    from mlxd.migrate import journal_path_from_args, open_readonly
+
+    since = parse_since(args.since) if args.since else None
+    limit: int | None = args.limit
+    if limit is not None and limit < 0:
+        raise ConfigError(f"--limit: must be 0 (every row) or more, not {limit}")
+    if limit == 0:
+        limit = None
+    path = journal_path_from_args(args)
+    conn = open_readonly(Path(path))
+    try:
+        if args.leases:
+            rows = read_leases(conn, model=args.model, since=since, limit=limit)
+        else:
+            rows = read_transitions(conn, model=args.model, since=since, limit=limit)
+    except sqlite3.Error as e:
+        raise JournalError(f"journal: cannot read {path}: {e}") from e
+    finally:
+        conn.close()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif not rows:
+        print("no rows")
+    else:
+        print(format_leases(rows) if args.leases else format_transitions(rows))
+    return 0
