@@ -119,7 +119,7 @@ def read_yaml(path: Path, display: str) -> tuple[object, dict[str, int]]:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{display}:{mark.line + 1}:{mark.column + 1}" if mark else display
-        problem = e.problem or e.context or "syntax error"
+        problem = ", ".join(p for p in (e.context, e.problem) if p) or "syntax error"
         raise ConfigError(" ".join(f"{where}: invalid YAML: {problem}".split())) from None
     except yaml.YAMLError as e:
         raise ConfigError(" ".join(f"{display}: invalid YAML: {e}".split())) from None
@@ -127,15 +127,23 @@ def read_yaml(path: Path, display: str) -> tuple[object, dict[str, int]]:
         loader.dispose()
     lines: dict[str, int] = {}
     if node is not None:
-        _collect_lines(node, "", lines, Source(display, lines), 0)
+        _collect_lines(node, "", lines, Source(display, lines), set(), 0)
     return data, lines
 
 
 def _collect_lines(
-    node: yaml.Node, where: str, out: dict[str, int], source: Source, depth: int
+    node: yaml.Node,
+    where: str,
+    out: dict[str, int],
+    source: Source,
+    visited: set[int],
+    depth: int,
 ) -> None:
-    if depth > _MAX_DEPTH:
+    # An alias shares its anchor's node: walk each node once, so that nested
+    # aliases ("billion laughs") cost no more than the text that spells them.
+    if depth > _MAX_DEPTH or id(node) in visited:
         return
+    visited.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
         for key_node, value_node in node.value:
@@ -146,12 +154,12 @@ def _collect_lines(
                 raise source.error(path, "key given twice in one mapping")
             seen.add(key)
             out.setdefault(path, key_node.start_mark.line + 1)
-            _collect_lines(value_node, path, out, source, depth + 1)
+            _collect_lines(value_node, path, out, source, visited, depth + 1)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             path = join(where, i)
             out.setdefault(path, item.start_mark.line + 1)
-            _collect_lines(item, path, out, source, depth + 1)
+            _collect_lines(item, path, out, source, visited, depth + 1)
 
 
 class Table:
@@ -366,17 +374,18 @@ def parse_memory_size(value: object) -> int:
 def expand_path_text(text: str, state_dir: Callable[[], Path]) -> str:
     """Expand ``~`` and ``$VAR``/``${VAR}``; raises ``ValueError`` for an unset variable.
 
-    ``$MLXD_STATE_DIR`` expands to ``state_dir()`` when the variable is unset, so
-    configs can put files in mlxd's state directory on every platform.
+    ``$MLXD_STATE_DIR`` always expands to ``state_dir()`` (which honours the
+    variable when it is set), so configs can put files in mlxd's state directory
+    on every platform.
     """
 
     def replace(match: re.Match[str]) -> str:
         name = match.group("braced") if match.group("braced") is not None else match.group("plain")
         if not _ENV_NAME.match(name):
             raise ValueError(f"'${{{name}}}' is not a valid environment variable reference")
+        if name == STATE_DIR_VAR:  # set or not: the same folder the daemon uses, made absolute
+            return str(state_dir().absolute())
         value = os.environ.get(name)
-        if not value and name == STATE_DIR_VAR:
-            return str(state_dir())
         if value is None:
             raise ValueError(f"environment variable ${name} is not set")
         return value

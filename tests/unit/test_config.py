@@ -219,7 +219,7 @@ def test_policy_default_timeout_per_strategy(strategy: str) -> None:
     assert policy.strategy == strategy
     assert policy.wait_timeout_s == (None if strategy == "wait" else 30.0)
     assert policy.preempt_after_s is None
-    assert ContentionPolicy.of(strategy) == policy  # type: ignore[arg-type]
+    assert ContentionPolicy.of(strategy) == policy
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -490,3 +490,28 @@ def test_parse_config_errors_have_no_file_suffix() -> None:
         parse_config(raw)
     assert e.value.message == "models[0].max_queue: must be an integer >= 1 (got 0)"
     assert e.value.param == "models[0].max_queue"
+
+
+def test_relative_state_dir_is_relative_to_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative ``MLXD_STATE_DIR`` means the same folder the daemon uses, not one beside the config."""
+    (tmp_path / "conf").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLXD_STATE_DIR", "state-rel")
+    path = write(
+        tmp_path / "conf",
+        "journal: {path: $MLXD_STATE_DIR/j.db}\n"
+        + "manager: {memory_budget_gb: 1}\nmodels:\n  - {name: f, engine: fake, estimated_memory_gb: 1}\n",
+    )
+    assert load_config(path).journal.path == tmp_path / "state-rel" / "j.db"
+
+
+def test_multiple_yaml_documents_are_rejected(tmp_path: Path) -> None:
+    """A file with two YAML documents is a syntax error naming the file and line."""
+    path = write(tmp_path, "models: []\n---\nmodels: []\n")
+    with pytest.raises(
+        ConfigError,
+        match=r"models\.yaml:2:1: invalid YAML: expected a single document in the stream, but found another",
+    ):
+        load_config(path)

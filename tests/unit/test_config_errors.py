@@ -27,6 +27,13 @@ def fake(extra: str = "") -> str:
     return cfg(f"  - name: f\n    engine: fake\n{extra}")
 
 
+# Nine levels of nested aliases ("billion laughs"): 10**9 leaves if walked naively.
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]\n"
+    for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
 # (id, YAML text, the key path the one-line error starts with, a fragment it contains)
 # fmt: off
 CASES: list[tuple[str, str, str, str]] = [
@@ -36,6 +43,7 @@ CASES: list[tuple[str, str, str, str]] = [
     ("yaml-tab-indent", "models:\n\t- name: a\n", "{file}:2", "invalid YAML"),
     ("yaml-python-tag", "models: !!python/object:os.system []\n", "{file}:1", "invalid YAML"),
     ("yaml-duplicate-key", cfg("    name: again\n"), "models[0].name", "given twice"),
+    ("yaml-alias-bomb", LAUGHS + cfg(), "a", "unknown key"),
     # top level
     ("top-is-list", "- a\n- b\n", "top level", "must be a mapping"),
     ("top-empty-file", "", "models", "required"),
