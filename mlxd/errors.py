@@ -103,6 +103,17 @@ class BodyTooLarge(MlxdError):
     code = "request_too_large"
 
 
+class ClientError(MlxdError):
+    """Another 4xx raised by the HTTP stack (malformed request line, headers too large, ...)."""
+
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.http_status = status  # type: ignore[misc]
+
+
 class UnsupportedMediaType(MlxdError):
     http_status = 415
     type = "invalid_request_error"

@@ -56,7 +56,7 @@ from mlxd.states import Outcome, Reason, State
 log = logging.getLogger("mlxd.manager")
 
 EngineFactory = Callable[[ModelConfig], Engine]
-Subscriber = Callable[[ManagerEvent], None]
+Subscriber = Callable[[ManagerEvent], object]
 
 
 def describe(exc: BaseException) -> str:
@@ -230,6 +230,7 @@ class Manager:
         self._closed = trio.Event()
         self._dispatching = False
         self.last_transition: dict[str, c.Transition] = {}
+        self._load_seconds: dict[str, float] = {}
         self.counters: dict[str, int] = {"loads": 0, "evictions": 0, "preemptions": 0}
 
     # -- lifecycle -------------------------------------------------------------------
@@ -380,6 +381,14 @@ class Manager:
 
     def loads_in_flight(self) -> list[LoadInfo]:
         return list(self._loads.values())
+
+    def measured(self) -> dict[str, int]:
+        """Each model's latest measured footprint (bytes), as known to this run."""
+        return dict(self._measured)
+
+    def expected_load_seconds(self, model: str) -> float | None:
+        """How long the last successful load of ``model`` took in this run, if any."""
+        return self._load_seconds.get(model)
 
     def model_status(self, name: str) -> dict[str, Any]:
         r = self.core.models[name]
@@ -626,6 +635,7 @@ class Manager:
             return
         assert engine is not None
         self._engines[model] = engine
+        self._load_seconds[model] = now - t0
         measured = engine.measured_bytes()
         if measured:
             self._measured[model] = measured

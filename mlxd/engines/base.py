@@ -24,7 +24,7 @@ this interface.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -107,7 +107,7 @@ class Engine(Protocol):
         """The footprint measured by the last load, or None if it was not measured."""
         ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         """Stream a generation; the last item is a :class:`Finished`."""
         ...
 

@@ -11,7 +11,7 @@ and a call log. Each load makes a fresh :class:`FakeEngine` (one residency).
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 import trio
@@ -178,7 +178,7 @@ class FakeEngine:
     def queue_depth(self) -> int:
         return self._queued
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         m = self.model
         if self._queued >= m.max_queue:
             raise Overloaded(

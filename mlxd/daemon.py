@@ -1,0 +1,303 @@
+"""``mlxd serve``: the daemon that wires the journal, the manager and the HTTP server.
+
+One root nursery, started in order: the journal (recovery of the previous
+run), the manager (then restore and preload), the HTTP server. The first
+SIGTERM/SIGINT starts a graceful shutdown: new requests get 503
+``shutting_down``; running streams finish or end with an error event within
+``server.shutdown_grace_s``; the manager unloads everything; the run row gets
+``clean_stop = 1``; exit 0. A second signal exits at once (the next start
+then recovers from the journal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+
+from mlxd import __version__
+from mlxd.config import Config, JournalConfig, ServerConfig
+from mlxd.engines import DefaultEngines, EngineFactory
+from mlxd.errors import ConfigError, MlxdError
+from mlxd.http.app import create_app
+from mlxd.http.context import AppState
+from mlxd.journal import Journal, RecoveryReport
+from mlxd.manager import Manager
+from mlxd.metrics import Metrics
+from mlxd.states import Reason
+
+log = logging.getLogger("mlxd")
+
+#: hypercorn's own graceful timeout after the manager has shut down; idle
+#: keep-alive connections hold exit for this long (TECH-NOTES §0.4)
+HTTP_GRACE_S = 3.0
+JOURNAL_WATCH_S = 0.5
+
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+class Daemon:
+    """The whole daemon; ``await daemon.run()`` serves until :meth:`request_shutdown`."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        config_path: Path | None = None,
+        engines: EngineFactory | None = None,
+        api_key: str | None = None,
+        ready_file: Path | None = None,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.engines = engines or DefaultEngines()
+        self.api_key = api_key
+        self.ready_file = ready_file
+        self.install_signal_handlers = install_signal_handlers
+        self.journal = Journal(config.journal.path, synchronous=config.journal.synchronous)
+        self.manager: Manager | None = None
+        self.state: AppState | None = None
+        self.urls: list[str] = []
+        self.recovery: RecoveryReport | None = None
+        self._shutdown = trio.Event()
+        self._http_stop = trio.Event()
+        self._http_done = trio.Event()
+
+    def request_shutdown(self) -> None:
+        self._shutdown.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        clean = False
+        async with trio.open_nursery() as root:
+            if self.install_signal_handlers:
+                await root.start(self._signals)
+            await root.start(self.journal.run)
+            self.recovery = self.journal.begin_run(
+                os.getpid(), __version__, str(self.config_path) if self.config_path else None
+            )
+            self._log_recovery(self.recovery)
+            measured = self.journal.latest_measurements()
+            manager = Manager(self.config, self.engines, measured=measured)
+            self.manager = manager
+            metrics = Metrics(manager.status)
+            manager.subscribe(self.journal.record)
+            manager.subscribe(metrics.on_event)
+            await root.start(manager.run)
+            self.state = AppState(
+                manager=manager,
+                config=self.config,
+                metrics=metrics,
+                journal=self.journal,
+                api_key=self.api_key,
+                config_path=self.config_path,
+            )
+            root.start_soon(self._watch_journal, manager)
+            for name, done in self._restore(manager, self.recovery):
+                root.start_soon(self._await_restore, name, done)
+            self.urls = await root.start(self._serve_http, create_app(self.state))
+            self._announce()
+            task_status.started(self.urls)
+            await self._shutdown.wait()
+            log.info("shutting down: new requests get 503; running ones have %g s",
+                     self.config.server.shutdown_grace_s)
+            self.state.draining = True
+            await manager.shutdown(self.config.server.shutdown_grace_s)
+            self._http_stop.set()
+            await self._http_done.wait()
+            self.journal.end_run(clean=True)
+            await self.journal.wait_committed()
+            clean = True
+            root.cancel_scope.cancel()
+        if clean:
+            log.info("mlxd stopped cleanly")
+
+    # -- parts -----------------------------------------------------------------------
+
+    async def _signals(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
+            async for signum in signals:
+                if not self._shutdown.is_set():
+                    log.info("received %s: graceful shutdown (again to exit at once)",
+                             signal.Signals(signum).name)
+                    self._shutdown.set()
+                else:
+                    log.warning("second signal: exiting at once")
+                    os._exit(1)
+
+    async def _serve_http(
+        self, app: object, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        server = self.config.server
+        hc = HypercornConfig()
+        host = server.host if ":" not in server.host else f"[{server.host}]"
+        hc.bind = [f"{host}:{server.port}"]
+        hc.graceful_timeout = HTTP_GRACE_S
+        hc.accesslog = None
+        hc.errorlog = logging.getLogger("hypercorn.error")
+        hc.keep_alive_timeout = 5
+        try:
+            await serve(app, hc, shutdown_trigger=self._http_stop.wait, task_status=task_status)  # type: ignore[arg-type]
+        finally:
+            self._http_done.set()
+
+    async def _watch_journal(self, manager: Manager) -> None:
+        """Close the load gate while the journal cannot write; reopen it when it can."""
+        while True:
+            if self.journal.healthy:
+                manager.set_load_gate(None)
+            else:
+                manager.set_load_gate(f"the journal cannot write ({self.journal.last_error})")
+            await trio.sleep(JOURNAL_WATCH_S)
+
+    def _restore(self, manager: Manager, recovery: RecoveryReport) -> list[tuple[str, trio.Event]]:
+        """Preload, then restore the previous working set: pinned and preload first, within budget."""
+        cfg = self.config
+        wanted: list[tuple[str, Reason]] = []
+        for m in cfg.models:
+            if m.preload:
+                wanted.append((m.name, Reason.PRELOAD))
+        if cfg.manager.restore_on_start:
+            for name in recovery.resident:
+                if cfg.model(name) is None:
+                    log.info("restore: '%s' was resident but is no longer configured; skipped", name)
+                elif all(name != w for w, _ in wanted):
+                    wanted.append((name, Reason.RESTORE))
+        pinned_first = sorted(
+            wanted, key=lambda nr: (not (cfg.model(nr[0]).pin or cfg.model(nr[0]).preload))  # type: ignore[union-attr]
+        )
+        room = manager.core.budget
+        assert self.state is not None
+        started: list[tuple[str, trio.Event]] = []
+        for name, reason in pinned_first:
+            size = manager.core.models[name].spec.size_bytes
+            if size > room:
+                log.info("%s: '%s' skipped, it does not fit in what is left of the budget",
+                         reason.value, name)
+                continue
+            room -= size
+            waiter = manager.request_residency(name, reason=reason)
+            self.state.restoring.add(name)
+            started.append((name, waiter.done))
+        return started
+
+    async def _await_restore(self, name: str, done: trio.Event) -> None:
+        """Readiness waits for restores; a failed one is logged by the manager."""
+        await done.wait()
+        assert self.state is not None
+        self.state.restoring.discard(name)
+
+    def _log_recovery(self, r: RecoveryReport) -> None:
+        if r.previous_run_id is None:
+            log.info("journal: first run (%s)", self.journal.path)
+        elif r.crashed:
+            log.warning(
+                "journal: run %s did not stop cleanly; closed %d open lease(s) as interrupted, "
+                "recovered %d model(s)", r.previous_run_id, len(r.interrupted_leases), len(r.recovered)
+            )
+        if r.resident:
+            log.info("previously resident: %s", ", ".join(r.resident))
+
+    def _announce(self) -> None:
+        assert self.manager is not None
+        gib = 1024**3
+        log.info("mlxd %s listening on %s", __version__, ", ".join(self.urls))
+        log.info("budget %.2f GiB, policy %s; models: %s",
+                 self.manager.core.budget / gib, self.manager.core.policy.strategy,
+                 ", ".join(f"{m.name} ({m.engine})" for m in self.config.models))
+        if self.ready_file is not None:
+            self.ready_file.write_text(self.urls[0] + "\n")
+
+
+# ---- the command ----------------------------------------------------------------------
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("hypercorn.access").setLevel(logging.WARNING)
+
+
+def load_serve_config(args: argparse.Namespace) -> tuple[Config, Path | None]:
+    """The config of ``mlxd serve`` with the CLI overrides applied."""
+    from mlxd.budget_report import journal_measurements
+    from mlxd.config import builtin_demo_config, load_config
+
+    journal_override = Path(args.journal).expanduser() if args.journal else None
+
+    def measured(jc: JournalConfig) -> dict[str, int]:
+        return journal_measurements(replace(jc, path=journal_override or jc.path))
+
+    if args.config:
+        path = Path(args.config).expanduser()
+        config = load_config(path, measured=measured)
+    else:
+        path = None
+        config = builtin_demo_config(measured)
+    server = config.server
+    if args.host:
+        server = replace(server, host=args.host)
+    if args.port is not None:
+        if not 0 <= args.port <= 65535:
+            raise ConfigError(f"--port: must be between 0 and 65535 (got {args.port})")
+        server = replace(server, port=args.port)
+    journal = config.journal
+    if journal_override is not None:
+        journal = replace(journal, path=journal_override)
+    return replace(config, server=server, journal=journal), path
+
+
+def check_bind(server: ServerConfig, api_key: str | None, insecure: bool) -> None:
+    if server.host not in LOOPBACK and api_key is None and not insecure:
+        raise ConfigError(
+            f"server.host: refusing to listen on {server.host} without an API key; set "
+            f"{server.api_key_env} or pass --insecure"
+        )
+
+
+def cmd_serve(args: argparse.Namespace, *, engines: EngineFactory | None = None) -> int:
+    _setup_logging(args.log_level)
+    config, path = load_serve_config(args)
+    api_key = os.environ.get(config.server.api_key_env) or None
+    check_bind(config.server, api_key, args.insecure)
+    for warning in config.warnings:
+        log.warning("config: %s", warning)
+    config.journal.path.parent.mkdir(parents=True, exist_ok=True)
+    daemon = Daemon(
+        config,
+        config_path=path,
+        engines=engines,
+        api_key=api_key,
+        ready_file=Path(args.ready_file) if args.ready_file else None,
+    )
+    try:
+        trio.run(daemon.run)
+    except BaseExceptionGroup as group:
+        raise _first_cause(group) from None
+    except OSError as e:
+        log.error("cannot serve: %s", e)
+        return 1
+    return 0
+
+
+def _first_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error a user should see from a start-up failure inside the root nursery."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first_cause(exc)
+        if isinstance(exc, OSError):
+            return MlxdError(f"cannot serve: {exc}")
+        return exc
+    return group

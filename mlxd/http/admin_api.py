@@ -1,0 +1,241 @@
+"""Admin and operations routes: status, load/unload, events, history, reload, health, metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import trio
+from quart import Blueprint, Response, request
+
+from mlxd import __version__
+from mlxd.errors import ConfigError, InvalidRequest, ModelNotFound
+from mlxd.http.context import AppState, state
+from mlxd.http.openai_api import model_object
+from mlxd.metrics import CONTENT_TYPE
+from mlxd.states import Reason
+
+log = logging.getLogger("mlxd.http")
+
+bp = Blueprint("admin", __name__)
+
+#: a load running longer than this many times its last measured duration (or
+#: STUCK_MIN_S, whichever is larger) makes /health report ``degraded``
+STUCK_FACTOR = 5.0
+STUCK_MIN_S = 120.0
+KEEPALIVE_S = 15.0
+
+
+def _bool_arg(name: str) -> bool:
+    raw = request.args.get(name, "false").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off", ""):
+        return False
+    raise InvalidRequest(f"{name}: must be true or false (got {raw!r})", param=name)
+
+
+def _int_arg(name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"{name}: must be an integer (got {raw!r})", param=name) from None
+    if not lo <= value <= hi:
+        raise InvalidRequest(f"{name}: must be between {lo} and {hi} (got {value})", param=name)
+    return value
+
+
+def _journal_status(st: AppState) -> dict[str, Any]:
+    if st.journal is None:
+        return {"enabled": False}
+    return {
+        "enabled": True,
+        "path": str(st.journal.path),
+        "healthy": st.journal.healthy,
+        "last_error": st.journal.last_error,
+        "run_id": st.journal.run_id,
+        "last_seq": st.journal.last_seq,
+        "committed_seq": st.journal.committed_seq,
+    }
+
+
+@bp.get("/admin/status")
+async def admin_status() -> Any:
+    st = state()
+    body = st.manager.status()
+    body["version"] = __version__
+    body["uptime_s"] = round(time.time() - st.started_at, 3)
+    body["journal"] = _journal_status(st)
+    body["draining"] = st.draining
+    return body
+
+
+async def _committed() -> None:
+    st = state()
+    if st.journal is not None:
+        await st.journal.wait_committed()
+
+
+@bp.post("/admin/models/<path:model_id>/load")
+async def admin_load(model_id: str) -> Any:
+    st = state()
+    if not st.manager.has_model(model_id):
+        raise ModelNotFound(model_id)
+    await st.manager.load(model_id, reason=Reason.ADMIN)
+    await _committed()
+    return model_object(st, model_id)
+
+
+@bp.post("/admin/models/<path:model_id>/unload")
+async def admin_unload(model_id: str) -> Any:
+    st = state()
+    if not st.manager.has_model(model_id):
+        raise ModelNotFound(model_id)
+    await st.manager.unload(model_id, preempt=_bool_arg("preempt"))
+    await _committed()
+    return model_object(st, model_id)
+
+
+@bp.get("/admin/history")
+async def admin_history() -> Any:
+    st = state()
+    if st.journal is None:
+        raise InvalidRequest("this daemon runs without a journal")
+    model = request.args.get("model") or None
+    since_raw = request.args.get("since")
+    since: float | None = None
+    if since_raw:
+        from mlxd.history import parse_since
+
+        try:
+            since = parse_since(since_raw)
+        except ConfigError as e:
+            raise InvalidRequest(e.message, param="since") from None
+    limit = _int_arg("limit", 100, 1, 10_000)
+    kind = request.args.get("kind", "transitions")
+    if kind not in ("transitions", "leases"):
+        raise InvalidRequest("kind: must be 'transitions' or 'leases'", param="kind")
+    journal = st.journal
+    reader = journal.history if kind == "transitions" else journal.leases
+    rows = await trio.to_thread.run_sync(lambda: reader(model, since, limit))
+    return Response(json.dumps(rows), mimetype="application/json")
+
+
+@bp.post("/admin/reload")
+async def admin_reload() -> Any:
+    st = state()
+    from mlxd.config import builtin_demo_config, load_config
+
+    measured = st.manager.measured()
+    try:
+        if st.config_path is None:
+            new = builtin_demo_config(measured)
+        else:
+            new = load_config(st.config_path, measured=measured)
+    except ConfigError as e:
+        raise InvalidRequest(f"the config was not reloaded: {e.message}") from None
+    report = await st.manager.reload(new)
+    st.config = new
+    await _committed()
+    log.info("config reloaded: %s", report)
+    return {"reloaded": True, **report, "warnings": list(new.warnings)}
+
+
+def health_report(st: AppState) -> dict[str, Any]:
+    reasons: list[str] = []
+    if st.journal is not None and not st.journal.healthy:
+        reasons.append(f"journal cannot write: {st.journal.last_error}")
+    for info in st.manager.loads_in_flight():
+        took = trio.current_time() - info.started
+        expected = st.manager.expected_load_seconds(info.model)
+        limit = max(STUCK_MIN_S, STUCK_FACTOR * expected) if expected else STUCK_MIN_S
+        if took > limit:
+            reasons.append(f"load of '{info.model}' stuck for {took:.0f} s (expected < {limit:.0f} s)")
+    if st.manager.core.load_gate:
+        reasons.append(f"new loads refused: {st.manager.core.load_gate}")
+    status = "shutting_down" if st.draining else ("degraded" if reasons else "ok")
+    return {
+        "status": status,
+        "ready": not st.draining and not st.restoring,
+        "reasons": reasons,
+        "restoring": sorted(st.restoring),
+        "version": __version__,
+        "uptime_s": round(time.time() - st.started_at, 3),
+    }
+
+
+@bp.get("/health")
+async def health() -> Any:
+    st = state()
+    report = health_report(st)
+    return Response(
+        json.dumps(report), status=503 if st.draining else 200, mimetype="application/json"
+    )
+
+
+@bp.get("/metrics")
+async def metrics() -> Any:
+    st = state()
+    return Response(st.metrics.render(), mimetype=None, content_type=CONTENT_TYPE)
+
+
+def _sse_event(seq: int, payload: dict[str, Any]) -> bytes:
+    kind = payload.get("kind", "event")
+    return f"id: {seq}\nevent: {kind}\ndata: {json.dumps(payload)}\n\n".encode()
+
+
+@bp.get("/admin/events")
+async def admin_events() -> Any:
+    st = state()
+    if st.journal is None:
+        raise InvalidRequest("this daemon runs without a journal, so it has no event sequence")
+    raw = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or ""
+    try:
+        last = int(raw) if raw.strip() else st.journal.committed_seq
+    except ValueError:
+        raise InvalidRequest(f"Last-Event-ID: must be an integer (got {raw!r})") from None
+    resp = Response(event_stream(st, last), mimetype="text/event-stream")
+    resp.headers["Cache-Control"] = "no-cache"
+    resp.timeout = None
+    return resp
+
+
+async def event_stream(st: AppState, last: int) -> AsyncIterator[bytes]:
+    """Backlog from the journal after ``last``, then live events, without loss or duplicates."""
+    journal = st.journal
+    assert journal is not None
+    yield b": mlxd events\n\n"
+    while True:
+        sub = journal.subscribe()  # subscribe first, then read the backlog: nothing falls between
+        try:
+            while True:
+                rows = await trio.to_thread.run_sync(journal.events_after, last, 1000)
+                for row in rows:
+                    last = row["seq"]
+                    yield _sse_event(last, row["payload"])
+                if len(rows) < 1000:
+                    break
+            while True:
+                with trio.move_on_after(KEEPALIVE_S) as timer:
+                    try:
+                        seq, payload = await sub.__anext__()
+                    except StopAsyncIteration:
+                        break  # dropped for falling behind: resume from the journal
+                if timer.cancelled_caught:
+                    yield b": keepalive\n\n"
+                    continue
+                if seq <= last:
+                    continue
+                last = seq
+                yield _sse_event(seq, payload)
+        finally:
+            sub.close()
+        if not sub.dropped:
+            return
+

@@ -1,0 +1,134 @@
+"""The Quart-Trio application: routes, the one error handler, auth, limits.
+
+Errors: every :class:`mlxd.errors.MlxdError` is rendered by one handler in
+the OpenAI envelope with its status and ``Retry-After``; Quart's own HTTP
+errors (unknown route, wrong method, body too large) get the same envelope;
+anything unexpected becomes a 500 whose message is only an opaque id, logged
+with its traceback. No route answers with a traceback.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import uuid
+from typing import Any
+
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from mlxd.errors import (
+    AuthenticationFailed,
+    BodyTooLarge,
+    ClientError,
+    InternalError,
+    MethodNotAllowed,
+    MlxdError,
+    NotFound,
+    ShuttingDown,
+)
+from mlxd.http import admin_api, openai_api
+from mlxd.http.context import AppState, state
+from mlxd.openapi import openapi_document
+
+log = logging.getLogger("mlxd.http")
+
+PROTECTED_PREFIXES = ("/v1/", "/admin/")
+#: paths a draining daemon still answers (so operators can watch it go)
+OPEN_WHILE_DRAINING = ("/health", "/metrics", "/admin/status", "/admin/events", "/admin/history")
+
+
+def error_response(err: MlxdError) -> Response:
+    headers = err.headers()
+    if err.http_status == 400 and err.code == "model_exceeds_budget":
+        headers["x-should-retry"] = "false"  # retrying can never help
+    return Response(
+        json.dumps(err.body()), status=err.http_status, headers=headers, mimetype="application/json"
+    )
+
+
+def _translate_http(e: HTTPException) -> MlxdError:
+    code = e.code or 500
+    if code == 404:
+        return NotFound(f"no route {request.method} {request.path}")
+    if code == 405:
+        return MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+    if code == 413:
+        limit = state().config.server.max_body_mb
+        return BodyTooLarge(f"the request body is larger than server.max_body_mb ({limit:g} MB)")
+    if 400 <= code < 500:
+        return ClientError(e.description or "bad request", code)
+    return InternalError(f"internal error ({code})")
+
+
+def create_app(app_state: AppState) -> QuartTrio:
+    app = QuartTrio("mlxd")
+    app.extensions["mlxd"] = app_state
+    app.config["RESPONSE_TIMEOUT"] = None  # streams may run long; Quart's 60 s default cuts them
+    app.config["BODY_TIMEOUT"] = 60
+    app.config["MAX_CONTENT_LENGTH"] = int(app_state.config.server.max_body_mb * 1024 * 1024)
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
+    app.register_blueprint(openai_api.bp)
+    app.register_blueprint(admin_api.bp)
+
+    @app.before_request
+    async def guard() -> Response | None:
+        st = state()
+        path = request.path
+        if st.api_key is not None and path.startswith(PROTECTED_PREFIXES):
+            header = request.headers.get("Authorization", "")
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode(), st.api_key.encode()
+            ):
+                return error_response(
+                    AuthenticationFailed("missing or wrong API key: send 'Authorization: Bearer <key>'")
+                )
+        if st.draining and not path.startswith(OPEN_WHILE_DRAINING):
+            return error_response(ShuttingDown("mlxd is shutting down; retry in a moment"))
+        return None
+
+    @app.after_request
+    async def count(response: Response) -> Response:
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        state().metrics.requests.labels(rule, str(response.status_code)).inc()
+        return response
+
+    @app.get("/openapi.json")
+    async def openapi() -> Any:
+        return openapi_document()
+
+    @app.errorhandler(MlxdError)
+    async def handle_mlxd(err: MlxdError) -> Response:
+        if err.http_status >= 500 and err.http_status != 503:
+            log.warning("%s %s -> %s %s", request.method, request.path, err.http_status, err.message)
+        return error_response(err)
+
+    @app.errorhandler(HTTPException)
+    async def handle_http(e: HTTPException) -> Response:
+        return error_response(_translate_http(e))
+
+    @app.errorhandler(Exception)
+    async def handle_unexpected(e: Exception) -> Response:
+        if isinstance(e, MlxdError):
+            return error_response(e)
+        if isinstance(e, BaseExceptionGroup):
+            match = e.subgroup(MlxdError)
+            if match is not None:
+                return error_response(_first(match))
+        ref = uuid.uuid4().hex[:12]
+        log.error("unexpected error on %s %s (error id %s)", request.method, request.path, ref,
+                  exc_info=e)
+        return error_response(InternalError(f"internal error (error id {ref}; see the daemon log)"))
+
+    return app
+
+
+def _first(group: BaseExceptionGroup[MlxdError]) -> MlxdError:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first(exc)
+        return exc
+    raise AssertionError("empty exception group")

@@ -1,0 +1,40 @@
+"""What every route handler can reach: the manager, the journal, metrics, settings."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quart import current_app
+
+from mlxd.config import Config
+from mlxd.manager import Manager
+from mlxd.metrics import Metrics
+
+if TYPE_CHECKING:
+    from mlxd.journal import Journal
+
+
+@dataclass
+class AppState:
+    manager: Manager
+    config: Config
+    metrics: Metrics
+    journal: Journal | None = None
+    #: the API key every /v1 and /admin request must present (None: no auth)
+    api_key: str | None = None
+    #: where /admin/reload re-reads the config from (None: the built-in demo config)
+    config_path: Path | None = None
+    #: set on the first SIGTERM/SIGINT: new requests get 503 shutting_down
+    draining: bool = False
+    started_at: float = field(default_factory=time.time)
+    #: restores and preloads still in flight at start-up
+    restoring: set[str] = field(default_factory=set)
+    extra_health: dict[str, Any] = field(default_factory=dict)
+
+
+def state() -> AppState:
+    st: AppState = current_app.extensions["mlxd"]
+    return st

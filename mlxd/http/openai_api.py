@@ -1,0 +1,314 @@
+"""The OpenAI-compatible routes: models, chat completions, completions.
+
+A generation holds a lease for its whole life. Non-streaming: the handler
+holds it inside ``lease.scope()``. Streaming: the response body (an async
+generator, which must not hold a cancel scope across ``yield``) owns the lease,
+opens ``lease.scope()`` around each wait for the next token, and releases the
+lease in its ``finally`` -- which runs the moment the client disconnects
+(Quart cancels the body at its current await). Preemption cancels the scope,
+so the stream ends between two tokens with an SSE error event
+``{"error": {..., "code": "preempted"}}`` that the OpenAI client raises.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import replace
+from typing import Any
+
+import trio
+from quart import Blueprint, Response, request
+
+from mlxd.engines.base import Finished, GenerationEvent, TextDelta
+from mlxd.errors import InvalidRequest, MlxdError, ModelNotFound, Overloaded, ShuttingDown
+from mlxd.http.context import AppState, state
+from mlxd.http.validation import ParsedRequest, parse_request
+from mlxd.manager import Lease
+from mlxd.states import Outcome
+
+log = logging.getLogger("mlxd.http")
+
+bp = Blueprint("openai", __name__)
+
+
+def model_object(st: AppState, name: str) -> dict[str, Any]:
+    status = st.manager.model_status(name)
+    return {
+        "id": name,
+        "object": "model",
+        "created": int(st.started_at),
+        "owned_by": "mlxd",
+        "status": status["state"],
+        "loaded": status["loaded"],
+        "pinned": status["pinned"],
+        "memory_bytes": status["memory_bytes"],
+        "memory_source": status["memory_source"],
+        "last_used_at": status["last_used_at"],
+        "last_error": status["last_error"],
+    }
+
+
+@bp.get("/v1/models")
+async def list_models() -> Any:
+    st = state()
+    return {"object": "list", "data": [model_object(st, n) for n in st.manager.core.models]}
+
+
+@bp.get("/v1/models/<path:model_id>")
+async def get_model(model_id: str) -> Any:
+    st = state()
+    if not st.manager.has_model(model_id):
+        raise ModelNotFound(model_id)
+    return model_object(st, model_id)
+
+
+async def read_json_body() -> object:
+    if request.mimetype != "application/json":
+        from mlxd.errors import UnsupportedMediaType
+
+        raise UnsupportedMediaType(
+            f"send the body as JSON with 'Content-Type: application/json' (got '{request.mimetype or 'none'}')"
+        )
+    raw = await request.get_data(as_text=False)
+    if not raw:
+        raise InvalidRequest("the request body is empty; send a JSON object")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidRequest(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InvalidRequest("the request body is nested too deeply") from None
+
+
+async def parse(kind: str) -> ParsedRequest:
+    st = state()
+    body = await read_json_body()
+    name = body.get("model") if isinstance(body, dict) else None
+    mc = st.config.model(name) if isinstance(name, str) else None
+    parsed = parse_request(
+        body, kind=kind, allow_images=bool(mc and mc.mllm), request_id=request_id()
+    )
+    if not st.manager.has_model(parsed.model):
+        raise ModelNotFound(parsed.model)
+    if mc is not None and mc.mllm and parsed.generation.kind == "chat":
+        from mlxd.images import decode_request_images, image_parts
+
+        if image_parts(parsed.generation.messages):
+            images = await trio.to_thread.run_sync(
+                lambda: decode_request_images(parsed.generation.messages, image_dir=mc.image_dir)
+            )
+            parsed = replace(parsed, generation=replace(parsed.generation, images=tuple(images)))
+    return parsed
+
+
+def request_id() -> str:
+    rid = request.headers.get("X-Request-Id", "")
+    if rid and len(rid) <= 128 and rid.isprintable():
+        return rid
+    return "req-" + uuid.uuid4().hex[:24]
+
+
+def _check_queue(st: AppState, lease: Lease) -> None:
+    mc = st.config.model(lease.model)
+    limit = mc.max_queue if mc is not None else 64
+    if lease.engine.queue_depth() >= limit:
+        raise Overloaded(f"'{lease.model}' already has {limit} requests queued; retry shortly")
+
+
+def _outcome_for_cancel(st: AppState, lease: Lease) -> Outcome:
+    if lease.preempted:
+        return Outcome.SHUTDOWN if lease.preempted_by_shutdown else Outcome.PREEMPTED
+    return Outcome.SHUTDOWN if st.draining else Outcome.DISCONNECTED
+
+
+class Shape:
+    """Builds the OpenAI response objects of one generation."""
+
+    def __init__(self, kind: str, model: str, include_usage: bool) -> None:
+        self.kind = kind
+        self.model = model
+        self.include_usage = include_usage
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def _base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": None}
+
+    def chunk(self, text: str | None, finish: str | None = None, *, first: bool = False) -> str:
+        if self.kind == "chat":
+            delta: dict[str, Any] = {}
+            if first:
+                delta = {"role": "assistant", "content": ""}
+            elif text is not None:
+                delta = {"content": text}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            obj = self._base("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            obj = self._base("text_completion")
+        obj["choices"] = [choice]
+        if self.include_usage:
+            obj["usage"] = None
+        return sse(obj)
+
+    def usage_chunk(self, fin: Finished) -> str:
+        obj = self._base("chat.completion.chunk" if self.kind == "chat" else "text_completion")
+        obj["choices"] = []
+        obj["usage"] = usage(fin)
+        return sse(obj)
+
+    def whole(self, text: str, fin: Finished) -> dict[str, Any]:
+        if self.kind == "chat":
+            obj = self._base("chat.completion")
+            message = {"role": "assistant", "content": text, "refusal": None}
+            obj["choices"] = [{"index": 0, "message": message, "logprobs": None,
+                               "finish_reason": fin.finish_reason}]
+        else:
+            obj = self._base("text_completion")
+            obj["choices"] = [{"index": 0, "text": text, "logprobs": None,
+                               "finish_reason": fin.finish_reason}]
+        obj["usage"] = usage(fin)
+        return obj
+
+
+def usage(fin: Finished) -> dict[str, int]:
+    return {
+        "prompt_tokens": fin.prompt_tokens,
+        "completion_tokens": fin.completion_tokens,
+        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+    }
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def sse_error(error: MlxdError) -> str:
+    return sse(error.body())
+
+
+async def generate(kind: str) -> Any:
+    st = state()
+    if st.draining:
+        raise ShuttingDown("mlxd is shutting down")
+    parsed = await parse(kind)
+    t_request = trio.current_time()
+    lease = await st.manager.acquire(
+        parsed.model, request_id=parsed.generation.request_id, route=request.path
+    )
+    try:
+        _check_queue(st, lease)
+    except MlxdError:
+        lease.release(Outcome.ERROR)
+        raise
+    shape = Shape(kind, parsed.model, parsed.include_usage)
+    if parsed.stream:
+        resp = Response(stream_body(st, lease, parsed, shape, t_request), mimetype="text/event-stream")
+        resp.headers["Cache-Control"] = "no-cache"
+        resp.headers["X-Accel-Buffering"] = "no"
+        resp.headers["X-Request-Id"] = parsed.generation.request_id or ""
+        resp.timeout = None  # never cut a long stream (Quart's RESPONSE_TIMEOUT)
+        return resp
+    try:
+        text: list[str] = []
+        fin: Finished | None = None
+        t_first: float | None = None
+        with lease.scope():
+            async with aclosing(lease.engine.generate(parsed.generation)) as events:
+                async for ev in events:
+                    if isinstance(ev, TextDelta):
+                        if t_first is None:
+                            t_first = trio.current_time()
+                        text.append(ev.text)
+                    else:
+                        fin = ev
+    except trio.Cancelled:
+        lease.release(_outcome_for_cancel(st, lease))
+        raise
+    except MlxdError:
+        lease.release(_outcome_for_cancel(st, lease) if lease.preempted else Outcome.ERROR)
+        raise
+    except Exception:
+        lease.release(Outcome.ERROR)
+        raise
+    assert fin is not None, "an engine ended a generation without Finished"
+    lease.set_usage(fin.prompt_tokens, fin.completion_tokens)
+    lease.release(Outcome.COMPLETED)
+    _observe(st, parsed.model, t_request, t_first, fin)
+    return Response(
+        json.dumps(shape.whole("".join(text), fin)),
+        mimetype="application/json",
+        headers={"X-Request-Id": parsed.generation.request_id or ""},
+    )
+
+
+def _observe(st: AppState, model: str, t0: float, t_first: float | None, fin: Finished) -> None:
+    now = trio.current_time()
+    st.metrics.observe_generation(
+        model,
+        None if t_first is None else t_first - t0,
+        fin.completion_tokens,
+        now - (t_first if t_first is not None else t0),
+    )
+
+
+async def stream_body(
+    st: AppState, lease: Lease, parsed: ParsedRequest, shape: Shape, t_request: float
+) -> AsyncIterator[bytes]:
+    outcome = Outcome.ERROR
+    t_first: float | None = None
+    events = lease.engine.generate(parsed.generation)
+    try:
+        if shape.kind == "chat":
+            yield shape.chunk(None, first=True).encode()
+        while True:
+            with lease.scope():  # preemption cancels this wait and raises Preempted
+                ev: GenerationEvent = await events.__anext__()
+            if isinstance(ev, TextDelta):
+                if t_first is None:
+                    t_first = trio.current_time()
+                if ev.text:
+                    yield shape.chunk(ev.text).encode()
+                continue
+            lease.set_usage(ev.prompt_tokens, ev.completion_tokens)
+            yield shape.chunk(None, ev.finish_reason).encode()
+            if parsed.include_usage:
+                yield shape.usage_chunk(ev).encode()
+            yield b"data: [DONE]\n\n"
+            outcome = Outcome.COMPLETED
+            _observe(st, shape.model, t_request, t_first, ev)
+            return
+    except StopAsyncIteration:
+        log.error("engine for %s ended without a Finished event", lease.model)
+        yield sse_error(MlxdError("the engine ended the generation unexpectedly")).encode()
+    except MlxdError as e:
+        outcome = _outcome_for_cancel(st, lease) if lease.preempted else Outcome.ERROR
+        yield sse_error(e).encode()
+    except trio.Cancelled:
+        outcome = _outcome_for_cancel(st, lease)
+        raise
+    except Exception as e:
+        ref = uuid.uuid4().hex[:12]
+        log.exception("generation failed (error id %s)", ref)
+        yield sse_error(MlxdError(f"the engine failed: {type(e).__name__} (error id {ref})")).encode()
+    finally:
+        # Closing the engine's iterator sets its stop flag; bounded, as every shield is.
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            await events.aclose()
+        lease.release(outcome)
+
+
+@bp.post("/v1/chat/completions")
+async def chat_completions() -> Any:
+    return await generate("chat")
+
+
+@bp.post("/v1/completions")
+async def completions() -> Any:
+    return await generate("completion")
