@@ -62,7 +62,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
 from types import TracebackType
@@ -133,9 +133,19 @@ def _json(payload: dict[str, Any]) -> str:
     return json.dumps(payload, separators=(",", ":"))
 
 
-def _plain(payload: dict[str, Any]) -> dict[str, Any]:
-    """The event as JSON gives it back (enum members as their strings)."""
-    return {k: v.value if isinstance(v, Enum) else v for k, v in payload.items()}
+_FIELDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in fields(cls))
+    for cls in (TransitionEvent, LeaseAcquired, LeaseReleased, MeasurementEvent)
+}
+
+
+def _payload(event: ManagerEvent) -> dict[str, Any]:
+    """``event.as_dict()`` as JSON gives it back (enums as strings), without asdict's deep copy."""
+    out: dict[str, Any] = {"kind": event.kind}
+    for name in _FIELDS[type(event)]:
+        value = getattr(event, name)
+        out[name] = value.value if isinstance(value, Enum) else value
+    return out
 
 
 def _event_op(
@@ -379,7 +389,7 @@ class Journal:
         """
         run_id = self._check_recording()
         seq = self._last_seq + 1
-        payload: dict[str, Any] | None = _plain(event.as_dict())
+        payload: dict[str, Any] | None = _payload(event)
         ops: tuple[Op, ...]
         if isinstance(event, TransitionEvent):
             ops = (
@@ -515,7 +525,7 @@ class Journal:
             if state not in HOLDS_MEMORY:
                 continue
             ev = TransitionEvent(model, state, State.UNLOADED, Reason.CRASH_RECOVERY, now)
-            payload = _plain(ev.as_dict())
+            payload = _payload(ev)
             conn.execute(*_event_op(seq, run_id, now, ev.kind, model, payload)[:2])
             conn.execute(*_transition_op(seq, run_id, ev)[:2])
             published.append((seq, payload))
@@ -528,7 +538,7 @@ class Journal:
             (run_id,),
         ).fetchall():
             released = LeaseReleased(lease_id, model, Outcome.INTERRUPTED, now)
-            payload = _plain(released.as_dict())
+            payload = _payload(released)
             conn.execute(*_release_op(released)[:2])
             conn.execute(*_event_op(seq, run_id, now, released.kind, model, payload)[:2])
             published.append((seq, payload))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -98,6 +99,21 @@ async def test_each_event_lands_in_its_table_with_one_sequence(tmp_path: Path) -
         (4242, "test", "/etc/mlxd.yaml")
     ]
     assert check_journal(open_readonly(path)) == []
+
+
+async def test_event_payloads_are_the_events_as_dict(tmp_path: Path) -> None:
+    """Each events row's payload is exactly the manager event's as_dict() in JSON."""
+    events: list[Any] = [
+        tr("m", S.UNLOADED, S.LOADING, R.PRELOAD, at=1.5, memory_bytes=7, error="x"),
+        LeaseAcquired("L", "m", "rq", "/v1/completions", 2.5),
+        LeaseReleased("L", "m", Outcome.PREEMPTED, 3.5, 1, 2, 0.25),
+    ]
+    async with running(tmp_path / "j.db") as j:
+        for e in events:
+            j.record(e)
+        await j.wait_committed()
+        stored = [row["payload"] for row in j.events_after(0)]
+    assert stored == [json.loads(json.dumps(e.as_dict())) for e in events]
 
 
 async def test_a_burst_costs_far_fewer_commits_than_rows(tmp_path: Path) -> None:
