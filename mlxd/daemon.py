@@ -272,8 +272,9 @@ def cmd_serve(args: argparse.Namespace, *, engines: EngineFactory | None = None)
     config, path = load_serve_config(args)
     api_key = os.environ.get(config.server.api_key_env) or None
     check_bind(config.server, api_key, args.insecure)
-    for warning in config.warnings:
-        log.warning("config: %s", warning)
+    from mlxd.budget_report import log_memory_budget_report
+
+    log_memory_budget_report(config, logger=log)  # budget findings and config warnings
     config.journal.path.parent.mkdir(parents=True, exist_ok=True)
     daemon = Daemon(
         config,

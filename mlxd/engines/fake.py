@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from mlxd.config import FakeSettings, ModelConfig
+from mlxd.config import FakeSettings, ModelConfig, resolve_estimate
 from mlxd.engines.base import (
     Finished,
     GenerationEvent,
@@ -244,8 +244,8 @@ class FakeFleet:
 
     def for_config(self, model: ModelConfig) -> FakeModel:
         if model.name not in self.models:
-            size = model.estimated_memory_bytes or self._sizes.get(model.name, 0)
-            self.models[model.name] = FakeModel.from_config(model, size)
+            est = resolve_estimate(model, self._sizes)
+            self.models[model.name] = FakeModel.from_config(model, est.bytes if est else 0)
         return self.models[model.name]
 
     def __call__(self, model: ModelConfig) -> FakeEngine:
