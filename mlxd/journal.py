@@ -349,6 +349,8 @@ class Journal:
         if self._run_id is not None:
             raise RuntimeError("begin_run() may be called only once")
         first = self._last_seq + 1
+        report: RecoveryReport
+        published: list[tuple[int, dict[str, Any]]]
         try:
             report, published = self._writer.call(
                 lambda conn: self._recover(conn, pid, version, config_path, first)
@@ -389,7 +391,7 @@ class Journal:
         """
         run_id = self._check_recording()
         seq = self._last_seq + 1
-        payload: dict[str, Any] | None = _payload(event)
+        payload = _payload(event)
         ops: tuple[Op, ...]
         if isinstance(event, TransitionEvent):
             ops = (
@@ -410,10 +412,10 @@ class Journal:
         elif isinstance(event, MeasurementEvent):
             row = (event.model, event.at, event.memory_bytes, event.load_seconds)
             ops = ((_INSERT_MEASUREMENT, row, False),)
-            payload = None
         else:  # pragma: no cover - the union above is closed
             raise TypeError(f"not a journal event: {event!r}")
-        self._writer.put(Item(seq, ops, payload))
+        has_event_row = not isinstance(event, MeasurementEvent)
+        self._writer.put(Item(seq, ops, payload if has_event_row else None))
         self._last_seq = seq
         return seq
 
