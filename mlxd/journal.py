@@ -324,7 +324,9 @@ class Journal:
         with trio.move_on_after(self._flush_timeout) as scope:
             scope.shield = True
             await self._exited.wait()
-        if not self._exited.is_set():
+        if self._exited.is_set():
+            self._writer.join(1.0)  # it has reported its exit: only the return is left
+        else:
             self._writer.abandon()
             log.error(
                 "journal: gave up flushing after %.1fs; %d records not written (%s)",

@@ -165,6 +165,11 @@ class Writer:
         """End the thread at its next retry without writing what is left."""
         self._abandon.set()
 
+    def join(self, timeout: float) -> bool:
+        """Wait for the thread to end (after ``on_exit`` it only has to return); True if it did."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     # ---- the thread -----------------------------------------------------------------------
 
     def _main(self) -> None:

@@ -369,6 +369,21 @@ async def test_cancelling_run_flushes_everything_queued(tmp_path: Path) -> None:
         j.record(MeasurementEvent("m", 1.0, 1, 1.0))
 
 
+async def test_shutdown_gives_up_after_flush_timeout(tmp_path: Path) -> None:
+    """If the file stays locked, cancelling run() returns after flush_timeout and waiters get an error."""
+    path = tmp_path / "j.db"
+    blocker = sqlite3.connect(path, isolation_level=None)
+    async with running(path, busy_timeout_ms=20, retry_initial=0.01, flush_timeout=0.3) as j:
+        blocker.execute("BEGIN EXCLUSIVE")
+        seq = j.record(MeasurementEvent("m", 1.0, 1, 1.0))
+        t0 = trio.current_time()
+    assert 0.3 <= trio.current_time() - t0 < 5
+    blocker.execute("ROLLBACK")
+    with pytest.raises(JournalError, match=f"closed before seq {seq}"):
+        await j.wait_committed(seq)
+    assert rows(path, "SELECT count(*) FROM measurements") == [(0,)]
+
+
 async def test_second_daemon_on_the_same_file_is_refused(tmp_path: Path) -> None:
     """A second journal on a file another one is writing fails to start with a clear error."""
     path = tmp_path / "j.db"
