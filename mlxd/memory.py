@@ -14,6 +14,14 @@ Unloading on Linux needs one more step than ``del`` + ``gc.collect()`` +
 stays high from the second load/unload cycle on. ``malloc_trim(0)`` gives it
 back (TECH-NOTES §0.5 and §4). :func:`release_memory` does all of it.
 
+Each residency has its own MLX thread, and glibc gives every new thread its
+own malloc arena (up to 8 per core); memory a finished thread left in its arena
+stays fragmented there, so RSS crept up by ~1 MB per load/unload cycle
+(+19.5 MB over 20 cycles of a 96 MB model, measured), with ``malloc_trim``.
+:func:`limit_malloc_arenas` (called when the first MLX thread starts) caps the
+arenas at ``MLXD_MALLOC_ARENA_MAX`` (default 1; 0 keeps glibc's default),
+after which 20 cycles grow RSS by under 2 MB.
+
 Everything here that touches MLX must run on the thread that owns the arrays
 (an engine's MLX thread); :func:`malloc_trim` and :func:`rss_bytes` may run
 anywhere.
@@ -24,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -142,6 +151,36 @@ def malloc_trim() -> bool:
         return False
     try:
         return bool(libc.malloc_trim(0))
+    except Exception:
+        return False
+
+
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number
+ARENA_MAX_ENV = "MLXD_MALLOC_ARENA_MAX"
+_arenas_limited = False
+
+
+def limit_malloc_arenas() -> bool:
+    """Cap glibc's malloc arenas (``MLXD_MALLOC_ARENA_MAX``, default 1) once per process.
+
+    Applies to threads created afterwards; a no-op (False) off glibc, when the
+    variable is 0, or when ``MALLOC_ARENA_MAX`` is already set in the environment.
+    """
+    global _arenas_limited
+    if _arenas_limited:
+        return True
+    _arenas_limited = True
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        n = int(os.environ.get(ARENA_MAX_ENV, "1"))
+    except ValueError:
+        n = 1
+    libc = _libc()
+    if n <= 0 or libc is None or not hasattr(libc, "mallopt"):
+        return False
+    try:
+        return bool(libc.mallopt(_M_ARENA_MAX, n))
     except Exception:
         return False
 

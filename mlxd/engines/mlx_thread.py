@@ -63,6 +63,9 @@ class MlxThread:
     """One OS thread that runs every MLX call of one engine, in submission order."""
 
     def __init__(self, name: str) -> None:
+        from mlxd.memory import limit_malloc_arenas
+
+        limit_malloc_arenas()  # one arena per short-lived thread fragments RSS (see mlxd.memory)
         self.name = name
         # invariant: the only references to MLX objects these jobs create live in the
         # engine (written and read on this thread) or in the job's local variables
@@ -198,6 +201,14 @@ class PrefillProgress:
 
     done: int
     total: int
+
+
+@dataclass(frozen=True, slots=True)
+class TokenTick:
+    """Internal event: a token was generated that produced no text to send yet."""
+
+
+TOKEN_TICK = TokenTick()
 
 
 @dataclass(slots=True)
