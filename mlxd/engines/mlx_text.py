@@ -44,12 +44,14 @@ from mlxd.engines.base import (
     TextDelta,
 )
 from mlxd.engines.mlx_thread import (
+    TOKEN_TICK,
     GenerationStats,
     Job,
     MlxThread,
     PrefillProgress,
     SerialScheduler,
     Sink,
+    TokenTick,
 )
 from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError
 
@@ -332,6 +334,8 @@ class MlxTextEngine:
                     if isinstance(item, TextDelta):
                         self._observe("token", job.stats)
                         yield item
+                    elif isinstance(item, TokenTick):
+                        self._observe("token", job.stats)
                     elif isinstance(item, PrefillProgress):
                         self._observe("prefill", job.stats)
                     elif isinstance(item, Finished):
@@ -449,8 +453,7 @@ class MlxTextEngine:
             st.outcome = reason
             job.emit(Finished(reason, st.prompt_tokens, n_tokens))
             return True
-        if piece:
-            job.emit(TextDelta(piece))
+        job.emit(TextDelta(piece) if piece else TOKEN_TICK)
         return False
 
 
