@@ -95,9 +95,7 @@ def _train_tokenizer(vocab_size: int, *, vision: bool) -> Any:
     )
     tok.train_from_iterator([line * 3 for line in _CORPUS] * 40, trainer)
     extra: dict[str, Any] = {"extra_special_tokens": {"image_token": "<image>"}} if vision else {}
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", **extra
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", **extra)
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -110,7 +108,9 @@ def _random_params(model: Any, eos_id: int, embed_keys: tuple[str, ...]) -> dict
     for key in embed_keys:
         if key in params:
             w = params[key]
-            params[key] = mx.concatenate([w[:eos_id], mx.zeros_like(w[eos_id : eos_id + 1]), w[eos_id + 1 :]])
+            params[key] = mx.concatenate(
+                [w[:eos_id], mx.zeros_like(w[eos_id : eos_id + 1]), w[eos_id + 1 :]]
+            )
     mx.eval(params)
     return params
 
@@ -225,7 +225,9 @@ def write_demo_model(
     that :func:`is_model_dir` would accept.
     """
     if kind not in KINDS:
-        raise DemoModelError(f"unknown demo model kind {kind!r} (expected one of {', '.join(KINDS)})")
+        raise DemoModelError(
+            f"unknown demo model kind {kind!r} (expected one of {', '.join(KINDS)})"
+        )
     out = Path(path).expanduser()
     if out.exists() and not out.is_dir():
         raise DemoModelError(f"{out} exists and is not a directory")
@@ -256,7 +258,10 @@ def cmd_demo_model(args: argparse.Namespace) -> int:
     """``mlxd demo-model PATH [--size tiny|small] [--vision] [--force]``."""
     kind: DemoKind = "vision" if args.vision else args.size
     if args.vision and args.size not in (None, "tiny"):
-        print("mlxd: --vision writes a tiny LLaVA; --size small is not available for it", file=sys.stderr)
+        print(
+            "mlxd: --vision writes a tiny LLaVA; --size small is not available for it",
+            file=sys.stderr,
+        )
         return 2
     t0 = time.monotonic()
 

@@ -128,19 +128,25 @@ def open_image(data: bytes, param: str) -> Any:
     try:
         from PIL import Image
     except ImportError as e:  # pillow comes with the vlm extra
-        raise InvalidRequest(f"images need pillow (pip install 'mlxd[vlm]'): {e}", param=param) from e
+        raise InvalidRequest(
+            f"images need pillow (pip install 'mlxd[vlm]'): {e}", param=param
+        ) from e
     if len(data) > MAX_IMAGE_BYTES:
         raise InvalidRequest(f"image larger than {MAX_IMAGE_BYTES} bytes", param=param)
     try:
         img = Image.open(io.BytesIO(data))
         w, h = img.size
         if w * h > MAX_PIXELS:
-            raise InvalidRequest(f"image of {w}x{h} pixels is larger than {MAX_PIXELS} pixels", param=param)
+            raise InvalidRequest(
+                f"image of {w}x{h} pixels is larger than {MAX_PIXELS} pixels", param=param
+            )
         img.load()
     except InvalidRequest:
         raise
     except Exception as e:  # PIL.UnidentifiedImageError, truncated files, bombs
-        raise InvalidRequest(f"not a readable image: {type(e).__name__}: {e}", param=param) from None
+        raise InvalidRequest(
+            f"not a readable image: {type(e).__name__}: {e}", param=param
+        ) from None
     return img.convert("RGB") if img.mode != "RGB" else img
 
 
@@ -156,7 +162,9 @@ def decode_request_images(
     parts = image_parts(messages)
     count = len(images) if images else len(parts)
     if count > MAX_IMAGES:
-        raise InvalidRequest(f"at most {MAX_IMAGES} images per request, got {count}", param="messages")
+        raise InvalidRequest(
+            f"at most {MAX_IMAGES} images per request, got {count}", param="messages"
+        )
     out: list[Any] = []
     if images:
         for k, given in enumerate(images):
@@ -164,7 +172,9 @@ def decode_request_images(
             if isinstance(given, bytes | bytearray):
                 out.append(open_image(bytes(given), param))
             elif hasattr(given, "convert"):
-                out.append(given.convert("RGB") if getattr(given, "mode", "RGB") != "RGB" else given)
+                out.append(
+                    given.convert("RGB") if getattr(given, "mode", "RGB") != "RGB" else given
+                )
             else:
                 raise InvalidRequest("images must be PIL images or bytes", param=param)
         return out

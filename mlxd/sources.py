@@ -54,7 +54,16 @@ TEXT_PATTERNS = (
     "*.jinja",
 )
 #: what mlx-vlm's loader downloads (``mlx_vlm.utils.get_model_path``)
-VISION_PATTERNS = ("*.json", "*.jsonl", "*.safetensors", "*.py", "*.model", "*.tiktoken", "*.txt", "*.jinja")
+VISION_PATTERNS = (
+    "*.json",
+    "*.jsonl",
+    "*.safetensors",
+    "*.py",
+    "*.model",
+    "*.tiktoken",
+    "*.txt",
+    "*.jinja",
+)
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 #: seconds between two progress reports forwarded into Trio (the bar itself draws as tqdm does)
@@ -98,7 +107,9 @@ def is_repo_id(source: str) -> bool:
 
 
 def _looks_like_path(source: str) -> bool:
-    return source.startswith(("/", "./", "../", "~", "\\")) or (len(source) > 1 and source[1] == ":")
+    return source.startswith(("/", "./", "../", "~", "\\")) or (
+        len(source) > 1 and source[1] == ":"
+    )
 
 
 def local_path(source: str) -> Path | None:
@@ -110,10 +121,14 @@ def local_path(source: str) -> Path | None:
     path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise LoadFailed(f"{source}: is a file; a model source is a directory or a Hugging Face repo id")
+            raise LoadFailed(
+                f"{source}: is a file; a model source is a directory or a Hugging Face repo id"
+            )
         return path
     if _looks_like_path(source) or not is_repo_id(source):
-        raise LoadFailed(f"{source}: no such directory (and not a Hugging Face repo id like org/name)")
+        raise LoadFailed(
+            f"{source}: no such directory (and not a Hugging Face repo id like org/name)"
+        )
     return None
 
 
@@ -130,7 +145,11 @@ async def resolve_source(
     if path is not None:
         return path
     return await download(
-        source, progress, allow_patterns=allow_patterns, stall_timeout_s=stall_timeout_s, endpoint=endpoint
+        source,
+        progress,
+        allow_patterns=allow_patterns,
+        stall_timeout_s=stall_timeout_s,
+        endpoint=endpoint,
     )
 
 
@@ -152,7 +171,9 @@ async def download(
         if cancel.is_set():
             return  # a late report of an abandoned download
         watchdog.deadline = trio.current_time() + limit
-        progress(LoadProgress(phase="downloading", bytes_done=done, bytes_total=total, detail=repo_id))
+        progress(
+            LoadProgress(phase="downloading", bytes_done=done, bytes_total=total, detail=repo_id)
+        )
 
     def report(done: int, total: int | None) -> None:  # on a download thread
         try:
@@ -160,7 +181,9 @@ async def download(
         except trio.RunFinishedError:
             cancel.set()
 
-    progress(LoadProgress(phase="downloading", detail=f"{repo_id}: contacting the Hugging Face Hub"))
+    progress(
+        LoadProgress(phase="downloading", detail=f"{repo_id}: contacting the Hugging Face Hub")
+    )
     fetch = partial(
         fetch_snapshot,
         repo_id,
@@ -232,7 +255,9 @@ def describe_hub_error(repo_id: str, error: BaseException, *, offline: bool) -> 
         if offline:
             return f"{repo_id}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set"
         cause = error.__cause__ or error.__context__
-        reason = f"{type(cause).__name__}: {cause}" if cause is not None else str(error).splitlines()[0]
+        reason = (
+            f"{type(cause).__name__}: {cause}" if cause is not None else str(error).splitlines()[0]
+        )
         return (
             f"{repo_id}: the Hugging Face Hub is unreachable ({reason}) "
             "and the model is not in the local cache"
@@ -258,7 +283,9 @@ def progress_bar_class(report: Callable[[int, int | None], None], cancel: thread
     class ProgressBar(hf_tqdm):  # type: ignore[misc,valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             name = kwargs.get("name")
-            self._mlxd_reports = kwargs.get("unit") == "B" and not str(name or "").endswith(".transfer")
+            self._mlxd_reports = kwargs.get("unit") == "B" and not str(name or "").endswith(
+                ".transfer"
+            )
             self._mlxd_done = int(kwargs.get("initial") or 0)
             self._mlxd_last = 0.0
             super().__init__(*args, **kwargs)

@@ -186,7 +186,9 @@ class MlxTextEngine:
         progress(LoadProgress(phase="loading", detail=str(path)))
         cancel = threading.Event()
         try:
-            await self._thread.run(self._load_on_thread, path, progress_sink(progress), cancel, cancel=cancel)
+            await self._thread.run(
+                self._load_on_thread, path, progress_sink(progress), cancel, cancel=cancel
+            )
         except (LoadFailed, trio.Cancelled):
             raise
         except MlxdError as e:
@@ -196,7 +198,9 @@ class MlxTextEngine:
         self.load_seconds = time.monotonic() - t0
         self._ready = True
         size = self._measured or 0
-        progress(LoadProgress(phase="done", bytes_done=size, bytes_total=size, detail=self.memory_source))
+        progress(
+            LoadProgress(phase="done", bytes_done=size, bytes_total=size, detail=self.memory_source)
+        )
 
     async def _resolve(self, progress: ProgressCallback) -> Path:
         from mlxd import sources
@@ -232,7 +236,9 @@ class MlxTextEngine:
         # active memory is process-global: loads are serialized per engine, but another
         # engine's load or unload at the same moment skews the delta (footprint() checks it)
         self._measured, self.memory_source = footprint(before, after, self._model)
-        report(LoadProgress(phase="measuring", bytes_done=self._measured, bytes_total=self._measured))
+        report(
+            LoadProgress(phase="measuring", bytes_done=self._measured, bytes_total=self._measured)
+        )
 
     def _write_demo(self, path: Path, report: Callable[[LoadProgress], None]) -> None:
         from mlxd.demo_model import DemoModelError, is_model_dir, write_demo_model
@@ -262,7 +268,9 @@ class MlxTextEngine:
         self._stopped = True
         self._ready = False
         if self._scheduler is not None:
-            self._scheduler.close(EngineError(f"{self.name}: the model was unloaded", retry_after=1.0))
+            self._scheduler.close(
+                EngineError(f"{self.name}: the model was unloaded", retry_after=1.0)
+            )
         thread = self._thread
         if thread is None:
             return
@@ -366,15 +374,22 @@ class MlxTextEngine:
         if request.kind == "chat":
             messages = [{"role": m.role, "content": message_text(m)} for m in request.messages]
             try:
-                prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                prompt = tok.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=False
+                )
             except Exception as e:  # jinja errors: roles out of order, unsupported role, ...
-                raise InvalidRequest(f"the chat template rejected the messages: {e}", param="messages") from e
+                raise InvalidRequest(
+                    f"the chat template rejected the messages: {e}", param="messages"
+                ) from e
         else:
             prompt = request.prompt or ""
         add_special = tok.bos_token is None or not prompt.startswith(tok.bos_token)
         ids = list(tok.encode(prompt, add_special_tokens=add_special))
         if not ids:
-            raise InvalidRequest("the prompt is empty", param="prompt" if request.kind == "completion" else "messages")
+            raise InvalidRequest(
+                "the prompt is empty",
+                param="prompt" if request.kind == "completion" else "messages",
+            )
         return ids
 
     def _run_one(self, job: Job) -> None:

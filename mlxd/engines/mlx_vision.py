@@ -103,7 +103,9 @@ class MlxVisionEngine(MlxTextEngine):
                     param="messages",
                 )
         elif request.images:
-            raise InvalidRequest("images need a chat request (image_url content parts)", param="prompt")
+            raise InvalidRequest(
+                "images need a chat request (image_url content parts)", param="prompt"
+            )
 
     async def _prepare(self, request: GenerationRequest) -> Any:
         if not request.images and not count_image_parts(request.messages):
@@ -131,10 +133,14 @@ class MlxVisionEngine(MlxTextEngine):
             raise InvalidRequest("the prompt is empty", param="messages")
         try:
             return str(
-                apply_chat_template(self._processor, self._model.config, messages, num_images=n_images)
+                apply_chat_template(
+                    self._processor, self._model.config, messages, num_images=n_images
+                )
             )
         except Exception as e:
-            raise InvalidRequest(f"the chat template rejected the messages: {e}", param="messages") from e
+            raise InvalidRequest(
+                f"the chat template rejected the messages: {e}", param="messages"
+            ) from e
 
     def _generate_on_thread(self, job: Job) -> None:
         import mlx.core as mx

@@ -42,5 +42,3 @@ async def engine(tiny_model_dir: Path) -> AsyncIterator[MlxTextEngine]:
         yield eng
     finally:
         await eng.stop()
-
-

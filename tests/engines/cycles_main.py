@@ -28,7 +28,9 @@ async def main(model_dir: str, cycles: int) -> dict[str, object]:
         await eng.load(lambda _p: None)
         rss_after_load.append(rss_bytes())
         measured.append(eng.measured_bytes())
-        req = GenerationRequest(kind="completion", prompt=f"cycle {i}", max_tokens=8, temperature=0.0)
+        req = GenerationRequest(
+            kind="completion", prompt=f"cycle {i}", max_tokens=8, temperature=0.0
+        )
         async for _ev in eng.generate(req):
             pass
         await eng.stop()

@@ -13,7 +13,6 @@ def tiny_config(path: Path, **kw: object) -> ModelConfig:
     return ModelConfig(name=str(kw.pop("name", "tiny")), source=str(path), **kw)  # type: ignore[arg-type]
 
 
-
 def chat(text: str, **kw: object) -> GenerationRequest:
     return GenerationRequest(kind="chat", messages=(ChatMessage("user", text),), **kw)  # type: ignore[arg-type]
 
@@ -22,7 +21,9 @@ def completion(prompt: str, **kw: object) -> GenerationRequest:
     return GenerationRequest(kind="completion", prompt=prompt, **kw)  # type: ignore[arg-type]
 
 
-async def collect(eng: MlxTextEngine, request: GenerationRequest) -> tuple[str, Finished, list[str]]:
+async def collect(
+    eng: MlxTextEngine, request: GenerationRequest
+) -> tuple[str, Finished, list[str]]:
     """Run a generation to its end: (joined text, the Finished event, the deltas)."""
     deltas: list[str] = []
     finished: Finished | None = None

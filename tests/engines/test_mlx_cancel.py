@@ -20,7 +20,9 @@ async def _consume_then_leave(eng: MlxTextEngine, how: str, n: int) -> Generatio
     """Stream a long generation, leave it after ``n`` deltas by ``how``; return its stats."""
     req = completion("once upon a time", max_tokens=5000, temperature=0.0)
     seen = 0
-    if how == "cancel":  # the consuming task is cancelled at its await (client disconnect, preemption)
+    if (
+        how == "cancel"
+    ):  # the consuming task is cancelled at its await (client disconnect, preemption)
         with trio.CancelScope() as scope:
             async for ev in eng.generate(req):
                 if isinstance(ev, TextDelta):
@@ -49,7 +51,9 @@ async def test_cancel_mid_stream_stops_within_one_token(engine: MlxTextEngine, h
     assert stats.cancel_requested_at is not None
     assert stats.tokens_after_cancel <= 1
     assert stats.completion_tokens < 5000
-    token_time = (stats.cancel_requested_at - stats.first_token_at) / max(1, stats.completion_tokens)  # type: ignore[operator]
+    token_time = (stats.cancel_requested_at - stats.first_token_at) / max(
+        1, stats.completion_tokens
+    )  # type: ignore[operator]
     latency = stats.cancel_latency_s
     assert latency is not None and latency < max(0.25, 3 * token_time), latency
 

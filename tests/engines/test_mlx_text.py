@@ -51,7 +51,10 @@ async def test_load_reports_phases_and_the_measured_footprint(tiny_model_dir: Pa
 
 async def test_chat_stream_counts_match_the_tokenizer(engine: MlxTextEngine, hf_tokenizer) -> None:  # type: ignore[no-untyped-def]
     """A streamed chat yields deltas then Finished, with prompt tokens as the chat template encodes them."""
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello world"},
+    ]
     req = GenerationRequest(
         kind="chat",
         messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages),
@@ -81,7 +84,9 @@ async def test_seed_makes_sampled_runs_identical(engine: MlxTextEngine) -> None:
     req = chat("tell me something", max_tokens=40, temperature=1.0, seed=1234)
     a, _, _ = await collect(engine, req)
     b, _, _ = await collect(engine, req)
-    c, _, _ = await collect(engine, chat("tell me something", max_tokens=40, temperature=1.0, seed=4321))
+    c, _, _ = await collect(
+        engine, chat("tell me something", max_tokens=40, temperature=1.0, seed=4321)
+    )
     assert a == b
     assert a != c
 
@@ -94,7 +99,9 @@ async def test_stop_string_ends_generation_and_is_trimmed(engine: MlxTextEngine)
     start = len(full) // 2
     stop = full[start : start + 5]
     expected = full[: full.find(stop)]
-    req = chat("tell me something", max_tokens=60, temperature=1.0, seed=7, stop=("never-there", stop))
+    req = chat(
+        "tell me something", max_tokens=60, temperature=1.0, seed=7, stop=("never-there", stop)
+    )
     text, fin, deltas = await collect(engine, req)
     assert fin.finish_reason == "stop"
     assert text == expected
@@ -145,7 +152,9 @@ async def test_requests_are_served_in_arrival_order_and_the_queue_is_bounded(
         await eng.stop()
 
 
-async def test_chat_without_a_chat_template_is_a_clear_error(tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_chat_without_a_chat_template_is_a_clear_error(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """A model without a chat template refuses chat (naming the way out) but serves completions."""
     bare = tmp_path / "bare"
     shutil.copytree(tiny_model_dir, bare)
@@ -163,7 +172,9 @@ async def test_chat_without_a_chat_template_is_a_clear_error(tiny_model_dir: Pat
 
 async def test_bad_requests_are_refused_before_queueing(engine: MlxTextEngine) -> None:
     """Images on a text model, max_tokens < 1 and an empty prompt are InvalidRequest naming the field."""
-    image_msg = ChatMessage("user", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}])
+    image_msg = ChatMessage(
+        "user", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]
+    )
     with pytest.raises(InvalidRequest) as err:
         await collect(engine, GenerationRequest(kind="chat", messages=(image_msg,)))
     assert err.value.param == "messages" and "images" in err.value.message

@@ -47,7 +47,10 @@ def test_data_urls_decode_to_rgb_images() -> None:
         ("https://example.com/cat.png", "unsupported image URL"),
         ("data:image/png;base64,%%%notbase64", "not valid base64"),
         ("data:text/plain;base64,aGVsbG8=", "not an image"),
-        ("data:image/png;base64," + base64.b64encode(b"not a png").decode(), "not a readable image"),
+        (
+            "data:image/png;base64," + base64.b64encode(b"not a png").decode(),
+            "not a readable image",
+        ),
         ("file:///etc/hostname", "local image files are not allowed"),
     ],
 )
@@ -66,13 +69,17 @@ def test_file_urls_only_inside_image_dir(tmp_path: Path) -> None:
     allowed.mkdir()
     Image.new("RGB", (3, 3)).save(allowed / "a.png")
     Image.new("RGB", (3, 3)).save(tmp_path / "outside.png")
-    (img,) = decode_request_images([image_message("x", f"file://{allowed / 'a.png'}")], image_dir=allowed)
+    (img,) = decode_request_images(
+        [image_message("x", f"file://{allowed / 'a.png'}")], image_dir=allowed
+    )
     assert img.size == (3, 3)
     for escape in [f"file://{tmp_path / 'outside.png'}", f"file://{allowed}/../outside.png"]:
         with pytest.raises(InvalidRequest, match="outside the model's image_dir"):
             decode_request_images([image_message("x", escape)], image_dir=allowed)
     with pytest.raises(InvalidRequest, match="no such image file"):
-        decode_request_images([image_message("x", f"file://{allowed / 'missing.png'}")], image_dir=allowed)
+        decode_request_images(
+            [image_message("x", f"file://{allowed / 'missing.png'}")], image_dir=allowed
+        )
 
 
 def test_oversized_images_are_refused() -> None:
