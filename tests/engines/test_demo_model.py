@@ -1,0 +1,70 @@
+"""``mlxd demo-model``: small, loadable random models, and one-line refusals on bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlxd.cli import main
+from mlxd.demo_model import is_model_dir
+
+
+def model_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def test_tiny_demo_model_is_a_small_complete_llama(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """demo-model writes a fp32 llama with a tokenizer and chat template, under 1 MB, with progress on stderr."""
+    out = tmp_path / "tiny"
+    assert main(["demo-model", str(out)]) == 0
+    assert is_model_dir(out) and model_bytes(out) < 1_000_000
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "llama" and cfg["hidden_size"] == 64
+    assert (out / "tokenizer.json").is_file() and (out / "chat_template.jinja").is_file()
+    err = capsys.readouterr().err
+    assert "demo-model:" in err and "parameters" in err
+    assert not list(tmp_path.glob(".*partial*"))  # written aside, then moved into place
+
+
+def test_existing_directories_are_not_overwritten_without_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A non-empty target is refused with exit 2 and one line; --force replaces it."""
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    assert main(["demo-model", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not empty" in err and "--force" in err
+    assert (out / "precious.txt").read_text() == "keep me"
+    assert main(["demo-model", str(out), "--force"]) == 0
+    assert is_model_dir(out) and not (out / "precious.txt").exists()
+
+
+def test_bad_arguments_exit_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file as target, or --vision with --size small, exits 2 with a one-line message."""
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert main(["demo-model", str(f)]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    assert main(["demo-model", str(tmp_path / "v"), "--vision", "--size", "small"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--vision" in err
+    assert not (tmp_path / "v").exists()
+
+
+def test_vision_demo_model_has_a_processor(tmp_path: Path) -> None:
+    """demo-model --vision writes a LLaVA config with an image token and a processor config."""
+    pytest.importorskip("mlx_vlm", reason="the vlm extra (mlx-vlm) is not installed")
+    out = tmp_path / "vis"
+    assert main(["demo-model", str(out), "--vision"]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "llava" and cfg["image_token_index"] >= 0
+    assert (out / "processor_config.json").is_file()
+    assert model_bytes(out) < 1_000_000
