@@ -86,7 +86,9 @@ class Daemon:
             )
             self._log_recovery(self.recovery)
             measured = self.journal.latest_measurements()
-            manager = Manager(self.config, self.engines, measured=measured)
+            manager = Manager(
+                self.config, self.engines, measured=measured, load_gate=self._journal_gate
+            )
             self.manager = manager
             metrics = Metrics(manager.status)
             manager.subscribe(self.journal.record)
@@ -150,13 +152,18 @@ class Daemon:
         finally:
             self._http_done.set()
 
+    def _journal_gate(self) -> str | None:
+        if self.journal.healthy:
+            return None
+        return f"the journal cannot write ({self.journal.last_error})"
+
     async def _watch_journal(self, manager: Manager) -> None:
-        """Close the load gate while the journal cannot write; reopen it when it can."""
+        """Keep the load gate in step with the journal's health for waiters already queued.
+
+        (Each new waiter also asks the gate itself, so no new load slips through.)
+        """
         while True:
-            if self.journal.healthy:
-                manager.set_load_gate(None)
-            else:
-                manager.set_load_gate(f"the journal cannot write ({self.journal.last_error})")
+            manager.set_load_gate(self._journal_gate())
             await trio.sleep(JOURNAL_WATCH_S)
 
     def _restore(self, manager: Manager, recovery: RecoveryReport) -> list[tuple[str, trio.Event]]:

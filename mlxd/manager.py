@@ -206,12 +206,16 @@ class Manager:
         measured: Mapping[str, int] | None = None,
         wall_clock: Callable[[], float] = time.time,
         stop_timeout_s: float = 60.0,
+        load_gate: Callable[[], str | None] | None = None,
     ) -> None:
+        """``load_gate``, if given, is asked before each new waiter: a reason string
+        refuses new loads (e.g. the journal cannot write), None allows them."""
         self.config = config
         self._engines_factory = engines
         self._measured: dict[str, int] = dict(measured or {})
         self._wall = wall_clock
         self._stop_timeout_s = stop_timeout_s
+        self._load_gate_probe = load_gate
         self.core = c.Core(
             [spec_for(m, config, self._measured) for m in config.models],
             config.manager.memory_budget_bytes,
@@ -469,6 +473,8 @@ class Manager:
     ) -> tuple[int, _Waiter]:
         if self._nursery is None:
             raise RuntimeError("Manager.run() must be started before use")
+        if self._load_gate_probe is not None:
+            self.set_load_gate(self._load_gate_probe())
         wid = next(self._ids)
         w = _Waiter(model, request_id, route, kind)
         self._waiters[wid] = w

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,11 @@ MLXD = [sys.executable, "-m", "mlxd"]
 class Served:
     url: str
     daemon: Daemon
+    closers: list[Any] = field(default_factory=list)
+
+    def on_close(self, fn: Any) -> None:
+        """Call ``fn`` (e.g. a client's close) before the daemon shuts down."""
+        self.closers.append(fn)
 
     @property
     def manager(self) -> Any:
@@ -64,19 +69,24 @@ async def serving(
     *,
     engines: EngineFactory | None = None,
     api_key: str | None = None,
+    config_path: Path | None = None,
     **server: Any,
 ) -> AsyncIterator[Served]:
     daemon = Daemon(
         local_config(config, tmp, **server),
+        config_path=config_path,
         engines=engines or DefaultEngines(),
         api_key=api_key,
         install_signal_handlers=False,
     )
     async with trio.open_nursery() as nursery:
         urls = await nursery.start(daemon.run)
+        served = Served(urls[0], daemon)
         try:
-            yield Served(urls[0], daemon)
+            yield served
         finally:
+            for close in served.closers:
+                close()
             daemon.request_shutdown()
 
 
