@@ -88,8 +88,7 @@ async def test_client_leaving_during_load_abandons_it(tmp_path: Path) -> None:
             with trio.move_on_after(1):
                 await c.post(CHAT, json=body("a"))
         with trio.fail_after(5):
-            while s.manager.core.state("a").value != "unloaded":
-                await trio.sleep(0.02)
+            await s.until(lambda: s.manager.core.state("a").value == "unloaded")
         await s.journal.wait_committed()
         assert transitions(s, "a") == [("unloaded", "loading", "request"),
                                        ("loading", "unloaded", "abandoned")]
@@ -174,8 +173,7 @@ async def test_disconnect_releases_the_stream_lease(tmp_path: Path) -> None:
             await first.wait()
             n.cancel_scope.cancel()
         with trio.fail_after(2):
-            while s.manager.status()["leases"]:
-                await trio.sleep(0.01)
+            await s.until(lambda: not s.manager.status()["leases"])
         await s.journal.wait_committed()
         assert rows(s, "SELECT outcome FROM leases") == [("disconnected",)]
         assert s.manager.status()["models"]["a"]["state"] == "loaded"
@@ -236,6 +234,13 @@ async def test_api_key_guards_v1_and_admin_but_not_health(tmp_path: Path) -> Non
         assert (await c.get("/health")).json()["status"] == "ok"
 
 
+async def health_becomes(c: httpx.AsyncClient, status: str) -> None:
+    """Poll /health: the journal's health has no event to wait on; /health is what operators poll."""
+    with trio.fail_after(30):
+        while (await c.get("/health")).json()["status"] != status:  # noqa: ASYNC110
+            await trio.sleep(0.1)
+
+
 async def test_health_reports_a_journal_that_cannot_write(tmp_path: Path) -> None:
     """When the journal cannot write, /health is degraded with the reason and new loads get a typed 503, while loaded models serve."""
     cfg = config_of({"manager": {"memory_budget_gb": 2}, "models": [fake("a", 0.5), fake("b", 0.5)]},
@@ -246,9 +251,7 @@ async def test_health_reports_a_journal_that_cannot_write(tmp_path: Path) -> Non
         blocker.execute("BEGIN EXCLUSIVE")  # another process holds the database
         try:
             assert (await c.post(CHAT, json=body("a"))).status_code == 200  # its lease rows queue up
-            with trio.fail_after(30):
-                while (await c.get("/health")).json()["status"] != "degraded":
-                    await trio.sleep(0.1)
+            await health_becomes(c, "degraded")
             health = (await c.get("/health")).json()
             assert any("journal" in reason for reason in health["reasons"])
             r = await c.post(CHAT, json=body("b"))
@@ -257,9 +260,7 @@ async def test_health_reports_a_journal_that_cannot_write(tmp_path: Path) -> Non
         finally:
             blocker.rollback()
             blocker.close()
-        with trio.fail_after(30):
-            while (await c.get("/health")).json()["status"] != "ok":
-                await trio.sleep(0.1)
+        await health_becomes(c, "ok")
         assert (await c.post(CHAT, json=body("b"))).status_code == 200
         await s.journal.wait_committed()
         assert rows(s, "SELECT count(*) FROM leases WHERE model = 'a'") == [(2,)]

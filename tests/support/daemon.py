@@ -49,6 +49,21 @@ class Served:
     def journal(self) -> Any:
         return self.daemon.journal
 
+    async def until(self, predicate: Any) -> None:
+        """Wait until ``predicate()`` holds, re-checking at every manager event (no polling).
+
+        Callers bound it with ``trio.fail_after``.
+        """
+        changed = trio.Event()
+
+        def wake(_event: object) -> None:
+            changed.set()
+
+        self.manager.subscribe(wake)
+        while not predicate():
+            await changed.wait()
+            changed = trio.Event()
+
     def client(self, **kw: Any) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, timeout=kw.pop("timeout", 30), **kw)
 
