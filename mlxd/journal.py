@@ -38,8 +38,7 @@ succeed on retry: it alone is left out, the rest of its batch commits, and
 ``wait_committed`` on its seq raises :class:`~mlxd.errors.JournalError`.
 
 Readers (:meth:`history`, :meth:`leases`, :meth:`events_after`,
-:meth:`latest_measurements`) open their own read-only connection per call;
-they are short indexed reads that WAL lets run beside the writer.
+:meth:`latest_measurements`) open their own read-only connection per call.
 
 Live events: :meth:`subscribe` returns a :class:`Subscription` with a bounded
 buffer, fed only after commit. A subscriber that falls behind is dropped
@@ -65,7 +64,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import trio
@@ -209,12 +207,7 @@ class Subscription:
     def __enter__(self) -> Subscription:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
@@ -364,14 +357,6 @@ class Journal:
             self._last_seq = published[-1][0]
         self._committed = self._last_seq
         self._publish(published)
-        if report.crashed or report.recovered or report.interrupted_leases:
-            log.warning(
-                "journal: previous run %s %s; %d models recovered, %d leases interrupted",
-                report.previous_run_id,
-                "crashed" if report.crashed else "left state behind",
-                len(report.recovered),
-                len(report.interrupted_leases),
-            )
         return report
 
     def end_run(self, clean: bool) -> int:
