@@ -33,6 +33,7 @@ from typing import Any
 
 import trio
 
+from mlxd import memory, sources
 from mlxd.config import ModelConfig
 from mlxd.engines.base import (
     ChatMessage,
@@ -52,6 +53,7 @@ from mlxd.engines.mlx_thread import (
     SerialScheduler,
     Sink,
     TokenTick,
+    call_soon,
 )
 from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError
 
@@ -203,8 +205,6 @@ class MlxTextEngine:
         )
 
     async def _resolve(self, progress: ProgressCallback) -> Path:
-        from mlxd import sources
-
         if self.config.demo:
             return demo_path(self.config.source)  # written on the MLX thread if missing
         path = await sources.resolve_source(
@@ -215,16 +215,12 @@ class MlxTextEngine:
         return path
 
     def _allow_patterns(self) -> tuple[str, ...]:
-        from mlxd.sources import TEXT_PATTERNS
-
-        return TEXT_PATTERNS
+        return sources.TEXT_PATTERNS
 
     def _load_on_thread(
         self, path: Path, report: Callable[[LoadProgress], None], cancel: threading.Event
     ) -> None:
         import mlx.core as mx
-
-        from mlxd.memory import footprint
 
         if self.config.demo:
             self._write_demo(path, report)
@@ -235,7 +231,7 @@ class MlxTextEngine:
         after = int(mx.get_active_memory())
         # active memory is process-global: loads are serialized per engine, but another
         # engine's load or unload at the same moment skews the delta (footprint() checks it)
-        self._measured, self.memory_source = footprint(before, after, self._model)
+        self._measured, self.memory_source = memory.footprint(before, after, self._model)
         report(
             LoadProgress(phase="measuring", bytes_done=self._measured, bytes_total=self._measured)
         )
@@ -280,17 +276,13 @@ class MlxTextEngine:
         finally:
             thread.close_nowait()  # even if cancelled: the thread unloads, then ends on its own
         await thread.aclose()
-        from mlxd.memory import malloc_trim
-
-        malloc_trim()  # again, after the thread's clear_streams freed its stream buffers
+        memory.malloc_trim()  # again, after the thread's clear_streams freed its stream buffers
 
     def _unload_on_thread(self) -> None:
-        from mlxd.memory import release_memory
-
         self._model = None
         self._tokenizer = None
         self._unload_extra()
-        release_memory()
+        memory.release_memory()
 
     def _unload_extra(self) -> None:
         """Drop engine-specific MLX references (the vision engine's processor)."""
@@ -462,8 +454,7 @@ class MlxTextEngine:
         if hit or finish_reason is not None:
             if not hit:
                 piece += stops.flush()
-            if piece:
-                job.emit(TextDelta(piece))
+            job.emit(TextDelta(piece) if piece else TOKEN_TICK)  # one "token" event per token
             reason = "stop" if hit or finish_reason == "stop" else "length"
             st.outcome = reason
             job.emit(Finished(reason, st.prompt_tokens, n_tokens))
@@ -478,8 +469,6 @@ def demo_path(source: str) -> Path:
 
 def progress_sink(progress: ProgressCallback) -> Callable[[LoadProgress], None]:
     """A thread-safe wrapper that delivers ``progress`` calls on the Trio thread."""
-    from mlxd.engines.mlx_thread import call_soon
-
     token = trio.lowlevel.current_trio_token()
 
     def report(p: LoadProgress) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import trio
 
+from mlxd import sources
 from mlxd.config import ModelConfig
 from mlxd.engines.base import GenerationRequest
 from mlxd.engines.mlx_text import MlxTextEngine, Observer, StopText, count_image_parts, message_text
@@ -68,9 +69,7 @@ class MlxVisionEngine(MlxTextEngine):
         self._processor: Any = None
 
     def _allow_patterns(self) -> tuple[str, ...]:
-        from mlxd.sources import VISION_PATTERNS
-
-        return VISION_PATTERNS
+        return sources.VISION_PATTERNS
 
     def _load_weights(self, path: Path) -> tuple[Any, Any]:
         try:
