@@ -68,3 +68,31 @@ def test_vision_demo_model_has_a_processor(tmp_path: Path) -> None:
     assert cfg["model_type"] == "llava" and cfg["image_token_index"] >= 0
     assert (out / "processor_config.json").is_file()
     assert model_bytes(out) < 1_000_000
+
+
+@pytest.mark.mlx
+async def test_the_builtin_demo_config_makes_its_models_on_first_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a fresh machine, each MLX model of the offline demo config writes itself on first load and serves."""
+    from mlxd.config import builtin_demo_config
+    from mlxd.engines import DefaultEngines
+    from mlxd.engines.base import Finished, GenerationRequest
+
+    monkeypatch.setenv("MLXD_STATE_DIR", str(tmp_path / "state"))
+    config = builtin_demo_config()
+    demos = [m for m in config.models if m.engine == "mlx" and m.demo]
+    assert demos, "the demo config has no demo models"
+    factory = DefaultEngines()
+    for model in demos:
+        assert not is_model_dir(Path(model.source))
+        engine = factory(model)
+        await engine.load(lambda _p: None)
+        try:
+            assert is_model_dir(Path(model.source))
+            assert str(tmp_path / "state") in model.source
+            req = GenerationRequest(kind="completion", prompt="hello", max_tokens=3)
+            events = [ev async for ev in engine.generate(req)]
+            assert isinstance(events[-1], Finished) and events[-1].completion_tokens == 3
+        finally:
+            await engine.stop()
