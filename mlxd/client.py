@@ -119,6 +119,12 @@ def _reason(exc: BaseException) -> str:
     return str(exc).strip() or type(exc).__name__
 
 
+def _unreachable(url: str, exc: BaseException) -> DaemonUnreachable:
+    reason = _reason(exc)
+    hint = " (is `mlxd serve` running?)" if "refused" in reason.lower() else ""
+    return DaemonUnreachable(f"{url}: {reason}{hint}")
+
+
 def raise_for_error(resp: httpx.Response) -> None:
     """Turn an error reply (OpenAI envelope or not) into a one-line :class:`RemoteError`."""
     if resp.status_code < 400:
@@ -139,7 +145,7 @@ def call(target: Target, method: str, path: str, **kw: Any) -> Any:
         with target.client() as client:
             resp = client.request(method, path, **kw)
     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-        raise DaemonUnreachable(f"{target.url}: {_reason(e)} (is `mlxd serve` running?)") from None
+        raise _unreachable(target.url, e) from None
     except (httpx.RemoteProtocolError, httpx.ReadError) as e:
         raise DaemonUnreachable(f"{target.url}: connection lost before the reply: {_reason(e)}") from None
     except httpx.TimeoutException:
@@ -193,14 +199,20 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def load_phase(loading: dict[str, Any]) -> str:
+    """A load's phase, with the download's share when it is downloading: ``downloading 40%``."""
+    phase = str(loading.get("phase") or "starting")
+    total = loading.get("bytes_total")
+    if phase == "downloading" and total:
+        phase += f" {100 * loading.get('bytes_done', 0) / total:.0f}% of {gb(total)}"
+    return phase
+
+
 def _state_cell(m: dict[str, Any]) -> str:
     loading = m.get("loading")
     if m["state"] != "loading" or not loading:
         return str(m["state"])
-    detail = [seconds(loading["seconds"]), str(loading.get("phase") or "")]
-    if loading.get("bytes_total"):
-        detail.append(f"{100 * loading['bytes_done'] / loading['bytes_total']:.0f}%")
-    return f"loading ({' '.join(d for d in detail if d)})"
+    return f"loading ({seconds(loading['seconds'])}, {load_phase(loading)})"
 
 
 def _policy(p: dict[str, Any]) -> str:
@@ -357,9 +369,7 @@ class Progress:
             return ""
         loading = m.get("loading")
         if m["state"] == "loading" and loading:
-            pct = (f" {100 * loading['bytes_done'] / loading['bytes_total']:.0f}%"
-                   if loading.get("bytes_total") else "")
-            return f"{loading.get('phase')}{pct}"
+            return load_phase(loading)
         if m["state"] == "draining":
             return f"draining {m['active_leases']} lease(s)"
         if m["state"] in ("unloaded", "failed") and m["waiters"]:
@@ -488,9 +498,7 @@ def follow_events(
                             emit(seq, json.loads(msg.data))
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                 if not connected:
-                    raise DaemonUnreachable(
-                        f"{target.url}: {_reason(e)} (is `mlxd serve` running?)"
-                    ) from None
+                    raise _unreachable(target.url, e) from None
                 why = _reason(e)
             except (httpx.TransportError, httpx.DecodingError) as e:
                 if not connected:

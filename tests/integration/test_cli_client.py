@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mlxd.client import parse_sse
+from mlxd.client import parse_sse, render_status
 from tests.support.daemon import MLXD, REPO, DaemonProcess, fake_models_config, write_config
 
 KEY = "s3cret-test-key"
@@ -289,3 +289,44 @@ def test_parse_sse_skips_comments_and_joins_data_lines() -> None:
     assert [(m.id, m.event, m.data) for m in messages] == [
         ("7", "transition", '{"a":\n1}'), ("8", "message", "x"),
     ]
+
+
+def test_status_table_shows_loads_waiters_and_leases() -> None:
+    """`mlxd status` renders a load in progress, a draining model, its waiter and its live lease."""
+    def model(state: str, **kw: Any) -> dict[str, Any]:
+        return {"state": state, "pinned": False, "memory_bytes": 3 * 1024**3 // 5,
+                "memory_source": "measured", "active_leases": 0, "waiters": 0,
+                "last_used_at": None, "last_error": None, "loading": None, **kw}
+
+    status = {
+        "version": "9.9", "uptime_s": 192.0, "budget_bytes": 1024**3,
+        "committed_bytes": 6 * 1024**3 // 5, "draining": False, "load_gate": None,
+        "policy": {"strategy": "wait_then_preempt", "wait_timeout_s": 30.0, "preempt_after_s": 2.0},
+        "models": {
+            "a": model("draining", active_leases=1, last_used_at=1000.0, pinned=True),
+            "b": model("loading", waiters=1, loading={
+                "seconds": 2.5, "phase": "downloading", "bytes_done": 1024**3 // 4,
+                "bytes_total": 1024**3}),
+        },
+        "waiters": [{"model": "b", "kind": "resident", "reason": "admin", "waiting_s": 3.0,
+                     "blocked": True, "deadline_in_s": 27.0}],
+        "leases": [{"id": "L1", "model": "a", "request_id": "req-1",
+                    "route": "/v1/chat/completions", "held_s": 75.0, "preempted": True}],
+        "journal": {"enabled": True, "healthy": False, "last_error": "disk full", "run_id": 4,
+                    "last_seq": 12, "committed_seq": 10, "path": "/j.db"},
+    }
+    text = render_status(status, now=1042.0)
+    assert text.splitlines()[:2] == [
+        "mlxd 9.9, up 3m12s",
+        "memory: 1.20 GB of 1.00 GB committed (120%); policy wait_then_preempt "
+        "(preempt after 2 s, wait up to 30 s)",
+    ]
+    assert row_of(text, "a")[1:] == ["draining", "yes", "0.60 GB (measured)", "1", "0",
+                                     "42s ago", "-"]
+    assert row_of(text, "b")[1:4] == ["loading (2.5 s, downloading 25% of 1.00 GB)", "no",
+                                      "0.60 GB (measured)"]
+    assert "  b  resident (admin) waiting 3.0 s, blocked on memory, gives up in 27 s" in text
+    assert ("  a  /v1/chat/completions  held 1m15s  request req-1  lease L1  PREEMPTED"
+            in text)
+    assert text.splitlines()[-1] == (
+        "journal: CANNOT WRITE: disk full (run 4, committed seq 10 of 12) /j.db")
