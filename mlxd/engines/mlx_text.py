@@ -396,15 +396,13 @@ class MlxTextEngine:
             st.ended_at = time.monotonic()
 
     def _generate_on_thread(self, job: Job) -> None:
-        import mlx.core as mx
         from mlx_lm import stream_generate
         from mlx_lm.sample_utils import make_sampler
 
         req, st = job.request, job.stats
         ids = self._encode(req)
         st.prompt_tokens = len(ids)
-        if req.seed is not None:
-            mx.random.seed(req.seed)
+        seed_rng(req.seed)
         top_p = req.top_p if 0.0 < req.top_p < 1.0 else 0.0
         sampler = make_sampler(temp=max(0.0, req.temperature), top_p=top_p)
 
@@ -461,6 +459,18 @@ class MlxTextEngine:
             return True
         job.emit(TextDelta(piece) if piece else TOKEN_TICK)
         return False
+
+
+def seed_rng(seed: int | None) -> None:
+    """Seed this MLX thread's generator: the request's seed, or fresh entropy without one.
+
+    MLX's random state is per thread, and every new thread starts from the same
+    process-wide state, so without reseeding each residency of a model would
+    sample the same "random" text on its first unseeded request.
+    """
+    import mlx.core as mx
+
+    mx.random.seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
 
 
 def demo_path(source: str) -> Path:

@@ -29,7 +29,14 @@ import trio
 from mlxd import sources
 from mlxd.config import ModelConfig
 from mlxd.engines.base import GenerationRequest
-from mlxd.engines.mlx_text import MlxTextEngine, Observer, StopText, count_image_parts, message_text
+from mlxd.engines.mlx_text import (
+    MlxTextEngine,
+    Observer,
+    StopText,
+    count_image_parts,
+    message_text,
+    seed_rng,
+)
 from mlxd.engines.mlx_thread import Job
 from mlxd.errors import InvalidRequest, LoadFailed
 
@@ -142,14 +149,12 @@ class MlxVisionEngine(MlxTextEngine):
             ) from e
 
     def _generate_on_thread(self, job: Job) -> None:
-        import mlx.core as mx
         from mlx_vlm import stream_generate
 
         req, st = job.request, job.stats
         images = list(job.data or [])
         prompt = self._prompt(req, len(images))
-        if req.seed is not None:
-            mx.random.seed(req.seed)
+        seed_rng(req.seed)
         stops = StopText(req.stop)
         gen = stream_generate(
             self._model,

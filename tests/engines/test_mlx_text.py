@@ -242,3 +242,17 @@ async def test_generate_before_load_or_after_stop_is_refused(tiny_model_dir: Pat
     await eng.stop()
     with pytest.raises(EngineError, match="not loaded"):
         await collect(eng, completion("hello", max_tokens=2))
+
+
+async def test_unseeded_sampling_differs_between_residencies(tiny_model_dir: Path) -> None:
+    """Without a seed, two residencies of a model do not sample the same text (fresh entropy per request)."""
+    texts = []
+    for _ in range(2):
+        eng = MlxTextEngine(tiny_config(tiny_model_dir))
+        await eng.load(lambda _p: None)
+        try:
+            text, _, _ = await collect(eng, chat("tell me something", max_tokens=30, temperature=1.0))
+            texts.append(text)
+        finally:
+            await eng.stop()
+    assert texts[0] != texts[1]
