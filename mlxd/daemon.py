@@ -113,6 +113,8 @@ class Daemon:
                      self.config.server.shutdown_grace_s)
             self.state.draining = True
             await manager.shutdown(self.config.server.shutdown_grace_s)
+            await self.journal.wait_committed()
+            self.state.close_event_streams()
             self._http_stop.set()
             await self._http_done.wait()
             self.journal.end_run(clean=True)

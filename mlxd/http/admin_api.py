@@ -117,6 +117,8 @@ async def admin_history() -> Any:
             since = parse_since(since_raw)
         except ConfigError as e:
             raise InvalidRequest(e.message, param="since") from None
+        except (ValueError, OverflowError):  # an ISO date outside what the clock can represent
+            raise InvalidRequest(f"since: {since_raw[:64]!r} is out of range", param="since") from None
     limit = _int_arg("limit", 100, 1, 10_000)
     kind = request.args.get("kind", "transitions")
     if kind not in ("transitions", "leases"):
@@ -196,46 +198,68 @@ async def admin_events() -> Any:
     if st.journal is None:
         raise InvalidRequest("this daemon runs without a journal, so it has no event sequence")
     raw = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or ""
-    try:
-        last = int(raw) if raw.strip() else st.journal.committed_seq
-    except ValueError:
-        raise InvalidRequest(f"Last-Event-ID: must be an integer (got {raw!r})") from None
+    text = raw.strip()
+    # a journal sequence number: ASCII digits, small enough for SQLite's INTEGER
+    if text and not (text.isascii() and text.isdigit() and len(text) <= 18):
+        raise InvalidRequest(f"Last-Event-ID: must be a sequence number (got {raw[:64]!r})",
+                             param="Last-Event-ID")
+    last = int(text) if text else st.journal.committed_seq
     resp = Response(event_stream(st, last), mimetype="text/event-stream")
     resp.headers["Cache-Control"] = "no-cache"
     resp.timeout = None
     return resp
 
 
+async def _backlog(st: AppState, last: int) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    """Committed events after ``last`` from the journal file, in order."""
+    journal = st.journal
+    assert journal is not None
+    while True:
+        rows = await trio.to_thread.run_sync(journal.events_after, last, 1000)
+        for row in rows:
+            last = row["seq"]
+            yield last, row["payload"]
+        if len(rows) < 1000:
+            return
+
+
 async def event_stream(st: AppState, last: int) -> AsyncIterator[bytes]:
-    """Backlog from the journal after ``last``, then live events, without loss or duplicates."""
+    """Backlog from the journal after ``last``, then live events, without loss or duplicates.
+
+    At shutdown the daemon cancels the waits registered in ``st.event_waits``:
+    the stream then sends what the journal committed last and ends cleanly.
+    """
     journal = st.journal
     assert journal is not None
     yield b": mlxd events\n\n"
     while True:
         sub = journal.subscribe()  # subscribe first, then read the backlog: nothing falls between
         try:
-            while True:
-                rows = await trio.to_thread.run_sync(journal.events_after, last, 1000)
-                for row in rows:
-                    last = row["seq"]
-                    yield _sse_event(last, row["payload"])
-                if len(rows) < 1000:
-                    break
-            while True:
-                with trio.move_on_after(KEEPALIVE_S) as timer:
+            async for seq, payload in _backlog(st, last):
+                last = seq
+                yield _sse_event(seq, payload)
+            while not st.closing:
+                with trio.move_on_after(KEEPALIVE_S) as wait:
+                    st.event_waits.add(wait)
                     try:
                         seq, payload = await sub.__anext__()
                     except StopAsyncIteration:
                         break  # dropped for falling behind: resume from the journal
-                if timer.cancelled_caught:
-                    yield b": keepalive\n\n"
+                    finally:
+                        st.event_waits.discard(wait)
+                if wait.cancelled_caught:
+                    if not st.closing:
+                        yield b": keepalive\n\n"
                     continue
-                if seq <= last:
-                    continue
-                last = seq
-                yield _sse_event(seq, payload)
+                if seq > last:
+                    last = seq
+                    yield _sse_event(seq, payload)
         finally:
             sub.close()
+        if st.closing:
+            async for seq, payload in _backlog(st, last):
+                last = seq
+                yield _sse_event(seq, payload)
+            return
         if not sub.dropped:
             return
-

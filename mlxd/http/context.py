@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import trio
 from quart import current_app
 
 from mlxd.config import Config
@@ -32,7 +33,15 @@ class AppState:
     started_at: float = field(default_factory=time.time)
     #: restores and preloads still in flight at start-up
     restoring: set[str] = field(default_factory=set)
-    extra_health: dict[str, Any] = field(default_factory=dict)
+    #: set once the manager has shut down: event streams flush and end
+    closing: bool = False
+    #: the live waits of /admin/events streams, cancelled at shutdown
+    event_waits: set[trio.CancelScope] = field(default_factory=set)
+
+    def close_event_streams(self) -> None:
+        self.closing = True
+        for wait in list(self.event_waits):
+            wait.cancel()
 
 
 def state() -> AppState:
