@@ -149,7 +149,7 @@ async def test_capacity_refusals_are_typed_503s(tmp_path: Path, strategy: str, p
         first = trio.Event()
         lines: list[str] = []
         async with trio.open_nursery() as n:
-            n.start_soon(stream_lines, c, body("a", stream=True, max_tokens=60), lines, first)
+            n.start_soon(stream_lines, c, body("a", stream=True, max_tokens=25), lines, first)
             await first.wait()
             t0 = trio.current_time()
             r = await c.post(CHAT, json=body("b"))
