@@ -45,6 +45,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from mlxd.config import ContentionPolicy
 from mlxd.errors import (
     CapacityTimeout,
     Conflict,
@@ -73,27 +74,6 @@ class ModelSpec:
     pinned: bool = False
     #: seconds without a lease before an idle unload; 0 = never
     idle_unload_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """The contention policy (see :class:`mlxd.config.ContentionPolicy`)."""
-
-    strategy: str = "wait_then_fail"
-    wait_timeout_s: float | None = 30.0
-    preempt_after_s: float | None = None
-
-    @property
-    def waits(self) -> bool:
-        return self.strategy != "fail"
-
-    @property
-    def preempt_delay_s(self) -> float | None:
-        if self.strategy == "preempt":
-            return 0.0
-        if self.strategy == "wait_then_preempt":
-            return self.preempt_after_s if self.preempt_after_s is not None else 0.0
-        return None
 
 
 class WaiterKind(StrEnum):
@@ -203,7 +183,7 @@ class Reconfigure:
 
     specs: tuple[ModelSpec, ...]
     budget_bytes: int
-    policy: Policy
+    policy: ContentionPolicy
     now: float
     replaced: frozenset[str] = frozenset()
 
@@ -352,7 +332,7 @@ class Waiter:
 class Core:
     """Residency state machine. Feed events to :meth:`step`; carry out the commands."""
 
-    def __init__(self, specs: Iterable[ModelSpec], budget_bytes: int, policy: Policy) -> None:
+    def __init__(self, specs: Iterable[ModelSpec], budget_bytes: int, policy: ContentionPolicy) -> None:
         self.budget = int(budget_bytes)
         self.policy = policy
         self.models: dict[str, ModelRecord] = {s.name: ModelRecord(s) for s in specs}

@@ -82,9 +82,6 @@ def spec_for(model: ModelConfig, config: Config, measured: Mapping[str, int]) ->
     )
 
 
-def policy_for(config: Config) -> c.Policy:
-    p = config.manager.contention_policy
-    return c.Policy(p.strategy, p.wait_timeout_s, p.preempt_after_s)
 
 
 class Lease:
@@ -219,7 +216,7 @@ class Manager:
         self.core = c.Core(
             [spec_for(m, config, self._measured) for m in config.models],
             config.manager.memory_budget_bytes,
-            policy_for(config),
+            config.manager.contention_policy,
         )
         self._subscribers: list[Subscriber] = []
         self._waiters: dict[int, _Waiter] = {}
@@ -347,7 +344,7 @@ class Manager:
             c.Reconfigure(
                 specs,
                 config.manager.memory_budget_bytes,
-                policy_for(config),
+                config.manager.contention_policy,
                 trio.current_time(),
                 replaced=replaced,
             )

@@ -23,6 +23,7 @@ from hypothesis.stateful import (
 )
 
 from mlxd import core as c
+from mlxd.config import ContentionPolicy
 from mlxd.states import TRANSITIONS, State
 
 GB = 1024**3
@@ -68,7 +69,7 @@ class CoreMachine(RuleBasedStateMachine):
             c.ModelSpec(name, size * GB, pinned=name in pinned, idle_unload_s=idle)
             for name, size in zip(NAMES, sizes, strict=True)
         ]
-        self.core = c.Core(specs, budget * GB, c.Policy(strategy, timeout, preempt_after))
+        self.core = c.Core(specs, budget * GB, ContentionPolicy(strategy, timeout, preempt_after))
         self.shadow = {name: State.UNLOADED for name in NAMES}
 
     # -- carrying out commands --------------------------------------------------------
