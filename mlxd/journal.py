@@ -77,6 +77,7 @@ from mlxd.events import (
     MeasurementEvent,
     TransitionEvent,
 )
+from mlxd.faults import crash_point
 from mlxd.journal_writer import Item, Op, Writer
 from mlxd.migrate import Synchronous, open_readonly
 from mlxd.states import HOLDS_MEMORY, Outcome, Reason, State
@@ -533,7 +534,9 @@ class Journal:
             published.append((seq, payload))
             interrupted.append(lease_id)
             seq += 1
+        crash_point("journal.before_commit")
         conn.execute("COMMIT")
+        crash_point("journal.after_commit")
         report = RecoveryReport(
             run_id=int(run_id),
             previous_run_id=prev_id,

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from mlxd.errors import JournalError
+from mlxd.faults import crash_point
 from mlxd.migrate import Synchronous, migrate, open_database
 
 log = logging.getLogger("mlxd.journal")
@@ -307,7 +308,9 @@ class Writer:
             conn.execute("BEGIN IMMEDIATE")
             for item in batch:
                 self._apply(conn, item)
+            crash_point("journal.before_commit")
             conn.execute("COMMIT")
+            crash_point("journal.after_commit")
         except _REJECTABLE:
             self._rollback(conn)
             return self._commit_isolated(conn, batch)
@@ -333,7 +336,9 @@ class Writer:
                     rejected.append((item.seq, f"{type(e).__name__}: {e}"))
                     log.error("journal: seq %d rejected: %s", item.seq, e)
                 conn.execute("RELEASE record")
+            crash_point("journal.before_commit")
             conn.execute("COMMIT")
+            crash_point("journal.after_commit")
         except BaseException:
             self._rollback(conn)
             raise

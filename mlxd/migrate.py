@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Literal
 
 from mlxd.errors import ConfigError, JournalError
+from mlxd.faults import crash_point
 
 MIGRATION_RE = re.compile(r"^(\d{4})_[A-Za-z0-9_-]+\.sql$")
 
@@ -145,6 +146,7 @@ def _apply_one(conn: sqlite3.Connection, migration: Migration) -> bool:
             return False  # another process applied it while we waited for the lock
         for statement in split_statements(sql):
             conn.execute(statement)
+            crash_point("migrate.mid_migration")
         # PRAGMA takes no bound parameters; the number is an int from the file name.
         conn.execute(f"PRAGMA user_version = {int(migration.number)}")
         conn.execute("COMMIT")

@@ -7,6 +7,7 @@ source checkout (editable install) they are at the repository's top level.
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -21,7 +22,13 @@ def _find(packaged: str, in_repo: Path) -> Path:
 
 
 def migrations_dir() -> Path:
-    """The folder of numbered ``NNNN_name.sql`` journal migrations."""
+    """The folder of numbered ``NNNN_name.sql`` journal migrations.
+
+    ``MLXD_MIGRATIONS_DIR`` replaces it (the crash tests use a longer test migration).
+    """
+    override = os.environ.get("MLXD_MIGRATIONS_DIR")
+    if override:
+        return Path(override)
     return _find("migrations", _REPO_ROOT / "migrations")
 
 

@@ -26,6 +26,7 @@ from mlxd.engines.base import (
     TextDelta,
 )
 from mlxd.errors import Overloaded
+from mlxd.faults import crash_point
 
 
 class ScriptedFailure(RuntimeError):
@@ -142,6 +143,7 @@ class FakeEngine:
             progress(LoadProgress(phase="loading", bytes_done=0, bytes_total=m.memory_bytes))
             await m._at("load")
             await trio.sleep(m.load_seconds)
+            crash_point("manager.mid_load")  # loaded, the manager not told: still `loading`
             if attempt in m.fail_loads:
                 m.record(f"load {attempt} failed")
                 raise ScriptedFailure(f"scripted failure of load {attempt} of {m.name}")
@@ -162,6 +164,7 @@ class FakeEngine:
         m.record(f"stop {attempt} start")
         await m._at("unload")
         await trio.sleep(m.unload_seconds)
+        crash_point("manager.mid_unload")  # stopped, the manager not told: still `unloading`
         if attempt in m.fail_unloads:
             m.stops_failed += 1
             m.record(f"stop {attempt} failed")

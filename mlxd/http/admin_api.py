@@ -13,6 +13,7 @@ from quart import Blueprint, Response, request
 
 from mlxd import __version__
 from mlxd.errors import ConfigError, InvalidRequest, ModelNotFound
+from mlxd.faults import crash_point
 from mlxd.http.context import AppState, state
 from mlxd.http.openai_api import model_object
 from mlxd.metrics import CONTENT_TYPE
@@ -89,6 +90,7 @@ async def admin_load(model_id: str) -> Any:
         raise ModelNotFound(model_id)
     await st.manager.load(model_id, reason=Reason.ADMIN)
     await _committed()
+    crash_point("http.after_commit_before_reply")
     return model_object(st, model_id)
 
 
@@ -99,6 +101,7 @@ async def admin_unload(model_id: str) -> Any:
         raise ModelNotFound(model_id)
     await st.manager.unload(model_id, preempt=_bool_arg("preempt"))
     await _committed()
+    crash_point("http.after_commit_before_reply")
     return model_object(st, model_id)
 
 

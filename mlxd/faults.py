@@ -1,0 +1,60 @@
+"""Named crash points: ``MLXD_CRASH_AT`` makes the process SIGKILL itself at one of them.
+
+The crash tests (``tests/crash/``) need to kill the daemon at moments a timer
+cannot hit reliably: between a journal batch's last INSERT and its COMMIT,
+after the COMMIT but before the HTTP reply, while a model loads or unloads,
+between two statements of a migration. The code calls
+``crash_point("journal.before_commit")`` there; the test starts ``mlxd serve``
+with ``MLXD_CRASH_AT=journal.before_commit:3`` and the process sends itself
+``SIGKILL`` the third time it reaches that point (``name`` alone means the
+first time). Several points may be armed at once, separated by commas.
+
+The variable is read once, at import. When it is unset, a crash point costs
+one lookup in an empty dict.
+
+The points (``name``: where):
+
+* ``journal.before_commit`` / ``journal.after_commit``: around the COMMIT of a
+  journal batch and of start-up recovery (:mod:`mlxd.journal_writer`, :mod:`mlxd.journal`);
+* ``http.after_commit_before_reply``: an admin load/unload whose journal rows are
+  committed, before its reply (:mod:`mlxd.http.admin_api`);
+* ``manager.mid_load``: a fake engine has loaded but the manager has not heard
+  yet (the model is ``loading`` in the journal);
+* ``manager.mid_unload``: a fake engine has stopped but the manager has not
+  heard yet (the model is ``unloading``);
+* ``migrate.mid_migration``: after each statement of a migration, inside its
+  transaction (:mod:`mlxd.migrate`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "MLXD_CRASH_AT"
+
+
+def parse(spec: str) -> dict[str, int]:
+    """``"a:3,b"`` -> ``{"a": 3, "b": 1}``; raises ValueError on a malformed spec."""
+    targets: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, count = part.partition(":")
+        n = int(count) if count else 1
+        if not name or n < 1:
+            raise ValueError(f"{ENV}: {part!r} is not 'name' or 'name:N' with N >= 1")
+        targets[name] = n
+    return targets
+
+
+_targets: dict[str, int] = parse(os.environ.get(ENV, ""))
+_reached: dict[str, int] = {}
+
+
+def crash_point(name: str) -> None:
+    """SIGKILL this process if ``MLXD_CRASH_AT`` arms ``name`` and this is its Nth arrival."""
+    if name not in _targets:
+        return
+    n = _reached[name] = _reached.get(name, 0) + 1
+    if n == _targets[name]:
+        os.write(2, f"mlxd: crash point {name}:{n} reached, SIGKILL\n".encode())
+        os.kill(os.getpid(), signal.SIGKILL)
