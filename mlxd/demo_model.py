@@ -23,6 +23,7 @@ on their own MLX thread (demo on first use), the CLI on the main thread.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shutil
 import sys
@@ -95,7 +96,8 @@ def _train_tokenizer(vocab_size: int, *, vision: bool) -> Any:
     )
     tok.train_from_iterator([line * 3 for line in _CORPUS] * 40, trainer)
     extra: dict[str, Any] = {"extra_special_tokens": {"image_token": "<image>"}} if vision else {}
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", **extra)
+    make_fast: Any = PreTrainedTokenizerFast
+    fast = make_fast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", **extra)
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -104,7 +106,8 @@ def _random_params(model: Any, eos_id: int, embed_keys: tuple[str, ...]) -> dict
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    params = {k: v.astype(mx.float32) for k, v in tree_flatten(model.parameters())}
+    flat: Any = tree_flatten(model.parameters())
+    params = {leaf[0]: leaf[1].astype(mx.float32) for leaf in flat}
     for key in embed_keys:
         if key in params:
             w = params[key]
@@ -117,7 +120,8 @@ def _random_params(model: Any, eos_id: int, embed_keys: tuple[str, ...]) -> dict
 
 def _write_text(out: Path, size: str, seed: int, report: Report) -> int:
     import mlx.core as mx
-    from mlx_lm.models import llama
+
+    llama: Any = importlib.import_module("mlx_lm.models.llama")
 
     report(f"training a {VOCAB_SIZE[size]}-token BPE tokenizer")
     fast = _train_tokenizer(VOCAB_SIZE[size], vision=False)
@@ -148,7 +152,7 @@ def _write_vision(out: Path, seed: int, report: Report) -> int:
     from transformers import CLIPImageProcessor, LlavaProcessor
 
     try:
-        from mlx_vlm.models import llava
+        llava: Any = importlib.import_module("mlx_vlm.models.llava")
     except ImportError as e:  # the vlm extra is optional
         raise DemoModelError(f"--vision needs the vlm extra (pip install 'mlxd[vlm]'): {e}") from e
 
@@ -157,7 +161,8 @@ def _write_vision(out: Path, seed: int, report: Report) -> int:
     vocab = len(fast)
     eos = fast.convert_tokens_to_ids("</s>")
     ip = CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
-    LlavaProcessor(
+    make_processor: Any = LlavaProcessor
+    make_processor(
         image_processor=ip,
         tokenizer=fast,
         patch_size=14,

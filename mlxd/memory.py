@@ -114,7 +114,8 @@ def parameter_bytes(model: Any) -> int:
     from mlx.utils import tree_flatten
 
     params = model.parameters() if hasattr(model, "parameters") else model
-    return int(sum(getattr(v, "nbytes", 0) for _, v in tree_flatten(params)))
+    flat: Any = tree_flatten(params)
+    return int(sum(int(getattr(leaf[1], "nbytes", 0)) for leaf in flat))
 
 
 def footprint(active_before: int, active_after: int, model: Any) -> tuple[int, str]:

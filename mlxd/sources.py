@@ -24,6 +24,7 @@ its socket is bounded by the same timeout.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import threading
@@ -278,9 +279,9 @@ def progress_bar_class(report: Callable[[int, int | None], None], cancel: thread
     and one bar counting files. Only the first is reported: its ``total`` grows
     as file downloads start, and cached files count as done at once.
     """
-    from huggingface_hub.utils import tqdm as hf_tqdm
+    base: Any = importlib.import_module("huggingface_hub.utils").tqdm
 
-    class ProgressBar(hf_tqdm):  # type: ignore[misc,valid-type]
+    class ProgressBar(base):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             name = kwargs.get("name")
             self._mlxd_reports = kwargs.get("unit") == "B" and not str(name or "").endswith(
@@ -295,7 +296,7 @@ def progress_bar_class(report: Callable[[int, int | None], None], cancel: thread
         def update(self, n: float | None = 1) -> bool | None:
             if cancel.is_set():
                 raise DownloadCancelled("download cancelled")
-            out = super().update(n)
+            out: bool | None = super().update(n)
             if self._mlxd_reports:
                 self._mlxd_done += int(n or 0)
                 total = int(self.total) if self.total else None

@@ -27,9 +27,9 @@ import collections
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import trio
 
@@ -269,7 +269,8 @@ class MlxTextEngine:
     def _load_weights(self, path: Path) -> tuple[Any, Any]:
         from mlx_lm import load
 
-        model, tokenizer = load(str(path))
+        loaded: Any = load(str(path))
+        model, tokenizer = loaded[0], loaded[1]
         self._has_chat_template = bool(getattr(tokenizer, "has_chat_template", False))
         return model, tokenizer
 
@@ -331,7 +332,7 @@ class MlxTextEngine:
         """Engine-specific input prepared off the MLX thread (the vision engine decodes images)."""
         return None
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         scheduler = self._scheduler
         if not self._ready or scheduler is None:
             raise EngineError(f"{self.name}: the model is not loaded", retry_after=1.0)
@@ -468,7 +469,9 @@ class MlxTextEngine:
             if not hit:
                 piece += stops.flush()
             job.emit(TextDelta(piece) if piece else TOKEN_TICK)  # one "token" event per token
-            reason = "stop" if hit or finish_reason == "stop" else "length"
+            reason: Literal["stop", "length"] = (
+                "stop" if hit or finish_reason == "stop" else "length"
+            )
             st.outcome = reason
             job.emit(Finished(reason, st.prompt_tokens, n_tokens))
             return True

@@ -21,6 +21,7 @@ streaming, stop strings and cancellation rules are inherited unchanged.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,7 @@ class MlxVisionEngine(MlxTextEngine):
 
     def _load_weights(self, path: Path) -> tuple[Any, Any]:
         try:
-            from mlx_vlm import load
+            load: Any = importlib.import_module("mlx_vlm").load
         except ImportError as e:
             raise LoadFailed(
                 f"{self.name}: mllm models need the vlm extra (pip install 'mlxd[vlm]'): {e}"
@@ -149,7 +150,7 @@ class MlxVisionEngine(MlxTextEngine):
             ) from e
 
     def _generate_on_thread(self, job: Job) -> None:
-        from mlx_vlm import stream_generate
+        stream_generate: Any = importlib.import_module("mlx_vlm").stream_generate
 
         req, st = job.request, job.stats
         images = list(job.data or [])
