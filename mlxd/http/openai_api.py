@@ -79,7 +79,7 @@ async def read_json_body() -> object:
         raise InvalidRequest("the request body is empty; send a JSON object")
     try:
         return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # bad UTF-8, bad JSON, or an integer past Python's 4300 digits
         raise InvalidRequest(f"the request body is not valid JSON: {e}") from None
     except RecursionError:
         raise InvalidRequest("the request body is nested too deeply") from None
