@@ -1,15 +1,35 @@
 """The OpenAPI 3.1 description of every route (served at ``/openapi.json``).
 
-Schemas describe what the daemon accepts and answers, so tools (and the
-schemathesis test) can generate requests from it. Error replies share the
-OpenAI envelope ``{"error": {"message", "type", "param", "code"}}``.
+The document describes exactly what the daemon accepts and answers, so tools
+(and the schemathesis test) can generate meaningful requests from it:
+
+- Request bodies follow :mod:`mlxd.http.validation` rule for rule: every
+  optional field may be ``null``; integers may be written ``16.0``; unknown
+  fields are accepted and ignored (``additionalProperties: true``, stated
+  explicitly), as OpenAI-compatible servers do; ``stream_options`` needs
+  ``stream: true`` unless it is empty; an assistant message may omit
+  ``content``; image parts are only for ``mllm`` models.
+- When the document is built for a config, model ids are an ``enum`` of the
+  configured names (the document is rendered per request, so it follows
+  ``/admin/reload``); any other id is a 404 ``model_not_found``.
+- Every status a route can return is listed, with the OpenAI error envelope
+  ``{"error": {"message", "type", "param", "code"}}``; 503s carry ``Retry-After``.
+  Every ``/v1`` and ``/admin`` route may also answer 401 (API key set) and
+  503 ``shutting_down`` (draining).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxd import __version__
+from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT, ROLES
+
+if TYPE_CHECKING:
+    from mlxd.config import Config
+
+#: JSON Schema keyword kept explicit: unknown fields are ignored, not refused
+_OPEN = {"additionalProperties": True}
 
 _ERROR = {
     "type": "object",
@@ -28,17 +48,18 @@ _ERROR = {
     },
 }
 
+_STATES = ["unloaded", "loading", "loaded", "draining", "unloading", "failed"]
+
 _MODEL = {
     "type": "object",
-    "required": ["id", "object", "created", "owned_by", "status", "loaded"],
+    "required": ["id", "object", "created", "owned_by", "status", "loaded", "pinned",
+                 "memory_bytes", "memory_source", "last_used_at", "last_error"],
     "properties": {
         "id": {"type": "string"},
         "object": {"const": "model"},
         "created": {"type": "integer"},
         "owned_by": {"type": "string"},
-        "status": {
-            "enum": ["unloaded", "loading", "loaded", "draining", "unloading", "failed"]
-        },
+        "status": {"enum": _STATES},
         "loaded": {"type": "boolean"},
         "pinned": {"type": "boolean"},
         "memory_bytes": {"type": ["integer", "null"]},
@@ -48,134 +69,290 @@ _MODEL = {
     },
 }
 
-_SAMPLING = {
-    "model": {"type": "string", "minLength": 1},
-    "max_tokens": {"type": "integer", "minimum": 1, "maximum": 131072},
-    "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": 131072},
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-    "stop": {
-        "oneOf": [
-            {"type": "string", "minLength": 1},
-            {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
-        ]
-    },
-    "seed": {"type": "integer"},
-    "n": {"const": 1},
-    "stream": {"type": "boolean"},
-    "stream_options": {
-        "type": "object",
-        "properties": {"include_usage": {"type": "boolean"}},
-    },
-}
-
-_CONTENT_PART = {
-    "oneOf": [
-        {
-            "type": "object",
-            "required": ["type", "text"],
-            "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-        },
-        {
-            "type": "object",
-            "required": ["type", "image_url"],
-            "properties": {
-                "type": {"const": "image_url"},
-                "image_url": {
-                    "type": "object",
-                    "required": ["url"],
-                    "properties": {"url": {"type": "string"}},
-                },
-            },
-        },
-    ]
-}
-
-_CHAT_REQUEST = {
+_MODEL_LIST = {
     "type": "object",
-    "required": ["model", "messages"],
+    "required": ["object", "data"],
+    "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL}},
+}
+
+#: what ``since`` generators should produce: empty or a duration (ISO times are accepted too)
+_SINCE = r"^(\s*[0-9]{1,9}(\.[0-9]{1,6})?\s*[smhd]\s*)?$"
+_INT64_MIN = -(2**63)
+_UINT64_MAX = 2**64 - 1
+_STOP_STRING = {"type": "string", "minLength": 1, "maxLength": 256}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _model_name(names: list[str]) -> dict[str, Any]:
+    if names:
+        return {"type": "string", "enum": names}
+    # no such model can be named right now: any non-blank string is a 404
+    return {"type": "string", "minLength": 1, "maxLength": 256, "pattern": r"\S"}
+
+
+def _sampling(names: list[str]) -> dict[str, Any]:
+    tokens = {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT}
+    return {
+        "model": _model_name(names),
+        "max_tokens": _nullable(tokens),
+        "max_completion_tokens": _nullable(tokens),
+        "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 2}),
+        "top_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+        "stop": {
+            "anyOf": [
+                _STOP_STRING,
+                {"type": "array", "items": _STOP_STRING, "maxItems": MAX_STOP},
+                {"type": "null"},
+            ]
+        },
+        "seed": _nullable({"type": "integer", "minimum": _INT64_MIN, "maximum": _UINT64_MAX}),
+        "n": _nullable({"const": 1}),
+        "stream": _nullable({"type": "boolean"}),
+        "stream_options": _nullable(
+            {"type": "object", "properties": {"include_usage": {"type": "boolean"}}, **_OPEN}
+        ),
+    }
+
+
+#: ``stream_options`` with any option in it is only allowed when ``stream`` is true
+_STREAM_OPTIONS_NEED_STREAM = {
+    "if": {
+        "required": ["stream_options"],
+        "properties": {"stream_options": {"type": "object", "minProperties": 1}},
+    },
+    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+}
+
+_TEXT_PART = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    **_OPEN,
+}
+
+_URL = {"type": "string", "minLength": 1}
+_IMAGE_PART = {
+    "type": "object",
+    "required": ["type", "image_url"],
     "properties": {
-        **_SAMPLING,
-        "messages": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "type": "object",
-                "required": ["role", "content"],
-                "properties": {
-                    "role": {"enum": ["system", "user", "assistant", "developer", "tool"]},
-                    "content": {
-                        "oneOf": [
-                            {"type": "string"},
-                            {"type": "array", "minItems": 1, "items": _CONTENT_PART},
-                        ]
-                    },
-                },
-            },
+        "type": {"const": "image_url"},
+        "image_url": {
+            "anyOf": [
+                {"type": "object", "required": ["url"], "properties": {"url": _URL}, **_OPEN},
+                _URL,
+            ],
+            "description": "a data:image/...;base64 URL or a file inside the model's image_dir",
         },
     },
+    **_OPEN,
 }
 
-_COMPLETION_REQUEST = {
-    "type": "object",
-    "required": ["model", "prompt"],
-    "properties": {**_SAMPLING, "prompt": {"type": "string"}},
-}
+
+def _messages(*, images: bool) -> dict[str, Any]:
+    part = {"anyOf": [_TEXT_PART, _IMAGE_PART]} if images else _TEXT_PART
+    content = {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": part}]}
+    return {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "required": ["role"],
+            "properties": {
+                "role": {"enum": sorted(ROLES)},
+                "content": {"anyOf": [*content["anyOf"], {"type": "null"}]},
+            },
+            # only an assistant message may leave its content out (or null)
+            "if": {"properties": {"role": {"const": "assistant"}}},
+            "else": {"required": ["content"], "properties": {"content": content}},
+            **_OPEN,
+        },
+    }
+
+
+def _chat_request(text_models: list[str], vision_models: list[str]) -> dict[str, Any]:
+    """Image parts only for vision models; with no config at all, a generic description."""
+    def variant(names: list[str], *, images: bool) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "required": ["model", "messages"],
+            "properties": {**_sampling(names), "messages": _messages(images=images)},
+            **_STREAM_OPTIONS_NEED_STREAM,
+            **_OPEN,
+        }
+
+    if vision_models and text_models:
+        return {"anyOf": [variant(text_models, images=False), variant(vision_models, images=True)]}
+    if vision_models or not text_models:
+        return variant(vision_models, images=True)
+    return variant(text_models, images=False)
+
+
+def _completion_request(names: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {
+            **_sampling(names),
+            "prompt": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
+                ]
+            },
+        },
+        **_STREAM_OPTIONS_NEED_STREAM,
+        **_OPEN,
+    }
+
 
 _USAGE = {
     "type": "object",
+    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
     "properties": {
-        "prompt_tokens": {"type": "integer"},
-        "completion_tokens": {"type": "integer"},
-        "total_tokens": {"type": "integer"},
+        "prompt_tokens": {"type": "integer", "minimum": 0},
+        "completion_tokens": {"type": "integer", "minimum": 0},
+        "total_tokens": {"type": "integer", "minimum": 0},
     },
 }
 
-_COMPLETION = {
+_FINISH = {"enum": ["stop", "length"]}
+
+#: one SSE event of a generation stream (Open API 3.1: the stream's ``schema`` is one event)
+_GENERATION_EVENT = {
     "type": "object",
-    "required": ["id", "object", "created", "model", "choices"],
+    "required": ["data"],
     "properties": {
-        "id": {"type": "string"},
-        "object": {"enum": ["chat.completion", "text_completion"]},
-        "created": {"type": "integer"},
-        "model": {"type": "string"},
-        "choices": {"type": "array"},
-        "usage": _USAGE,
+        "event": {"const": "message"},
+        "data": {
+            "type": "string",
+            "description": "a chunk object, an error envelope, or the final [DONE]",
+            "pattern": r"^(\[DONE\]|\{[\s\S]*\})$",
+            "contentMediaType": "application/json",
+        },
     },
+}
+
+#: one SSE event of /admin/events: the id is the journal sequence, the data a JSON payload
+_ADMIN_EVENT = {
+    "type": "object",
+    "required": ["data", "id", "event"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "event": {"type": "string"},
+        "data": {"type": "string", "pattern": r"^\{[\s\S]*\}$",
+                 "contentMediaType": "application/json"},
+    },
+}
+
+
+def _completion(kind: str) -> dict[str, Any]:
+    if kind == "chat":
+        choice = {
+            "type": "object",
+            "required": ["index", "message", "finish_reason"],
+            "properties": {
+                "index": {"const": 0},
+                "message": {
+                    "type": "object",
+                    "required": ["role", "content"],
+                    "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}},
+                },
+                "finish_reason": _FINISH,
+            },
+        }
+    else:
+        choice = {
+            "type": "object",
+            "required": ["index", "text", "finish_reason"],
+            "properties": {"index": {"const": 0}, "text": {"type": "string"}, "finish_reason": _FINISH},
+        }
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "chat.completion" if kind == "chat" else "text_completion"},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": choice},
+            "usage": _USAGE,
+        },
+    }
+
+
+_DESCRIPTIONS = {
+    400: "invalid request (param names the field), or model_exceeds_budget (x-should-retry: false)",
+    401: "missing or wrong API key (only when an API key is set)",
+    404: "model_not_found (param: model)",
+    409: "conflict: the change needs a model that is live",
+    413: "request_too_large: the body is larger than server.max_body_mb",
+    415: "unsupported_media_type: the body is not sent as application/json",
+    502: "model_load_failed or engine_error",
+    503: "model_capacity, capacity_timeout, preempted, overloaded, shutting_down or "
+    "journal_unavailable; retry after Retry-After seconds",
 }
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    descriptions = {
-        400: "invalid request (names the field), or model_exceeds_budget",
-        401: "missing or wrong API key",
-        404: "model_not_found",
-        405: "method not allowed",
-        409: "conflict",
-        413: "body larger than server.max_body_mb",
-        415: "body is not JSON",
-        502: "model_load_failed",
-        503: "model_capacity, capacity_timeout, preempted, overloaded, shutting_down, "
-        "journal_unavailable (with Retry-After)",
-    }
-    return {
-        str(code): {
-            "description": descriptions[code],
+    out: dict[str, Any] = {}
+    for code in codes:
+        response: dict[str, Any] = {
+            "description": _DESCRIPTIONS[code],
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
         }
-        for code in codes
-    }
+        if code == 503:
+            response["headers"] = {
+                "Retry-After": {"required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}
+            }
+        out[str(code)] = response
+    return out
 
 
 def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-_MODEL_ID = {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
-_GENERATION_ERRORS = _errors(400, 401, 404, 413, 415, 502, 503)
+def _model_id(names: list[str]) -> dict[str, Any]:
+    schema = {"type": "string", "enum": names} if names else {"type": "string", "minLength": 1}
+    return {"name": "model_id", "in": "path", "required": True, "schema": schema}
 
 
-def openapi_document() -> dict[str, Any]:
+#: what every guarded route (/v1, /admin) may answer besides its own statuses
+_GUARDED = (401, 503)
+_REQUEST_ID = {"X-Request-Id": {"required": False, "schema": {"type": "string"}}}
+
+
+def _generation(summary: str, request: dict[str, Any], kind: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+            "responses": {
+                "200": {
+                    "description": "the completion, or (stream: true) an SSE stream of chunks "
+                    "ending in data: [DONE]",
+                    "headers": _REQUEST_ID,
+                    "content": {
+                        "application/json": {"schema": _completion(kind)},
+                        "text/event-stream": {"schema": _GENERATION_EVENT},
+                    },
+                },
+                **_errors(400, 404, 413, 415, 502, *_GUARDED),
+            },
+        }
+    }
+
+
+def openapi_document(config: Config | None = None) -> dict[str, Any]:
+    """The document; with ``config``, model ids are an enum of its model names."""
+    models = list(config.models) if config is not None else []
+    names = [m.name for m in models]
+    text_models = [m.name for m in models if not m.mllm]
+    vision_models = [m.name for m in models if m.mllm]
+    model_id = _model_id(names)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -187,81 +364,68 @@ def openapi_document() -> dict[str, Any]:
             "/v1/models": {
                 "get": {
                     "summary": "List models with their residency state",
-                    "responses": {
-                        "200": _json({"type": "object", "required": ["object", "data"],
-                                      "properties": {"object": {"const": "list"},
-                                                     "data": {"type": "array", "items": _MODEL}}}),
-                        **_errors(401),
-                    },
+                    "responses": {"200": _json(_MODEL_LIST), **_errors(*_GUARDED)},
                 }
             },
             "/v1/models/{model_id}": {
                 "get": {
                     "summary": "One model with its residency state",
-                    "parameters": [_MODEL_ID],
-                    "responses": {"200": _json(_MODEL), **_errors(401, 404)},
+                    "parameters": [model_id],
+                    "responses": {"200": _json(_MODEL), **_errors(404, *_GUARDED)},
                 }
             },
-            "/v1/chat/completions": {
-                "post": {
-                    "summary": "Chat completion (whole, or SSE with stream=true)",
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": _CHAT_REQUEST}}},
-                    "responses": {
-                        "200": {
-                            "description": "the completion, or an SSE stream of chunks ending in [DONE]",
-                            "content": {"application/json": {"schema": _COMPLETION},
-                                        "text/event-stream": {"schema": {"type": "string"}}},
-                        },
-                        **_GENERATION_ERRORS,
-                    },
-                }
-            },
-            "/v1/completions": {
-                "post": {
-                    "summary": "Text completion (whole, or SSE with stream=true)",
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": _COMPLETION_REQUEST}}},
-                    "responses": {
-                        "200": {
-                            "description": "the completion, or an SSE stream",
-                            "content": {"application/json": {"schema": _COMPLETION},
-                                        "text/event-stream": {"schema": {"type": "string"}}},
-                        },
-                        **_GENERATION_ERRORS,
-                    },
-                }
-            },
+            "/v1/chat/completions": _generation(
+                "Chat completion (whole, or SSE with stream=true)",
+                _chat_request(text_models, vision_models),
+                "chat",
+            ),
+            "/v1/completions": _generation(
+                "Text completion (whole, or SSE with stream=true)",
+                _completion_request(names),
+                "completion",
+            ),
             "/admin/status": {
-                "get": {"summary": "Budget, committed bytes, every model's state, waiters, leases",
-                        "responses": {"200": _json({"type": "object"}), **_errors(401)}}
+                "get": {
+                    "summary": "Budget, committed bytes, every model's state, waiters, leases",
+                    "responses": {"200": _json({"type": "object"}), **_errors(401)},
+                }
             },
             "/admin/models/{model_id}/load": {
                 "post": {
-                    "summary": "Load a model; replies once loaded and journaled",
-                    "parameters": [_MODEL_ID],
-                    "responses": {"200": _json(_MODEL), **_errors(400, 401, 404, 502, 503)},
+                    "summary": "Load a model; replies once it is loaded and journaled",
+                    "parameters": [model_id],
+                    "responses": {"200": _json(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
                 }
             },
             "/admin/models/{model_id}/unload": {
                 "post": {
                     "summary": "Unload a model (drains live requests, or preempts them)",
                     "parameters": [
-                        _MODEL_ID,
-                        {"name": "preempt", "in": "query", "required": False,
-                         "schema": {"type": "boolean"}},
+                        model_id,
+                        {
+                            "name": "preempt",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"enum": ["true", "false", "1", "0", "yes", "no", "on",
+                                                "off", ""]},
+                        },
                     ],
-                    "responses": {"200": _json(_MODEL), **_errors(400, 401, 404, 409, 502, 503)},
+                    "responses": {"200": _json(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
                 }
             },
             "/admin/events": {
                 "get": {
-                    "summary": "SSE of transitions and lease events; the id is the journal sequence",
+                    "summary": "SSE of transitions and lease events; the event id is the journal "
+                    "sequence, and Last-Event-ID resumes after it",
                     "parameters": [
                         {"name": "Last-Event-ID", "in": "header", "required": False,
-                         "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+                         "schema": {"type": "string", "pattern": "^[0-9]{0,18}$"}},
+                        {"name": "last_event_id", "in": "query", "required": False,
+                         "schema": {"type": "string", "pattern": "^[0-9]{0,18}$"}},
                     ],
                     "responses": {
-                        "200": {"description": "event stream",
-                                "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                        "200": {"description": "event stream (never ends by itself)",
+                                "content": {"text/event-stream": {"schema": _ADMIN_EVENT}}},
                         **_errors(400, 401),
                     },
                 }
@@ -270,31 +434,53 @@ def openapi_document() -> dict[str, Any]:
                 "get": {
                     "summary": "Journal rows as JSON",
                     "parameters": [
-                        {"name": "model", "in": "query", "required": False, "schema": {"type": "string"}},
-                        {"name": "since", "in": "query", "required": False, "schema": {"type": "string"}},
+                        {"name": "model", "in": "query", "required": False,
+                         "schema": {"type": "string"}},
+                        {"name": "since", "in": "query", "required": False,
+                         "description": "an ISO time (2026-11-29T10:00) or a duration ago "
+                         "(90s, 15m, 2h, 7d)",
+                         "schema": {"type": "string", "pattern": _SINCE}},
                         {"name": "limit", "in": "query", "required": False,
-                         "schema": {"type": "integer", "minimum": 1, "maximum": 10000}},
+                         "description": "rows to return (empty: 100)",
+                         "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 10000},
+                                              {"type": "string", "maxLength": 0}]}},
                         {"name": "kind", "in": "query", "required": False,
                          "schema": {"enum": ["transitions", "leases"]}},
                     ],
-                    "responses": {"200": _json({"type": "array", "items": {"type": "object"}}),
-                                  **_errors(400, 401)},
+                    "responses": {
+                        "200": _json({"type": "array", "items": {"type": "object"}}),
+                        **_errors(400, 401),
+                    },
                 }
             },
             "/admin/reload": {
-                "post": {"summary": "Re-read the config; add, remove or replace dormant models",
-                         "responses": {"200": _json({"type": "object"}), **_errors(400, 401, 409)}}
+                "post": {
+                    "summary": "Re-read the config; add, remove or replace dormant models",
+                    "responses": {"200": _json({"type": "object", "required": ["reloaded"]}),
+                                  **_errors(400, 409, *_GUARDED)},
+                }
             },
             "/health": {
-                "get": {"summary": "Liveness and readiness (ok / degraded with reasons)",
-                        "responses": {"200": _json({"type": "object", "required": ["status"],
-                                                    "properties": {"status": {"enum": ["ok", "degraded"]}}}),
-                                      "503": _json({"type": "object"}, "shutting down")}}
+                "get": {
+                    "summary": "Liveness and readiness (ok / degraded with reasons)",
+                    "responses": {
+                        "200": _json({"type": "object", "required": ["status", "ready", "reasons"],
+                                      "properties": {"status": {"enum": ["ok", "degraded"]},
+                                                     "ready": {"type": "boolean"},
+                                                     "reasons": {"type": "array",
+                                                                 "items": {"type": "string"}}}}),
+                        "503": _json({"type": "object", "required": ["status"],
+                                      "properties": {"status": {"const": "shutting_down"}}},
+                                     "shutting down"),
+                    },
+                }
             },
             "/metrics": {
-                "get": {"summary": "Prometheus metrics",
-                        "responses": {"200": {"description": "Prometheus text format",
-                                              "content": {"text/plain": {"schema": {"type": "string"}}}}}}
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "responses": {"200": {"description": "Prometheus text format",
+                                          "content": {"text/plain": {"schema": {"type": "string"}}}}},
+                }
             },
             "/openapi.json": {
                 "get": {"summary": "This document", "responses": {"200": _json({"type": "object"})}}

@@ -5,6 +5,11 @@ the field (``messages[1].content``), so clients get a typed 400 that says what
 to fix. Fields of the OpenAI API that mlxd does not use (``user``,
 ``presence_penalty``, ``tools``, ...) are accepted and ignored, as OpenAI-
 compatible servers commonly do; ``n`` other than 1 is refused.
+
+Every optional field may be ``null`` (it then takes its default). Integer
+fields accept a number with no fractional part (``16.0``), as JSON Schema's
+``integer`` does; booleans are never numbers. ``mlxd/openapi.py`` describes
+exactly these rules, so generated requests and this module agree.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ def _is_number(v: object) -> bool:
 
 
 def _is_int(v: object) -> bool:
+    if isinstance(v, float):
+        return math.isfinite(v) and v.is_integer()
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -76,7 +83,7 @@ def _max_tokens(body: dict[str, Any]) -> int:
         if not 1 <= v <= MAX_TOKENS_LIMIT:
             raise _bad(key, f"must be between 1 and {MAX_TOKENS_LIMIT} (got {v})")
         if chosen is None:
-            chosen = v
+            chosen = int(v)
     return chosen if chosen is not None else DEFAULT_MAX_TOKENS
 
 
@@ -101,7 +108,7 @@ def _seed(body: dict[str, Any]) -> int | None:
     if v is None:
         return None
     if not _is_int(v) or not -(2**63) <= v < 2**64:
-        raise _bad("seed", "must be an integer")
+        raise _bad("seed", "must be an integer from -2**63 to 2**64-1")
     return int(v) % (2**32)
 
 
