@@ -15,6 +15,7 @@ import logging
 import uuid
 from typing import Any
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -72,6 +73,7 @@ def create_app(app_state: AppState) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     app.register_blueprint(openai_api.bp)
     app.register_blueprint(admin_api.bp)
+    app.asgi_app = CompleteRequestBodies(app.asgi_app)  # type: ignore[method-assign]
 
     @app.before_request
     async def guard() -> Response | None:
@@ -124,6 +126,59 @@ def create_app(app_state: AppState) -> QuartTrio:
         return error_response(InternalError(f"internal error (error id {ref}; see the daemon log)"))
 
     return app
+
+
+class CompleteRequestBodies:
+    """ASGI wrapper: an answer sent before the request body was read leaves the connection sane.
+
+    A route may answer without reading the body (413 from the Content-Length,
+    415, 404, 405, or a route that takes none). hypercorn 0.18 + quart-trio
+    then wedge that keep-alive connection: the rest of the body fills the app
+    queue of a finished app, or the close that hypercorn starts is cancelled
+    half-way by quart-trio, and the next request on it hangs forever. So the
+    answer waits (briefly) for Quart to finish swallowing the body, which keeps
+    the connection reusable; a body still arriving after that gets
+    ``Connection: close`` and an uncancellable send, so the connection is closed.
+    """
+
+    #: how long an early answer waits for the rest of the request body
+    BODY_WAIT_S = 5.0
+    #: bound on a send that must not be cancelled (it closes the connection)
+    CLOSE_SEND_S = 5.0
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body_done = trio.Event()
+        closing = False
+
+        async def watched_receive() -> Any:
+            message = await receive()
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                body_done.set()
+            return message
+
+        async def careful_send(message: Any) -> None:
+            nonlocal closing
+            if message["type"] == "http.response.start" and not body_done.is_set():
+                with trio.move_on_after(self.BODY_WAIT_S):
+                    await body_done.wait()  # Quart's receive loop swallows it meanwhile
+                if not body_done.is_set():
+                    closing = True
+                    headers = [*message.get("headers", []), (b"connection", b"close")]
+                    message = {**message, "headers": headers}
+            if not closing:
+                await send(message)
+                return
+            with trio.move_on_after(self.CLOSE_SEND_S) as bounded:
+                bounded.shield = True
+                await send(message)
+
+        await self.app(scope, watched_receive, careful_send)
 
 
 def _first(group: BaseExceptionGroup[MlxdError]) -> MlxdError:
