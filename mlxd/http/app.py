@@ -25,6 +25,7 @@ from mlxd.errors import (
     BodyTooLarge,
     ClientError,
     InternalError,
+    InvalidRequest,
     MethodNotAllowed,
     MlxdError,
     NotFound,
@@ -90,6 +91,11 @@ def create_app(app_state: AppState) -> QuartTrio:
                 )
         if st.draining and not path.startswith(OPEN_WHILE_DRAINING):
             return error_response(ShuttingDown("mlxd is shutting down; retry in a moment"))
+        repeated = next((k for k in request.args if len(request.args.getlist(k)) > 1), None)
+        if repeated is not None:  # routes read one value; the others would be ignored silently
+            return error_response(
+                InvalidRequest(f"{repeated}: give this query parameter once", param=repeated)
+            )
         return None
 
     @app.after_request
@@ -100,7 +106,7 @@ def create_app(app_state: AppState) -> QuartTrio:
 
     @app.get("/openapi.json")
     async def openapi() -> Any:
-        return openapi_document()
+        return openapi_document(state().config)
 
     @app.errorhandler(MlxdError)
     async def handle_mlxd(err: MlxdError) -> Response:
@@ -110,7 +116,11 @@ def create_app(app_state: AppState) -> QuartTrio:
 
     @app.errorhandler(HTTPException)
     async def handle_http(e: HTTPException) -> Response:
-        return error_response(_translate_http(e))
+        response = error_response(_translate_http(e))
+        allowed = getattr(e, "valid_methods", None)
+        if e.code == 405 and allowed:
+            response.headers["Allow"] = ", ".join(allowed)  # RFC 9110: a 405 names the methods
+        return response
 
     @app.errorhandler(Exception)
     async def handle_unexpected(e: Exception) -> Response:
