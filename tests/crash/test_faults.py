@@ -27,7 +27,11 @@ def _probe(spec: str | None) -> subprocess.CompletedProcess[str]:
     if spec is not None:
         env["MLXD_CRASH_AT"] = spec
     return subprocess.run(
-        [sys.executable, "-c", _PROBE], env=env, cwd=REPO, capture_output=True, text=True,
+        [sys.executable, "-c", _PROBE],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
         timeout=60,
     )
 

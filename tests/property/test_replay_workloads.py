@@ -182,7 +182,9 @@ def setups(draw: st.DrawFn) -> Setup:
         strategy=strategy,
         wait_timeout_s=draw(st.sampled_from(timeouts)),
         preempt_after_s=(
-            draw(st.sampled_from([None, 0.0, 0.5, 2.0])) if strategy == "wait_then_preempt" else None
+            draw(st.sampled_from([None, 0.0, 0.5, 2.0]))
+            if strategy == "wait_then_preempt"
+            else None
         ),
         pinned=frozenset(draw(st.sets(st.sampled_from(names), max_size=1))),
         idle_s={m: draw(st.sampled_from([0.0, 0.0, 1.5, 7.0])) for m in names},
@@ -432,4 +434,3 @@ def _fixed_workload(seed: int) -> Workload:
         else:
             ops.append(Pause(rng.choice([0.1, 0.5, 2.0])))
     return Workload(setup, tuple(ops), 1.0)
-

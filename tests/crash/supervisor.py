@@ -1,0 +1,642 @@
+"""The crash-loop supervisor: start the real daemon, drive it, SIGKILL it, check the journal, repeat.
+
+One :class:`CrashLoop` owns a temporary directory with a config of four fake
+models, a budget that forces evictions and preemption, and ``restore_on_start``.
+Each *start* runs ``mlxd serve`` on 127.0.0.1 port 0 and ends in a SIGKILL:
+
+* ``random``: the supervisor kills it at a random moment, while it serves
+  traffic or (one time in four) during start-up, counted from the process start;
+* a named crash point (:mod:`mlxd.faults`): the daemon kills itself there
+  (``MLXD_CRASH_AT=point:N``); ``migrate.mid_migration`` starts it with a test
+  migration pending (``MLXD_MIGRATIONS_DIR``) so every such start dies inside it.
+
+While a start serves, three client threads send admin loads and unloads (some
+with ``?preempt=true``) and chat requests (some streaming). Each admin reply
+200 is an *acknowledgement*: that model reached ``loaded`` (or ``unloaded``)
+between the request and the reply, and the daemon replies only after the row
+saying so is committed.
+
+After each death (the database is opened read-only, so the hot WAL is left for
+the next start to recover):
+
+* the exit was SIGKILL, by the named point when one was armed;
+* the schema is at a version a migration ends at (no half-applied migration);
+* ``PRAGMA integrity_check`` is ``ok`` and :func:`mlxd.replay.check_journal`
+  finds nothing (every model's history legal, recovery rows included);
+* every acknowledged transition is in the journal (the model's journaled state
+  is the acknowledged one at some moment between request and reply).
+
+After each restart reaches ready (``/health`` says ``ready: true``):
+
+* the new run wrote one ``crash_recovery`` row for exactly each model whose last
+  state held memory, and closed every lease left open (``interrupted``);
+* ``/v1/models`` shows loaded exactly the models restore loaded in this run,
+  and those are the previous run's resident set (``loaded``/``draining``) plus
+  the preload model, pinned and preload first, within the budget.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from mlxd.migrate import open_readonly, split_statements
+from mlxd.replay import check_history, check_journal
+from mlxd.resources import migrations_dir
+from mlxd.states import HOLDS_MEMORY
+from tests.support.daemon import MLXD, REPO, write_config
+
+GB = 1024**3
+BUDGET_GB = 3
+#: name -> (GB, load s, unload s, preload, pin, idle unload s)
+MODELS: dict[str, tuple[int, float, float, bool, bool, float]] = {
+    "alpha": (1, 0.05, 0.05, True, False, 0.0),
+    "beta": (1, 0.10, 0.05, False, True, 0.0),
+    "gamma": (2, 0.30, 0.10, False, False, 0.0),
+    "delta": (1, 0.15, 0.08, False, False, 4.0),
+}
+RESIDENT = ("loaded", "draining")
+
+#: each named point and the range its N is drawn from
+POINTS: dict[str, tuple[int, int]] = {
+    "journal.before_commit": (1, 40),
+    "journal.after_commit": (1, 40),
+    "http.after_commit_before_reply": (1, 6),
+    "manager.mid_load": (1, 5),
+    "manager.mid_unload": (1, 4),
+    "migrate.mid_migration": (1, 6),  # the test migration below has six statements
+}
+
+#: a pending migration for the ``migrate.mid_migration`` starts; never allowed to finish
+TEST_MIGRATION = """\
+CREATE TABLE crash_probe (id INTEGER PRIMARY KEY, model TEXT NOT NULL, n INTEGER NOT NULL);
+INSERT INTO crash_probe(model, n) SELECT model, count(*) FROM transitions GROUP BY model;
+CREATE INDEX crash_probe_model ON crash_probe(model);
+ALTER TABLE runs ADD COLUMN crash_probe_note TEXT;
+UPDATE runs SET crash_probe_note = 'migrated';
+CREATE VIEW crash_probe_view AS SELECT model, n FROM crash_probe;
+"""
+
+#: statements in the real first migration (a fresh file's mid-migration kill picks one)
+INIT_STATEMENTS = len(list(split_statements((migrations_dir() / "0001_init.sql").read_text())))
+
+READY_TIMEOUT_S = 30.0
+#: a start armed with a named point that has not died by then is killed by the supervisor
+NAMED_TIMEOUT_S = 8.0
+
+
+def config(journal: Path) -> dict[str, Any]:
+    return {
+        "server": {"host": "127.0.0.1", "shutdown_grace_s": 1},
+        "journal": {"path": str(journal), "synchronous": "full"},
+        "manager": {
+            "memory_budget_gb": BUDGET_GB,
+            "restore_on_start": True,
+            "contention_policy": {
+                "strategy": "wait_then_preempt",
+                "wait_timeout_s": 3,
+                "preempt_after_s": 0.2,
+            },
+        },
+        "models": [
+            {
+                "name": name,
+                "engine": "fake",
+                "estimated_memory_gb": gb,
+                "preload": preload,
+                "pin": pin,
+                "idle_unload_seconds": idle,
+                "fake": {
+                    "load_seconds": load_s,
+                    "unload_seconds": unload_s,
+                    "tokens_per_second": 100,
+                },
+            }
+            for name, (gb, load_s, unload_s, preload, pin, idle) in MODELS.items()
+        ],
+    }
+
+
+def expected_restore(resident: list[str]) -> set[str]:
+    """What a start must restore: preload models, then the previous resident set, pinned first, within the budget."""
+    wanted = [m for m, spec in MODELS.items() if spec[3]]
+    wanted += [m for m in resident if m not in wanted and m in MODELS]
+    first = sorted(wanted, key=lambda m: not (MODELS[m][3] or MODELS[m][4]))
+    room, out = BUDGET_GB, set()
+    for m in first:
+        if MODELS[m][0] <= room:
+            room -= MODELS[m][0]
+            out.add(m)
+    return out
+
+
+# ---- the journal as the supervisor sees it -------------------------------------------------
+
+
+@dataclass
+class Snapshot:
+    """What the file says (read-only) at one moment."""
+
+    exists: bool
+    version: int = 0
+    tables: tuple[str, ...] = ()
+    integrity: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    illegal: int = 0
+    #: (seq, run_id, at, model, from, to, reason), in seq order
+    transitions: list[tuple[Any, ...]] = field(default_factory=list)
+    #: id -> (run_id, released_at, outcome)
+    leases: dict[str, tuple[int, float | None, str | None]] = field(default_factory=dict)
+    max_run: int = 0
+    #: the column the test migration adds to ``runs`` is there
+    probe_column: bool = False
+
+    def last_states(self) -> dict[str, tuple[int, str]]:
+        """Each model's (seq, state) after its last row."""
+        return {r[3]: (r[0], r[5]) for r in self.transitions}
+
+    def resident(self) -> list[str]:
+        """Models whose last state is loaded or draining, oldest last row first (as recovery orders them)."""
+        last = sorted(self.last_states().items(), key=lambda kv: kv[1][0])
+        return [m for m, (_, state) in last if state in RESIDENT]
+
+    def rows_of_run(self, run_id: int) -> list[tuple[Any, ...]]:
+        return [r for r in self.transitions if r[1] == run_id]
+
+
+def snapshot(path: Path) -> Snapshot:
+    if not path.exists():
+        return Snapshot(exists=False)
+    conn = open_readonly(path)
+    try:
+        snap = Snapshot(exists=True)
+        snap.version = conn.execute("PRAGMA user_version").fetchone()[0]
+        snap.tables = tuple(
+            r[0] for r in conn.execute("SELECT name FROM sqlite_master ORDER BY name")
+        )
+        snap.integrity = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        if snap.version == 0:
+            return snap
+        snap.probe_column = any(
+            r[1] == "crash_probe_note" for r in conn.execute("PRAGMA table_info(runs)")
+        )
+        snap.problems = check_journal(conn)
+        snap.transitions = [
+            tuple(r)
+            for r in conn.execute(
+                "SELECT seq, run_id, at, model, from_state, to_state, reason FROM transitions"
+                " ORDER BY seq"
+            )
+        ]
+        snap.illegal = len(
+            check_history(
+                dict(
+                    zip(
+                        ("seq", "model", "from_state", "to_state", "reason"),
+                        r[:1] + r[3:],
+                        strict=True,
+                    )
+                )
+                for r in snap.transitions
+            )
+        )
+        snap.leases = {
+            r[0]: (r[1], r[2], r[3])
+            for r in conn.execute("SELECT id, run_id, released_at, outcome FROM leases")
+        }
+        snap.max_run = conn.execute("SELECT coalesce(max(id), 0) FROM runs").fetchone()[0]
+        return snap
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class Ack:
+    """An admin reply 200: ``model`` was ``state`` at some moment in [sent, received]."""
+
+    model: str
+    state: str
+    sent: float
+    received: float
+
+
+def ack_is_journaled(snap: Snapshot, ack: Ack) -> bool:
+    """The journaled state of the model is the acknowledged one at the send time or in a row before the reply."""
+    state = "unloaded"
+    for _seq, _run, at, model, _from, to, _reason in snap.transitions:
+        if model != ack.model:
+            continue
+        if at <= ack.sent:
+            state = to
+        elif at <= ack.received and to == ack.state:
+            return True
+    return state == ack.state
+
+
+# ---- traffic --------------------------------------------------------------------------------
+
+
+class Traffic:
+    """A few threads sending a random mix of admin loads/unloads and chat requests."""
+
+    def __init__(self, url: str, rng: random.Random, threads: int = 3) -> None:
+        self.url = url
+        self.acks: list[Ack] = []
+        self.sent = Counter[str]()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._worker, args=(random.Random(rng.random()),), daemon=True)
+            for _ in range(threads)
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(15)
+
+    def _worker(self, rng: random.Random) -> None:
+        with httpx.Client(base_url=self.url, timeout=10) as client:
+            while not self._stop.is_set():
+                try:
+                    self._one(client, rng)
+                except httpx.HTTPError:
+                    if self._stop.wait(0.05):
+                        return
+
+    def _one(self, client: httpx.Client, rng: random.Random) -> None:
+        model = rng.choice(list(MODELS))
+        x = rng.random()
+        if x < 0.3:
+            self.sent["admin load"] += 1
+            sent = time.time()
+            r = client.post(f"/admin/models/{model}/load")
+            if r.status_code == 200:
+                self.acks.append(Ack(model, "loaded", sent, time.time()))
+        elif x < 0.5:
+            self.sent["admin unload"] += 1
+            preempt = "true" if rng.random() < 0.3 else "false"
+            sent = time.time()
+            r = client.post(f"/admin/models/{model}/unload", params={"preempt": preempt})
+            if r.status_code == 200:
+                self.acks.append(Ack(model, "unloaded", sent, time.time()))
+        elif x < 0.9:
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": rng.randint(3, 20),
+            }
+            if rng.random() < 0.5:
+                self.sent["chat stream"] += 1
+                with client.stream(
+                    "POST", "/v1/chat/completions", json={**body, "stream": True}
+                ) as r:
+                    for _ in r.iter_lines():
+                        pass
+            else:
+                self.sent["chat"] += 1
+                client.post("/v1/chat/completions", json=body)
+        else:
+            self._stop.wait(rng.uniform(0, 0.1))
+
+
+# ---- the loop -------------------------------------------------------------------------------
+
+
+@dataclass
+class Summary:
+    kills: Counter[str] = field(default_factory=Counter)
+    unreached: Counter[str] = field(default_factory=Counter)
+    died_before_ready: Counter[str] = field(default_factory=Counter)
+    ready_s: list[float] = field(default_factory=list)
+    acks: int = 0
+    lost_acks: int = 0
+    illegal_pairs: int = 0
+    dangling_leases: int = 0
+    wrong_restores: int = 0
+    restored: int = 0
+    recovered_rows: int = 0
+    interrupted_leases: int = 0
+    requests: Counter[str] = field(default_factory=Counter)
+    violations: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    seed: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.kills.values())
+
+    def percentile(self, q: float) -> float:
+        if not self.ready_s:
+            return float("nan")
+        if len(self.ready_s) == 1:
+            return self.ready_s[0]
+        return statistics.quantiles(self.ready_s, n=100, method="inclusive")[int(q) - 1]
+
+    def markdown(self) -> str:
+        lines = [
+            f"Kills: {self.total:,} in {self.seconds:.0f} s (seed {self.seed}).",
+            "",
+            "| kill | count | of which before ready |",
+            "|---|---:|---:|",
+        ]
+        for kind, n in sorted(self.kills.items()):
+            lines.append(f"| {kind} | {n:,} | {self.died_before_ready[kind]:,} |")
+        lines += [
+            "",
+            "| check | result |",
+            "|---|---|",
+            f"| acknowledged admin transitions | {self.acks:,} |",
+            f"| lost acknowledged transitions | **{self.lost_acks}** |",
+            f"| illegal pairs in model histories | **{self.illegal_pairs}** |",
+            f"| leases left open by a dead run after restart | **{self.dangling_leases}** |",
+            f"| restarts whose restore or /v1/models was wrong | **{self.wrong_restores}** |",
+            f"| crash_recovery rows written / leases closed as interrupted | {self.recovered_rows:,} / {self.interrupted_leases:,} |",
+            f"| models restored at ready | {self.restored:,} |",
+            f"| restart-to-ready (process start to /health ready), n={len(self.ready_s):,} | p50 {self.percentile(50) * 1000:.0f} ms, p99 {self.percentile(99) * 1000:.0f} ms, max {max(self.ready_s, default=float('nan')) * 1000:.0f} ms |",
+            f"| named points not reached (supervisor killed instead) | {sum(self.unreached.values())} |",
+            f"| requests sent | {', '.join(f'{k} {v:,}' for k, v in sorted(self.requests.items()))} |",
+            f"| violations | {len(self.violations)} |",
+        ]
+        return "\n".join(lines)
+
+
+class CrashLoop:
+    def __init__(self, tmp: Path, seed: int) -> None:
+        self.tmp = tmp
+        self.rng = random.Random(seed)
+        self.journal = tmp / "journal.db"
+        self.config_path = write_config(tmp / "models.yaml", config(self.journal))
+        self.log_path = tmp / "daemon.log"
+        self.test_migrations = tmp / "migrations"
+        self.test_migrations.mkdir(exist_ok=True)
+        shutil.copy(migrations_dir() / "0001_init.sql", self.test_migrations / "0001_init.sql")
+        (self.test_migrations / "0002_crash_probe.sql").write_text(TEST_MIGRATION)
+        self.summary = Summary(seed=seed)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._http = httpx.Client(timeout=5)
+
+    # -- one process ---------------------------------------------------------------------
+
+    def _spawn(self, env: dict[str, str]) -> tuple[Path, int]:
+        ready = self.tmp / f"ready-{time.monotonic_ns()}"
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [*MLXD, "serve", "--config", str(self.config_path), "--port", "0",
+                 "--ready-file", str(ready), "--log-level", "warning"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                env={**os.environ, "MLXD_STATE_DIR": str(self.tmp / "state"), **env},
+            )  # fmt: skip
+        return ready, offset
+
+    def _wait_ready(self, ready: Path, t0: float, kill_at: float | None) -> str | None:
+        """The URL once /health says ready; None if the process died (or was killed at ``kill_at``) first."""
+        assert self.proc is not None
+        url = ""
+        while time.monotonic() - t0 < READY_TIMEOUT_S:
+            if kill_at is not None and time.monotonic() >= kill_at:
+                self.kill()
+            if self.proc.poll() is not None:
+                return None
+            if not url:
+                if ready.exists() and (text := ready.read_text().strip()):
+                    url = text
+                else:
+                    time.sleep(0.005)
+                    continue
+            try:
+                if self._http.get(url + "/health").json().get("ready"):
+                    return url
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.005)
+        raise TimeoutError(f"not ready after {READY_TIMEOUT_S} s")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(30)
+
+    def _log_since(self, offset: int) -> str:
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+
+    def violation(self, text: str, offset: int | None = None) -> None:
+        tail = "" if offset is None else "\n    log: " + self._log_since(offset)[-1500:]
+        self.summary.violations.append(text + tail)
+
+    # -- one cycle -------------------------------------------------------------------------
+
+    def cycle(self, kind: str) -> None:
+        before = snapshot(self.journal)
+        env: dict[str, str] = {}
+        armed = None
+        if kind != "random":
+            lo, hi = POINTS[kind]
+            if kind == "migrate.mid_migration" and before.version == 0:
+                hi = INIT_STATEMENTS  # a fresh file: die inside 0001
+            armed = f"{kind}:{self.rng.randint(lo, hi)}"
+            env["MLXD_CRASH_AT"] = armed
+            if kind == "migrate.mid_migration" and before.version > 0:
+                env["MLXD_MIGRATIONS_DIR"] = str(self.test_migrations)
+        startup_kill = kind == "random" and self.rng.random() < 0.25
+        t0 = time.monotonic()
+        # a random kill: during start-up (from the process start) or while serving (from ready)
+        kill_at = t0 + self.rng.uniform(0.0, 1.0) if startup_kill else None
+        ready, offset = self._spawn(env)
+        try:
+            url = self._wait_ready(ready, t0, kill_at)
+        except TimeoutError as e:
+            self.violation(f"{kind}: {e}", offset)
+            url = None
+            self.kill()
+        traffic = None
+        if url is not None:
+            self.summary.ready_s.append(time.monotonic() - t0)
+            try:
+                self.check_start(before, url, offset)
+            except httpx.HTTPError:
+                pass  # a named point fired while the start was checked: it is counted below
+            assert self.proc is not None
+            if self.proc.poll() is None:
+                traffic = Traffic(url, self.rng)
+                traffic.start()
+                if armed is not None:
+                    try:
+                        self.proc.wait(NAMED_TIMEOUT_S)
+                    except subprocess.TimeoutExpired:
+                        pass
+                else:
+                    rest = (kill_at - time.monotonic()) if kill_at else self.rng.uniform(0.1, 2.5)
+                    time.sleep(max(0.0, rest))
+        died_by_itself = self.proc is not None and self.proc.poll() is not None
+        self.kill()
+        if traffic is not None:
+            traffic.stop()
+            self.summary.requests.update(traffic.sent)
+        self.record_kill(
+            kind, armed, died_by_itself and armed is not None, url is None, offset, startup_kill
+        )
+        self.check_after_kill(kind, traffic.acks if traffic else [], offset)
+
+    def record_kill(
+        self,
+        kind: str,
+        armed: str | None,
+        by_itself: bool,
+        before_ready: bool,
+        offset: int,
+        startup: bool,
+    ) -> None:
+        assert self.proc is not None
+        if self.proc.returncode != -signal.SIGKILL:
+            self.violation(f"{kind}: exit code {self.proc.returncode}, not SIGKILL", offset)
+        if armed is not None and by_itself:
+            if f"crash point {armed} reached" not in self._log_since(offset):
+                self.violation(f"{armed}: the daemon died but not at its crash point", offset)
+            label = kind
+        elif armed is not None:
+            self.summary.unreached[kind] += 1
+            label = "random (serving)"
+        else:
+            label = "random (start-up)" if startup else "random (serving)"
+        self.summary.kills[label] += 1
+        if before_ready:
+            self.summary.died_before_ready[label] += 1
+
+    def check_after_kill(self, kind: str, acks: list[Ack], offset: int) -> None:
+        snap = snapshot(self.journal)
+        if not snap.exists:
+            if acks:
+                self.violation(f"{kind}: {len(acks)} acknowledged transitions but no journal file")
+            return
+        if snap.integrity != ["ok"]:
+            self.violation(f"{kind}: integrity_check: {snap.integrity}", offset)
+        if snap.version == 0:
+            if snap.tables:
+                self.violation(f"{kind}: schema v0 but tables exist: {snap.tables}", offset)
+            return
+        if snap.version != 1 or any("crash_probe" in t for t in snap.tables) or snap.probe_column:
+            self.violation(
+                f"{kind}: schema between versions: v{snap.version}, {snap.tables}", offset
+            )
+        self.summary.illegal_pairs += snap.illegal
+        for p in snap.problems:
+            self.violation(f"{kind}: after the kill: {p}", offset)
+        self.summary.acks += len(acks)
+        for ack in acks:
+            if not ack_is_journaled(snap, ack):
+                self.summary.lost_acks += 1
+                self.violation(f"{kind}: acknowledged but not journaled: {ack}", offset)
+
+    def check_start(self, before: Snapshot, url: str, offset: int) -> None:
+        """Recovery and restore of the start that just reached ready (nothing else has run yet)."""
+        models = {m["id"]: m for m in self._http.get(url + "/v1/models").json()["data"]}
+        loaded = {m for m, obj in models.items() if obj["loaded"]}
+        # Ready comes when the restores are satisfied; their `loaded` rows commit a moment later.
+        deadline = time.monotonic() + 5.0
+        while True:
+            snap = snapshot(self.journal)
+            rows = snap.rows_of_run(snap.max_run)
+            if loaded <= {r[3] for r in rows if r[5] == "loaded"} or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        for p in snap.problems:
+            self.violation(f"start: {p}", offset)
+        run = snap.max_run
+        if run <= before.max_run:
+            self.violation(f"start: no new run row (runs {before.max_run} -> {run})", offset)
+            return
+        recovered = {(r[3], r[4]) for r in rows if r[6] == "crash_recovery"}
+        held = {(m, s) for m, (_, s) in before.last_states().items() if s in HOLDS_MEMORY}
+        self.summary.recovered_rows += len(recovered)
+        if recovered != held:
+            self.violation(
+                f"start: crash_recovery rows {sorted(recovered)} != held {sorted(held)}", offset
+            )
+        dangling = [
+            i for i, (r, released, _) in snap.leases.items() if released is None and r < run
+        ]
+        self.summary.dangling_leases += len(dangling)
+        if dangling:
+            self.violation(f"start: leases of dead runs still open: {dangling}", offset)
+        was_open = [i for i, (_, released, _) in before.leases.items() if released is None]
+        self.summary.interrupted_leases += len(was_open)
+        if any(snap.leases[i][2] != "interrupted" for i in was_open):
+            self.violation("start: a lease left open was not closed as interrupted", offset)
+        restored = {r[3] for r in rows if r[5] == "loading" and r[6] in ("restore", "preload")}
+        loaded_rows = {r[3] for r in rows if r[5] == "loaded"}
+        expected = expected_restore(before.resident())
+        self.summary.restored += len(restored)
+        if not (loaded == restored == expected and loaded <= loaded_rows):
+            self.summary.wrong_restores += 1
+            self.violation(
+                f"start: /v1/models loaded {sorted(loaded)}, restore rows {sorted(restored)}, "
+                f"expected {sorted(expected)} from resident {before.resident()}",
+                offset,
+            )
+
+    # -- the whole loop --------------------------------------------------------------------
+
+    def run(self, schedule: list[str]) -> Summary:
+        t0 = time.monotonic()
+        try:
+            for kind in schedule:
+                self.cycle(kind)
+            self.final_clean_stop()
+        finally:
+            self.kill()
+            self._http.close()
+        self.summary.seconds = time.monotonic() - t0
+        return self.summary
+
+    def final_clean_stop(self) -> None:
+        """After the last kill: one more recovery, then a graceful stop that leaves a clean run."""
+        before = snapshot(self.journal)
+        t0 = time.monotonic()
+        ready, offset = self._spawn({})
+        url = self._wait_ready(ready, t0, None)
+        if url is None:
+            self.violation("final start died", offset)
+            return
+        self.summary.ready_s.append(time.monotonic() - t0)
+        self.check_start(before, url, offset)
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        if self.proc.wait(30) != 0:
+            self.violation(f"final SIGTERM: exit code {self.proc.returncode}", offset)
+        conn = open_readonly(self.journal)
+        try:
+            clean = conn.execute("SELECT clean_stop FROM runs ORDER BY id DESC LIMIT 1").fetchone()[
+                0
+            ]
+            problems = check_journal(conn)
+        finally:
+            conn.close()
+        if clean != 1 or problems:
+            self.violation(f"final stop: clean_stop={clean}, problems {problems}", offset)
+
+
+def schedule(rng: random.Random, random_kills: int, per_point: int) -> list[str]:
+    """The kinds of the cycles in a random order; a fresh file is first killed inside its first migration."""
+    kinds = ["random"] * random_kills + [p for p in POINTS for _ in range(per_point)]
+    rng.shuffle(kinds)
+    return ["migrate.mid_migration", *kinds]
