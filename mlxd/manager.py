@@ -35,7 +35,7 @@ from typing import Any
 import trio
 
 from mlxd import core as c
-from mlxd.config import Config, ModelConfig, resolve_estimate
+from mlxd.config import Config, MemoryEstimate, ModelConfig, resolve_estimate
 from mlxd.engines.base import Engine, LoadProgress
 from mlxd.errors import (
     EngineError,
@@ -67,8 +67,7 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def spec_for(model: ModelConfig, config: Config, measured: Mapping[str, int]) -> c.ModelSpec:
-    est = resolve_estimate(model, measured)
+def _spec(model: ModelConfig, config: Config, est: MemoryEstimate | None) -> c.ModelSpec:
     idle = (
         model.idle_unload_seconds
         if model.idle_unload_seconds is not None
@@ -213,8 +212,10 @@ class Manager:
         self._wall = wall_clock
         self._stop_timeout_s = stop_timeout_s
         self._load_gate_probe = load_gate
+        #: where each model's memory estimate comes from (config, measured, weights, fake)
+        self._memory_source: dict[str, str | None] = {}
         self.core = c.Core(
-            [spec_for(m, config, self._measured) for m in config.models],
+            [self._spec(m, config) for m in config.models],
             config.manager.memory_budget_bytes,
             config.manager.contention_policy,
         )
@@ -233,6 +234,11 @@ class Manager:
         self.last_transition: dict[str, c.Transition] = {}
         self._load_seconds: dict[str, float] = {}
         self.counters: dict[str, int] = {"loads": 0, "evictions": 0, "preemptions": 0}
+
+    def _spec(self, model: ModelConfig, config: Config) -> c.ModelSpec:
+        est = resolve_estimate(model, self._measured)  # may walk a model dir: not per request
+        self._memory_source[model.name] = est.source if est is not None else None
+        return _spec(model, config, est)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -339,7 +345,7 @@ class Manager:
         old = {m.name: m for m in self.config.models}
         new = {m.name: m for m in config.models}
         replaced = frozenset(n for n in old.keys() & new.keys() if old[n] != new[n])
-        specs = tuple(spec_for(m, config, self._measured) for m in config.models)
+        specs = tuple(self._spec(m, config) for m in config.models)
         self._dispatch(
             c.Reconfigure(
                 specs,
@@ -393,22 +399,19 @@ class Manager:
 
     def model_status(self, name: str) -> dict[str, Any]:
         r = self.core.models[name]
-        mc = self.config.model(name)
-        est = resolve_estimate(mc, self._measured) if mc is not None else None
         info = self._loads.get(name)
-        waiting = [w for w in self.core.waiters.values() if w.model == name]
         counts = r.state in (State.LOADING, State.LOADED, State.DRAINING, State.UNLOADING)
         return {
             "state": r.state.value,
             "loaded": r.state is State.LOADED,
             "pinned": r.spec.pinned,
             "memory_bytes": r.committed_bytes if counts else r.spec.size_bytes,
-            "memory_source": est.source if est is not None else None,
+            "memory_source": self._memory_source.get(name),
             "estimated_bytes": r.spec.size_bytes,
             "last_used_at": self._wall_of(r.last_used),
             "last_error": r.last_error,
             "active_leases": len(r.leases),
-            "waiters": len(waiting),
+            "waiters": len(r.queue),
             "idle_unload_seconds": r.spec.idle_unload_s,
             "loading": None
             if info is None
@@ -644,6 +647,7 @@ class Manager:
             self._measured[model] = measured
             self._emit(MeasurementEvent(model, self._wall(), measured, now - t0))
             if mc is not None and mc.estimated_memory_bytes is None:
+                self._memory_source[model] = "measured"
                 self._dispatch(c.SetSize(model, measured, now))
         self._dispatch(c.LoadFinished(model, load_id, now))
 
