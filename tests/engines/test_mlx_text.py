@@ -251,7 +251,9 @@ async def test_unseeded_sampling_differs_between_residencies(tiny_model_dir: Pat
         eng = MlxTextEngine(tiny_config(tiny_model_dir))
         await eng.load(lambda _p: None)
         try:
-            text, _, _ = await collect(eng, chat("tell me something", max_tokens=30, temperature=1.0))
+            text, _, _ = await collect(
+                eng, chat("tell me something", max_tokens=30, temperature=1.0)
+            )
             texts.append(text)
         finally:
             await eng.stop()
