@@ -13,18 +13,22 @@ Results are printed as a Markdown table and written to bench/results/manager_ove
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# Run as a script, bench/ is sys.path[0], and bench/http.py would shadow the standard
+# library's http module: import from the repository instead.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 import argparse
 import datetime as dt
 import platform
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import trio
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mlxd.engines.fake import FakeFleet, FakeModel
 from mlxd.manager import Manager
