@@ -1,0 +1,217 @@
+"""The messages of the residency core: events in, commands out.
+
+The Trio shell (:mod:`mlxd.manager`) turns happenings into these events (each
+carrying ``now``, monotonic seconds) and carries out the commands that
+:meth:`mlxd.core.Core.step` returns, in order. All are frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from mlxd.config import ContentionPolicy
+from mlxd.errors import MlxdError
+from mlxd.states import Reason, State
+
+# ---- inputs ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What the core needs to know about a configured model."""
+
+    name: str
+    size_bytes: int
+    pinned: bool = False
+    #: seconds without a lease before an idle unload; 0 = never
+    idle_unload_s: float = 0.0
+
+
+class WaiterKind(StrEnum):
+    LEASE = "lease"  # a request: gets a lease, may leave at any time
+    RESIDENT = "resident"  # preload, admin load, restore: wants residency, never leaves
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    waiter_id: int
+    model: str
+    lease_id: str
+    now: float
+    kind: WaiterKind = WaiterKind.LEASE
+    reason: Reason = Reason.REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class CancelWaiter:
+    """The waiter left (cancelled, disconnected, timed out on its side)."""
+
+    waiter_id: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFinished:
+    model: str
+    load_id: int
+    now: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadAborted:
+    """A cancelled load has ended and its partial engine is stopped."""
+
+    model: str
+    load_id: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadFinished:
+    model: str
+    now: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    lease_id: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class AdminUnload:
+    model: str
+    now: float
+    preempt: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SetLoadGate:
+    """``reason`` None allows loads; a string refuses new loads with that reason."""
+
+    reason: str | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class SetSize:
+    """A new memory estimate for a model (e.g. measured by its last load).
+
+    It applies to the model's next reservation; a residency keeps the bytes it reserved.
+    """
+
+    model: str
+    size_bytes: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownDeadline:
+    """The grace period is over: preempt every remaining lease."""
+
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigure:
+    """Replace the registry and the manager settings (config reload).
+
+    ``replaced`` names models whose configuration changed; they and removed
+    models must be dormant (``unloaded``/``failed``), else :class:`Conflict`.
+    """
+
+    specs: tuple[ModelSpec, ...]
+    budget_bytes: int
+    policy: ContentionPolicy
+    now: float
+    replaced: frozenset[str] = frozenset()
+
+
+Event = (
+    Acquire
+    | CancelWaiter
+    | LoadFinished
+    | LoadAborted
+    | UnloadFinished
+    | Release
+    | Tick
+    | AdminUnload
+    | SetLoadGate
+    | SetSize
+    | Shutdown
+    | ShutdownDeadline
+    | Reconfigure
+)
+
+
+# ---- outputs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartLoad:
+    model: str
+    load_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelLoad:
+    model: str
+    load_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartUnload:
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    waiter_id: int
+    model: str
+    lease_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Satisfy:
+    waiter_id: int
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    waiter_id: int
+    model: str
+    error: MlxdError
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    model: str
+    lease_ids: tuple[str, ...]
+    shutdown: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    model: str
+    from_state: State
+    to_state: State
+    reason: Reason
+    memory_bytes: int
+    error: str | None = None
+
+
+Command = StartLoad | CancelLoad | StartUnload | Grant | Satisfy | Reject | Preempt | Transition
