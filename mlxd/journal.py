@@ -58,13 +58,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import operator
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from enum import Enum
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -78,7 +80,7 @@ from mlxd.events import (
     TransitionEvent,
 )
 from mlxd.faults import crash_point
-from mlxd.journal_writer import Item, Op, Writer
+from mlxd.journal_writer import Item, Op, Plan, Prepared, Rejected, Writer
 from mlxd.migrate import Synchronous, open_readonly
 from mlxd.states import HOLDS_MEMORY, Outcome, Reason, State
 
@@ -94,7 +96,10 @@ _INSERT_TRANSITION = (
     "INSERT INTO transitions(seq, run_id, at, model, from_state, to_state, reason, memory_bytes,"
     " error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_INSERT_LEASE = "INSERT INTO leases(id, run_id, model, request_id, route, acquired_at) VALUES (?, ?, ?, ?, ?, ?)"
+_INSERT_LEASE = (
+    "INSERT INTO leases(id, run_id, model, request_id, route, acquired_at, released_at, outcome,"
+    " prompt_tokens, completion_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 _RELEASE_LEASE = (
     "UPDATE leases SET released_at = ?, outcome = ?, prompt_tokens = ?, completion_tokens = ?"
     " WHERE id = ? AND released_at IS NULL"
@@ -128,8 +133,13 @@ class RecoveryReport:
     interrupted_leases: tuple[str, ...]
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_STR = encode_basestring_ascii
+_INF = float("inf")
+
+
 def _json(payload: dict[str, Any]) -> str:
-    return json.dumps(payload, separators=(",", ":"))
+    return _ENCODER.encode(payload)
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {
@@ -147,23 +157,137 @@ def _payload(event: ManagerEvent) -> dict[str, Any]:
     return out
 
 
-def _event_op(
-    seq: int, run_id: int, at: float, kind: str, model: str, payload: dict[str, Any]
-) -> Op:
-    return (_INSERT_EVENT, (seq, run_id, at, kind, model, _json(payload)), False)
+def _value_json(v: Any) -> str:
+    """One value exactly as ``json.dumps`` writes it (ASCII, compact)."""
+    if v is None:
+        return "null"
+    if isinstance(v, str):  # enums are StrEnums: their value
+        return _STR(v)
+    t = type(v)
+    if t is int:
+        return int.__repr__(v)
+    if t is float and -_INF < v < _INF:
+        return float.__repr__(v)
+    return _ENCODER.encode(v)  # bools, NaN, anything else: json's own rules
 
 
-def _transition_op(seq: int, run_id: int, ev: TransitionEvent) -> Op:
-    params = (
-        seq, run_id, ev.at, ev.model, str(ev.from_state), str(ev.to_state), str(ev.reason),
+#: per event type: one getter for all its fields, and the ``"name":`` prefix of each
+_SHAPES: dict[type, tuple[Callable[[Any], tuple[Any, ...]], str, tuple[str, ...]]] = {
+    cls: (
+        operator.attrgetter(*names),
+        '{"kind":' + _STR(cls.kind) + ",",  # type: ignore[attr-defined]
+        tuple(_STR(n) + ":" for n in names),
+    )
+    for cls, names in _FIELDS.items()
+}
+
+
+def _event_json(event: ManagerEvent) -> str:
+    """``json.dumps(_payload(event))`` (compact), written directly: the writer's hot path.
+
+    It follows the dataclass fields, so a new field cannot be left out; the
+    journaled property test compares every stored payload with ``json.dumps``.
+    """
+    get, head, prefixes = _SHAPES[type(event)]
+    values = get(event)
+    return (
+        head + ",".join([p + _value_json(v) for p, v in zip(prefixes, values, strict=True)]) + "}"
+    )
+
+
+def _event_row(seq: int, run_id: int, ev: ManagerEvent) -> tuple[Any, ...]:
+    return (seq, run_id, ev.at, ev.kind, ev.model, _event_json(ev))
+
+
+def _transition_row(seq: int, run_id: int, ev: TransitionEvent) -> tuple[Any, ...]:
+    return (
+        seq, run_id, ev.at, ev.model, ev.from_state.value, ev.to_state.value, ev.reason.value,
         ev.memory_bytes, ev.error,
     )  # fmt: skip
-    return (_INSERT_TRANSITION, params, False)
 
 
-def _release_op(ev: LeaseReleased) -> Op:
-    params = (ev.at, str(ev.outcome), ev.prompt_tokens, ev.completion_tokens, ev.lease_id)
-    return (_RELEASE_LEASE, params, True)
+def _lease_row(run_id: int, ev: LeaseAcquired) -> list[Any]:
+    return [ev.lease_id, run_id, ev.model, ev.request_id, ev.route, ev.at, None, None, None, None]
+
+
+def _release_row(ev: LeaseReleased) -> tuple[Any, ...]:
+    return (ev.at, ev.outcome.value, ev.prompt_tokens, ev.completion_tokens, ev.lease_id)
+
+
+class _EndRun(NamedTuple):
+    at: float
+    clean: bool
+
+
+# ---- from records to SQL (both run on the writer thread) ---------------------------------------
+
+
+def _prepare(item: Item) -> Prepared:
+    """One record's statements, in order, and what to publish: the reference for :func:`_plan`."""
+    run_id, ev = item.record
+    if isinstance(ev, _EndRun):
+        return ((_END_RUN, (ev.at, 1 if ev.clean else 0, run_id), True),), None
+    if isinstance(ev, MeasurementEvent):
+        return (
+            (_INSERT_MEASUREMENT, (ev.model, ev.at, ev.memory_bytes, ev.load_seconds), False),
+        ), None
+    event_op: Op = (_INSERT_EVENT, _event_row(item.seq, run_id, ev), False)
+    if isinstance(ev, TransitionEvent):
+        return (event_op, (_INSERT_TRANSITION, _transition_row(item.seq, run_id, ev), False)), ev
+    if isinstance(ev, LeaseAcquired):
+        return ((_INSERT_LEASE, tuple(_lease_row(run_id, ev)), False), event_op), ev
+    return ((_RELEASE_LEASE, _release_row(ev), True), event_op), ev
+
+
+def _plan(items: list[Item]) -> Plan:
+    """A batch in a few multi-row statements, with the same end state as :func:`_prepare` in order.
+
+    A lease acquired and released within the batch is one ``leases`` row (no
+    UPDATE). Anything unusual (a lease id acquired twice) raises
+    :class:`Rejected`, which sends the batch record by record through
+    :func:`_prepare`, where the database judges each record alone.
+    """
+    events: list[tuple[Any, ...]] = []
+    transitions: list[tuple[Any, ...]] = []
+    leases: dict[str, list[Any]] = {}
+    releases: list[tuple[Any, ...]] = []
+    measurements: list[tuple[Any, ...]] = []
+    ends: list[tuple[Any, ...]] = []
+    published: list[tuple[int, Any]] = []
+    for seq, (run_id, ev) in items:
+        t = type(ev)
+        if t is LeaseAcquired:
+            if ev.lease_id in leases:
+                raise Rejected(f"lease {ev.lease_id!r} acquired twice in one batch")
+            leases[ev.lease_id] = _lease_row(run_id, ev)
+        elif t is LeaseReleased:
+            row = leases.get(ev.lease_id)
+            if row is not None and row[7] is None:  # acquired in this batch and still open
+                row[6:10] = _release_row(ev)[:4]
+            else:
+                releases.append(_release_row(ev))
+        elif t is TransitionEvent:
+            transitions.append(_transition_row(seq, run_id, ev))
+        elif t is MeasurementEvent:
+            measurements.append((ev.model, ev.at, ev.memory_bytes, ev.load_seconds))
+            continue
+        else:
+            ends.append((ev.at, 1 if ev.clean else 0, run_id))
+            continue
+        events.append(_event_row(seq, run_id, ev))
+        published.append((seq, ev))
+    inserts = [
+        (_INSERT_EVENT, events),  # before transitions: their seq references it
+        (_INSERT_TRANSITION, transitions),
+        (_INSERT_LEASE, [tuple(r) for r in leases.values()]),
+        (_INSERT_MEASUREMENT, measurements),
+    ]
+    updates = [(_RELEASE_LEASE, releases), (_END_RUN, ends)]
+    return Plan(
+        [(sql, rows) for sql, rows in inserts if rows],
+        [(sql, rows) for sql, rows in updates if rows],
+        published,
+    )
 
 
 class Subscription:
@@ -239,6 +363,8 @@ class Journal:
             self.path,
             self,
             self._notify,
+            _plan,
+            _prepare,
             synchronous=synchronous,
             busy_timeout_ms=busy_timeout_ms,
             retry_initial=retry_initial,
@@ -346,7 +472,7 @@ class Journal:
             raise RuntimeError("begin_run() may be called only once")
         first = self._last_seq + 1
         report: RecoveryReport
-        published: list[tuple[int, dict[str, Any]]]
+        published: list[tuple[int, ManagerEvent]]
         try:
             report, published = self._writer.call(
                 lambda conn: self._recover(conn, pid, version, config_path, first)
@@ -364,8 +490,7 @@ class Journal:
         """Stamp this run's ``stopped_at`` and ``clean_stop``; queued after every record."""
         run_id = self._check_recording()
         seq = self._last_seq + 1
-        op: Op = (_END_RUN, (self._wall_clock(), 1 if clean else 0, run_id), True)
-        self._writer.put(Item(seq, (op,), None))
+        self._writer.put(Item(seq, (run_id, _EndRun(self._wall_clock(), clean))))
         self._last_seq = seq
         self._run_ended = True
         return seq
@@ -375,35 +500,15 @@ class Journal:
     def record(self, event: ManagerEvent) -> int:
         """Queue ``event`` for the journal without blocking; returns its sequence number.
 
+        Only the sequence number is taken here; the writer thread builds the
+        rows and the JSON payload (:func:`_prepare`), off the event loop.
         Raises :class:`JournalError` once the journal is closed or the run ended.
         """
         run_id = self._check_recording()
-        seq = self._last_seq + 1
-        payload = _payload(event)
-        ops: tuple[Op, ...]
-        if isinstance(event, TransitionEvent):
-            ops = (
-                _event_op(seq, run_id, event.at, event.kind, event.model, payload),
-                _transition_op(seq, run_id, event),
-            )
-        elif isinstance(event, LeaseAcquired):
-            lease = (event.lease_id, run_id, event.model, event.request_id, event.route, event.at)
-            ops = (
-                (_INSERT_LEASE, lease, False),
-                _event_op(seq, run_id, event.at, event.kind, event.model, payload),
-            )
-        elif isinstance(event, LeaseReleased):
-            ops = (
-                _release_op(event),
-                _event_op(seq, run_id, event.at, event.kind, event.model, payload),
-            )
-        elif isinstance(event, MeasurementEvent):
-            row = (event.model, event.at, event.memory_bytes, event.load_seconds)
-            ops = ((_INSERT_MEASUREMENT, row, False),)
-        else:  # pragma: no cover - the union above is closed
+        if type(event) not in _FIELDS:
             raise TypeError(f"not a journal event: {event!r}")
-        has_event_row = not isinstance(event, MeasurementEvent)
-        self._writer.put(Item(seq, ops, payload if has_event_row else None))
+        seq = self._last_seq + 1
+        self._writer.put(Item(seq, (run_id, event)))
         self._last_seq = seq
         return seq
 
@@ -454,7 +559,7 @@ class Journal:
     def on_batch(
         self,
         last: int,
-        published: list[tuple[int, dict[str, Any]]],
+        published: list[tuple[int, ManagerEvent]],
         rejected: list[tuple[int, str]],
     ) -> None:
         self._committed = max(self._committed, last)
@@ -470,11 +575,12 @@ class Journal:
         self._exited.set()
         self._wake()
 
-    def _publish(self, published: list[tuple[int, dict[str, Any]]]) -> None:
-        if not published:
-            return
+    def _publish(self, published: list[tuple[int, ManagerEvent]]) -> None:
+        if not published or not self._subscribers:
+            return  # payload dicts are built only for someone to read
+        payloads = [(seq, _payload(event)) for seq, event in published]
         for sub in list(self._subscribers):
-            for seq, payload in published:
+            for seq, payload in payloads:
                 if not sub._offer(seq, payload):
                     self._subscribers.discard(sub)
                     break
@@ -483,7 +589,7 @@ class Journal:
 
     def _recover(
         self, conn: sqlite3.Connection, pid: int, version: str, config_path: str | None, seq: int
-    ) -> tuple[RecoveryReport, list[tuple[int, dict[str, Any]]]]:
+    ) -> tuple[RecoveryReport, list[tuple[int, ManagerEvent]]]:
         now = self._wall_clock()
         conn.execute("BEGIN IMMEDIATE")
         prev = conn.execute("SELECT id, clean_stop FROM runs ORDER BY id DESC LIMIT 1").fetchone()
@@ -509,16 +615,15 @@ class Journal:
             )
         }
         resident = tuple(m for m, s in last if before_shutdown.get(m, s) in RESIDENT)
-        published: list[tuple[int, dict[str, Any]]] = []
+        published: list[tuple[int, ManagerEvent]] = []
         recovered: list[tuple[str, State]] = []
         for model, state in last:
             if state not in HOLDS_MEMORY:
                 continue
             ev = TransitionEvent(model, state, State.UNLOADED, Reason.CRASH_RECOVERY, now)
-            payload = _payload(ev)
-            conn.execute(*_event_op(seq, run_id, now, ev.kind, model, payload)[:2])
-            conn.execute(*_transition_op(seq, run_id, ev)[:2])
-            published.append((seq, payload))
+            conn.execute(_INSERT_EVENT, _event_row(seq, run_id, ev))
+            conn.execute(_INSERT_TRANSITION, _transition_row(seq, run_id, ev))
+            published.append((seq, ev))
             recovered.append((model, state))
             seq += 1
         interrupted: list[str] = []
@@ -528,10 +633,9 @@ class Journal:
             (run_id,),
         ).fetchall():
             released = LeaseReleased(lease_id, model, Outcome.INTERRUPTED, now)
-            payload = _payload(released)
-            conn.execute(*_release_op(released)[:2])
-            conn.execute(*_event_op(seq, run_id, now, released.kind, model, payload)[:2])
-            published.append((seq, payload))
+            conn.execute(_RELEASE_LEASE, _release_row(released))
+            conn.execute(_INSERT_EVENT, _event_row(seq, run_id, released))
+            published.append((seq, released))
             interrupted.append(lease_id)
             seq += 1
         crash_point("journal.before_commit")

@@ -4,11 +4,14 @@ Theory of operation
 -------------------
 :class:`Writer` owns a thread and the only writing connection to the journal
 file. It knows nothing about Trio or about what the rows mean: the owner
-(:class:`mlxd.journal.Journal`) puts :class:`Item` s (a sequence number, the
-SQL statements that write it, the event to publish) on its queue in sequence
-order, and hears back through a :class:`Listener` whose methods the writer
-schedules with ``notify`` (``TrioToken.run_sync_soon``), so they run on the
-owner's thread, in order.
+(:class:`mlxd.journal.Journal`) puts :class:`Item` s (a sequence number and an
+opaque record) on its queue in sequence order, and gives it two functions that
+turn records into SQL, both run on the writer thread: ``plan`` turns a whole
+batch into a :class:`Plan` (multi-row INSERTs, then UPDATEs that must each
+change one row), ``prepare`` turns one record into its statements (the
+reference, used record by record when a batch is refused). The writer hears
+back through a :class:`Listener` whose methods it schedules with ``notify``
+(``TrioToken.run_sync_soon``), so they run on the owner's thread, in order.
 
 The loop, in the writer thread:
 
@@ -18,10 +21,11 @@ The loop, in the writer thread:
    highest seq (``on_ready``);
 2. block for the first queued item, then drain everything queued behind it
    (up to :data:`MAX_BATCH`) into ONE ``BEGIN IMMEDIATE ... COMMIT``: a burst
-   of N records costs one commit (:attr:`Writer.commits` counts them);
+   of N records costs one commit (:attr:`Writer.commits` counts them), written
+   with the batch's :class:`Plan` in a few multi-row statements;
 3. on success report the batch (``on_batch``); if a row is rejected by a
-   constraint (it can never succeed), redo the batch with one savepoint per
-   row, leaving out only the rejected ones;
+   constraint (it can never succeed), redo the batch with ``prepare`` and one
+   savepoint per record, leaving out only the rejected ones;
 4. on any other ``sqlite3.Error`` (locked past ``busy_timeout``, disk full,
    I/O error) roll back, keep every row queued in order, mark unhealthy
    (``on_failure``) and retry after an exponential backoff; the next commit
@@ -29,6 +33,11 @@ The loop, in the writer thread:
 5. a :class:`Call` runs a function on the writer's connection between batches
    (start-up recovery uses it); ``stop()`` flushes what is queued and ends the
    thread; ``abandon()`` ends it without flushing (shutdown deadline passed).
+
+Why multi-row statements: each ``sqlite3_step`` releases and retakes the GIL,
+and the event loop wants it all the time, so a statement per row cost a thread
+hand-off per row; a multi-row INSERT costs one per 64 rows. The SQLite work
+itself runs without the GIL, on the other core.
 
 ``healthy``, ``last_error``, ``attempt_failures`` and ``commits`` are written
 by the writer thread only and read anywhere (single attribute loads).
@@ -38,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import queue
@@ -48,7 +58,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, NamedTuple, Protocol
 
 from mlxd.errors import JournalError
 from mlxd.faults import crash_point
@@ -59,18 +69,43 @@ log = logging.getLogger("mlxd.journal")
 #: At most this many records go into one transaction.
 MAX_BATCH = 1000
 
-#: (sql, params, must change exactly one row)
+#: At most this many rows go into one multi-row INSERT (10 columns x 64 stays under
+#: SQLite's oldest limit of 999 bound parameters).
+MAX_ROWS_PER_INSERT = 64
+
+#: (sql, params, must change exactly one row); an INSERT's sql is ``... VALUES (?, ...)``
 Op = tuple[str, tuple[Any, ...], bool]
 
 
-@dataclass(frozen=True, slots=True)
-class Item:
-    """One journal record: its sequence number and the statements that write it."""
+@functools.lru_cache(maxsize=128)
+def _multi_row(sql: str, rows: int) -> str:
+    """``INSERT ... VALUES (?, ?)`` for ``rows`` rows at once (sizes are powers of two: few distinct)."""
+    head, sep, values = sql.partition(" VALUES ")
+    assert sep and head.startswith("INSERT"), sql
+    return head + sep + ", ".join([values] * rows)
+
+
+class Item(NamedTuple):
+    """One journal record as the owner queues it: its sequence number and what to write."""
 
     seq: int
-    ops: tuple[Op, ...]
-    #: the event published once committed (None: the record has no ``events`` row)
-    payload: dict[str, Any] | None
+    #: opaque to the writer: the owner's ``plan``/``prepare`` turn it into statements
+    record: Any
+
+
+class Plan(NamedTuple):
+    """How to write a whole batch: what ``plan`` returns."""
+
+    #: (INSERT ... VALUES (?, ...), rows): written as multi-row INSERTs, in this order
+    inserts: list[tuple[str, list[tuple[Any, ...]]]]
+    #: (UPDATE ..., rows): one statement per row, each must change exactly one row
+    updates: list[tuple[str, list[tuple[Any, ...]]]]
+    #: (seq, what to publish) for the records that have an ``events`` row
+    published: list[tuple[int, Any]]
+
+
+#: what ``prepare`` returns for one record: its statements and what to publish (or None)
+Prepared = tuple[tuple[Op, ...], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +123,7 @@ class Listener(Protocol):
     def on_batch(
         self,
         last: int,
-        published: list[tuple[int, dict[str, Any]]],
+        published: list[tuple[int, Any]],
         rejected: list[tuple[int, str]],
     ) -> None: ...
     def on_failure(self) -> None: ...
@@ -116,6 +151,8 @@ class Writer:
         path: Path,
         listener: Listener,
         notify: Callable[..., None],
+        plan: Callable[[list[Item]], Plan],
+        prepare: Callable[[Item], Prepared],
         *,
         synchronous: Synchronous,
         busy_timeout_ms: int,
@@ -126,6 +163,8 @@ class Writer:
         self.path = path
         self._listener = listener
         self._notify = notify
+        self._plan = plan
+        self._prepare = prepare
         self._synchronous: Synchronous = synchronous
         self._busy_timeout_ms = busy_timeout_ms
         self._retry_initial = retry_initial
@@ -262,7 +301,7 @@ class Writer:
                     break
                 batch.append(item)
             try:
-                rejected = self._commit(conn, batch)
+                published, rejected = self._commit(conn, batch)
             except sqlite3.Error as e:
                 self.healthy = False
                 self.last_error = f"{type(e).__name__}: {e}"
@@ -279,10 +318,6 @@ class Writer:
                 log.warning("journal: writing again after: %s", self.last_error)
                 self.healthy = True
             backoff = self._retry_initial
-            gone = {seq for seq, _ in rejected}
-            published = [
-                (i.seq, i.payload) for i in batch if i.payload is not None and i.seq not in gone
-            ]
             self._notify(self._listener.on_batch, batch[-1].seq, published, rejected)
 
     def _run_call(self, conn: sqlite3.Connection, call: Call) -> None:
@@ -296,18 +331,34 @@ class Writer:
             call.future.set_result(result)
 
     @staticmethod
-    def _apply(conn: sqlite3.Connection, item: Item) -> None:
-        for sql, params, must_change in item.ops:
+    def _apply(conn: sqlite3.Connection, ops: tuple[Op, ...]) -> None:
+        for sql, params, must_change in ops:
             cur = conn.execute(sql, params)
             if must_change and cur.rowcount != 1:
                 raise Rejected(f"no open row to update ({sql.split()[1]} {params[-1]!r})")
 
-    def _commit(self, conn: sqlite3.Connection, batch: list[Item]) -> list[tuple[int, str]]:
-        """Write ``batch`` in one transaction; returns the (seq, why) of rows rejected."""
+    @staticmethod
+    def _write(conn: sqlite3.Connection, plan: Plan) -> None:
+        """Carry out a :class:`Plan`: multi-row INSERTs (powers of two up to 64 rows), then UPDATEs."""
+        for sql, rows in plan.inserts:
+            done, n = 0, len(rows)
+            while done < n:
+                k = min(MAX_ROWS_PER_INSERT, 1 << ((n - done).bit_length() - 1))
+                conn.execute(_multi_row(sql, k), [v for row in rows[done : done + k] for v in row])
+                done += k
+        for sql, rows in plan.updates:
+            for params in rows:
+                if conn.execute(sql, params).rowcount != 1:
+                    raise Rejected(f"no open row to update ({sql.split()[1]} {params[-1]!r})")
+
+    def _commit(
+        self, conn: sqlite3.Connection, batch: list[Item]
+    ) -> tuple[list[tuple[int, Any]], list[tuple[int, str]]]:
+        """Write ``batch`` in one transaction; returns what to publish and the (seq, why) rejected."""
         try:
+            plan = self._plan(batch)
             conn.execute("BEGIN IMMEDIATE")
-            for item in batch:
-                self._apply(conn, item)
+            self._write(conn, plan)
             crash_point("journal.before_commit")
             conn.execute("COMMIT")
             crash_point("journal.after_commit")
@@ -318,23 +369,28 @@ class Writer:
             self._rollback(conn)
             raise
         self.commits += 1
-        return []
+        return plan.published, []
 
     def _commit_isolated(
         self, conn: sqlite3.Connection, batch: list[Item]
-    ) -> list[tuple[int, str]]:
-        """Like :meth:`_commit`, with one savepoint per record, leaving out the rejected ones."""
+    ) -> tuple[list[tuple[int, Any]], list[tuple[int, str]]]:
+        """Like :meth:`_commit`, record by record in order, each in a savepoint; drops the rejected."""
         rejected: list[tuple[int, str]] = []
+        published: list[tuple[int, Any]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
             for item in batch:
+                ops, publish = self._prepare(item)
                 conn.execute("SAVEPOINT record")
                 try:
-                    self._apply(conn, item)
+                    self._apply(conn, ops)
                 except _REJECTABLE as e:
                     conn.execute("ROLLBACK TO record")
                     rejected.append((item.seq, f"{type(e).__name__}: {e}"))
                     log.error("journal: seq %d rejected: %s", item.seq, e)
+                else:
+                    if publish is not None:
+                        published.append((item.seq, publish))
                 conn.execute("RELEASE record")
             crash_point("journal.before_commit")
             conn.execute("COMMIT")
@@ -343,7 +399,7 @@ class Writer:
             self._rollback(conn)
             raise
         self.commits += 1
-        return rejected
+        return published, rejected
 
     @staticmethod
     def _rollback(conn: sqlite3.Connection) -> None:

@@ -25,6 +25,7 @@ Three tests share the workloads:
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sqlite3
@@ -42,7 +43,13 @@ from hypothesis import strategies as st
 from mlxd.config import Config, ContentionPolicy, FakeSettings, ManagerConfig, ModelConfig
 from mlxd.engines.fake import FakeFleet
 from mlxd.errors import MlxdError
-from mlxd.events import LeaseAcquired, LeaseReleased, ManagerEvent, TransitionEvent
+from mlxd.events import (
+    LeaseAcquired,
+    LeaseReleased,
+    ManagerEvent,
+    MeasurementEvent,
+    TransitionEvent,
+)
 from mlxd.journal import Journal
 from mlxd.manager import Manager
 from mlxd.migrate import open_readonly
@@ -377,6 +384,14 @@ def _check_file(run: Run, path: Path) -> None:
             elif isinstance(e, LeaseReleased):
                 outcomes[e.lease_id] = e.outcome.value
         assert dict(conn.execute("SELECT id, outcome FROM leases").fetchall()) == outcomes
+        # every events row is the event as JSON, byte for byte what json.dumps writes
+        assert [
+            tuple(r) for r in conn.execute("SELECT kind, model, payload FROM events ORDER BY seq")
+        ] == [
+            (e.kind, e.model, json.dumps(e.as_dict(), separators=(",", ":")))
+            for e in run.events
+            if not isinstance(e, MeasurementEvent)
+        ]
     finally:
         conn.close()
 
@@ -388,7 +403,7 @@ def _check_file(run: Run, path: Path) -> None:
 )
 @given(workloads())
 def test_journaled_workloads_replay_from_the_file(w: Workload) -> None:
-    """Rows written through the real journal equal the manager's events and replay to its final state."""
+    """Rows written through the real journal equal the manager's events (payloads byte for byte) and replay to its state."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "journal.db"
         run, _ = _run_virtual(_journaled, w, path, 1.0)
