@@ -532,3 +532,15 @@ async def test_wait_checks_committed_never_exceeds_budget(autojump_clock: trio.a
                 n.start_soon(user, i)
         assert 0 < peak <= 6 * GB
         await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_lease_ids_are_unique_and_time_ordered(autojump_clock: trio.abc.Clock) -> None:
+    """Lease ids are 32 hex digits that increase, so the journal's leases key grows at its end."""
+    async with running(make_config({"a": 1}, 4)) as h:
+        ids = []
+        for _ in range(200):
+            lease = await h.manager.acquire("a")
+            ids.append(lease.id)
+            lease.release()
+        assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+        assert ids == sorted(ids) and len(set(ids)) == len(ids)
