@@ -22,6 +22,7 @@ ran out). A streaming response that cannot hold a cancel scope across its
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import math
@@ -232,6 +233,10 @@ class Manager:
         self._closed = trio.Event()
         self._dispatching = False
         self.last_transition: dict[str, c.Transition] = {}
+        #: every transition so far is counted; the latest few are kept for waiters
+        #: that must not miss a state that came and went within one step
+        self._transition_count = 0
+        self._recent_transitions: collections.deque[c.Transition] = collections.deque(maxlen=256)
         self._load_seconds: dict[str, float] = {}
         self.counters: dict[str, int] = {"loads": 0, "evictions": 0, "preemptions": 0}
 
@@ -324,24 +329,30 @@ class Manager:
         return w
 
     async def unload(self, model: str, *, preempt: bool = False) -> None:
-        """Unload ``model`` (draining live leases, or preempting them when asked)."""
+        """Unload ``model`` (draining live leases, or preempting them when asked).
+
+        Returns once the model has reached ``unloaded`` since this call, even if a
+        new request loads it again right after; raises if the engine stop failed.
+        """
         if not self.has_model(model):
             raise ModelNotFound(model)
-        before = self.last_transition.get(model)
+        mark = self._transition_count
         self._dispatch(c.AdminUnload(model, trio.current_time(), preempt=preempt))
         while True:
-            st = self.core.state(model)
-            last = self.last_transition.get(model)
-            if st is State.UNLOADED:
-                return
-            if (
-                st is State.LOADED
-                and last is not before
-                and last is not None
-                and last.reason is Reason.UNLOAD_FAILED
-            ):
-                raise EngineError(f"unloading '{model}' failed: {last.error}")
+            for t in self._transitions_since(mark, model):
+                if t.to_state is State.UNLOADED:
+                    return
+                if t.reason is Reason.UNLOAD_FAILED:
+                    raise EngineError(f"unloading '{model}' failed: {t.error}")
+            if self.core.state(model) is State.UNLOADED:
+                return  # it was unloaded already
+            mark = self._transition_count
             await self._wait_change()
+
+    def _transitions_since(self, mark: int, model: str) -> list[c.Transition]:
+        newer = self._transition_count - mark
+        recent = list(itertools.islice(reversed(self._recent_transitions), newer))
+        return [t for t in reversed(recent) if t.model == model]
 
     async def reload(self, config: Config) -> dict[str, list[str]]:
         """Adopt a new config: add, remove or replace dormant models (409 for live ones)."""
@@ -576,6 +587,8 @@ class Manager:
 
     def _on_transition(self, t: c.Transition) -> None:
         self.last_transition[t.model] = t
+        self._transition_count += 1
+        self._recent_transitions.append(t)
         if t.to_state is State.UNLOADING and t.reason in (Reason.EVICTED, Reason.PREEMPTED):
             self.counters["evictions"] += 1
         self._emit(

@@ -544,3 +544,29 @@ async def test_lease_ids_are_unique_and_time_ordered(autojump_clock: trio.abc.Cl
             lease.release()
         assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
         assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+async def test_admin_unload_returns_even_if_the_model_is_reloaded_at_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """An admin unload returns once the model was unloaded, even when a queued request loads it again in the same instant."""
+    async with running(make_config({"a": 1}, 4)) as h:
+        held = await h.hold("a")
+        unloaded = trio.Event()
+
+        async def unload() -> None:
+            await h.manager.unload("a")
+            unloaded.set()
+
+        h.nursery.start_soon(unload)
+        await trio.testing.wait_all_tasks_blocked()
+        queued = Results()
+        h.spawn_acquire("a", queued)  # waits: a is draining
+        await trio.testing.wait_all_tasks_blocked()
+        held.release.set()
+        with trio.fail_after(60):
+            await unloaded.wait()
+            await queued.wait_for(1)
+        assert isinstance(queued[0], Lease)
+        assert [t[2] for t in h.transitions("a")][-4:] == ["unloading", "unloaded", "loading", "loaded"]
+        queued[0].release()  # type: ignore[union-attr]
