@@ -582,6 +582,9 @@ class CrashLoop:
         self.summary.interrupted_leases += len(was_open)
         if any(snap.leases[i][2] != "interrupted" for i in was_open):
             self.violation("start: a lease left open was not closed as interrupted", offset)
+        assert self.proc is not None
+        if self.proc.poll() is not None and not loaded <= {r[3] for r in rows if r[5] == "loaded"}:
+            return  # a named point killed it right after ready, before the restore's rows landed
         restored = {r[3] for r in rows if r[5] == "loading" and r[6] in ("restore", "preload")}
         loaded_rows = {r[3] for r in rows if r[5] == "loaded"}
         expected = expected_restore(before.resident())
