@@ -52,6 +52,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.manager_overhead import acquire_release
 from mlxd.config import Config, ContentionPolicy, FakeSettings, ManagerConfig, ModelConfig
 from mlxd.engines.fake import FakeFleet
 from mlxd.events import TransitionEvent
@@ -236,25 +237,6 @@ def _resident_manager() -> Manager:
     return Manager(config, FakeFleet())
 
 
-async def _acquire_release(manager: Manager, seconds: float, tasks: int) -> tuple[int, float]:
-    count = 0
-    deadline = time.perf_counter() + seconds
-
-    async def worker() -> None:
-        nonlocal count
-        while time.perf_counter() < deadline:
-            lease = await manager.acquire("a")
-            lease.release()
-            count += 1
-            await trio.lowlevel.checkpoint()
-
-    t0 = time.perf_counter()
-    async with trio.open_nursery() as workers:
-        for _ in range(tasks):
-            workers.start_soon(worker)
-    return count, time.perf_counter() - t0
-
-
 async def _manager_run(mode: str, directory: Path, seconds: float, tasks: int = 8) -> ManagerRun:
     manager = _resident_manager()
     async with trio.open_nursery() as nursery:
@@ -269,7 +251,7 @@ async def _manager_run(mode: str, directory: Path, seconds: float, tasks: int = 
         commits0 = journal.commit_count if journal else 0
         records0 = journal.last_seq if journal else 0
         cpu0 = time.process_time()
-        ops, elapsed = await _acquire_release(manager, seconds, tasks)
+        ops, elapsed = await acquire_release(manager, seconds, tasks)
         lag = journal.last_seq - journal.committed_seq if journal else 0
         if journal is not None:
             await journal.wait_committed()  # the writer's catch-up is part of the cost
@@ -446,7 +428,7 @@ the event loop's time, which puts the floor of this saturated loop near 30%. Get
 under 10% would take the payload JSON and the SQL binding off the GIL (a native or
 out-of-process writer), an architecture change rather than a journal fix.
 
-Found and fixed on the way. Before these fixes, `bench/manager_overhead.py --journal`
+Found and fixed on the way. Before these fixes, the same measurement
 on this machine the same day gave 57% at FULL and 61% at NORMAL (15,500 and 14,300
 ops/s against 36,300 off):
 

@@ -4,10 +4,9 @@
    many concurrent tasks;
 2. the time to resolve 1,000 concurrent acquires of one cold model (one shared
    load with a zero-second fake load: the figure is the manager's own work);
-3. the same through the journal (``--journal``): acquire+release with every
-   lease journaled, and with it off, to show what journaling adds.
+What the journal adds to acquire+release is measured by ``bench/journal.py``.
 
-Run: ``.venv/bin/python bench/manager_overhead.py [--journal] [--seconds 3]``.
+Run: ``.venv/bin/python bench/manager_overhead.py [--seconds 3]``.
 Results are printed as a Markdown table and written to bench/results/manager_overhead.md.
 """
 
@@ -24,9 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import argparse
 import datetime as dt
 import platform
-import tempfile
 import time
-from collections.abc import Callable
 
 import trio
 
@@ -35,36 +32,38 @@ from mlxd.manager import Manager
 from tests.support.harness import GB, make_config
 
 
-def _manager(subscriber: Callable[[object], None] | None = None) -> Manager:
+def _manager() -> Manager:
     fleet = FakeFleet()
     fleet.add(FakeModel("a", GB, load_seconds=0.0))
-    manager = Manager(make_config({"a": 1}, 4, load_seconds=0.0), fleet)
-    if subscriber is not None:
-        manager.subscribe(subscriber)
-    return manager
+    return Manager(make_config({"a": 1}, 4, load_seconds=0.0), fleet)
 
 
-async def acquire_release_ops(seconds: float, tasks: int, subscriber=None) -> float:
-    manager = _manager(subscriber)
+async def acquire_release(manager: Manager, seconds: float, tasks: int) -> tuple[int, float]:
+    """``tasks`` tasks acquire and release model ``a`` for ``seconds``: (ops, elapsed)."""
+    count = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal count
+        while time.perf_counter() < deadline:
+            lease = await manager.acquire("a")
+            lease.release()
+            count += 1
+            await trio.lowlevel.checkpoint()
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as workers:
+        for _ in range(tasks):
+            workers.start_soon(worker)
+    return count, time.perf_counter() - t0
+
+
+async def acquire_release_ops(seconds: float, tasks: int) -> float:
+    manager = _manager()
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.run)
         await manager.load("a")
-        count = 0
-        deadline = time.perf_counter() + seconds
-
-        async def worker() -> None:
-            nonlocal count
-            while time.perf_counter() < deadline:
-                lease = await manager.acquire("a")
-                lease.release()
-                count += 1
-                await trio.lowlevel.checkpoint()
-
-        t0 = time.perf_counter()
-        async with trio.open_nursery() as workers:
-            for _ in range(tasks):
-                workers.start_soon(worker)
-        elapsed = time.perf_counter() - t0
+        count, elapsed = await acquire_release(manager, seconds, tasks)
         nursery.cancel_scope.cancel()
     return count / elapsed
 
@@ -91,24 +90,9 @@ async def cold_burst_seconds(n: int) -> float:
     return elapsed
 
 
-async def journaled_ops(seconds: float, synchronous: str) -> float:
-    from mlxd.journal import Journal  # the journal is its own concern; imported only here
-
-    with tempfile.TemporaryDirectory() as tmp:
-        journal = Journal(Path(tmp) / "bench.db", synchronous=synchronous)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            journal.begin_run(pid=0, version="bench", config_path=None)
-            ops = await acquire_release_ops(seconds, 8, subscriber=journal.record)
-            await journal.wait_committed()
-            nursery.cancel_scope.cancel()
-    return ops
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput run")
-    ap.add_argument("--journal", action="store_true", help="also measure with the journal on")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "manager_overhead.md"))
     args = ap.parse_args()
 
@@ -119,20 +103,11 @@ def main() -> int:
     rows.append(("acquire+release, resident model, 8 tasks", f"{many:,.0f} ops/s"))
     burst = trio.run(cold_burst_seconds, 1000)
     rows.append(("1,000 concurrent acquires of a cold model (one load)", f"{burst * 1000:.1f} ms"))
-    if args.journal:
-        for sync in ("full", "normal"):
-            ops = trio.run(journaled_ops, args.seconds, sync)
-            cost = (1 - ops / many) * 100
-            rows.append(
-                (f"acquire+release, 8 tasks, journal on (synchronous={sync})",
-                 f"{ops:,.0f} ops/s (journaling costs {cost:.1f}% of the throughput)")
-            )
-
     header = (
         f"# Manager overhead\n\nMachine: {platform.machine()}, {platform.processor() or 'cpu'}, "
         f"Python {platform.python_version()}, {platform.system()}; "
         f"date {dt.date.today().isoformat()}; command: `python bench/manager_overhead.py"
-        f"{' --journal' if args.journal else ''} --seconds {args.seconds:g}`\n\n"
+        f" --seconds {args.seconds:g}`\n\n"
     )
     table = "| measurement | result |\n|---|---|\n" + "".join(f"| {a} | {b} |\n" for a, b in rows)
     print(header + table)
