@@ -311,7 +311,8 @@ class MlxTextEngine:
 
     # ---- protocol: generate ----------------------------------------------------------------
 
-    def _validate(self, request: GenerationRequest) -> None:
+    def _validate_common(self, request: GenerationRequest) -> None:
+        """The checks every engine makes: token budget, messages, a chat template for chat."""
         if request.max_tokens < 1:
             raise InvalidRequest("max_tokens must be at least 1", param="max_tokens")
         if request.kind == "chat":
@@ -322,6 +323,9 @@ class MlxTextEngine:
                     f"model '{self.name}' has no chat template; use /v1/completions with a plain prompt",
                     param="messages",
                 )
+
+    def _validate(self, request: GenerationRequest) -> None:
+        self._validate_common(request)
         if request.images or count_image_parts(request.messages):
             raise InvalidRequest(
                 f"model '{self.name}' does not accept images (it is not an mllm model)",

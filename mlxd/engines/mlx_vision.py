@@ -99,17 +99,8 @@ class MlxVisionEngine(MlxTextEngine):
         self._processor = None
 
     def _validate(self, request: GenerationRequest) -> None:
-        if request.max_tokens < 1:
-            raise InvalidRequest("max_tokens must be at least 1", param="max_tokens")
-        if request.kind == "chat":
-            if not request.messages:
-                raise InvalidRequest("messages must not be empty", param="messages")
-            if not self._has_chat_template:
-                raise InvalidRequest(
-                    f"model '{self.name}' has no chat template; use /v1/completions with a plain prompt",
-                    param="messages",
-                )
-        elif request.images:
+        self._validate_common(request)
+        if request.kind != "chat" and request.images:
             raise InvalidRequest(
                 "images need a chat request (image_url content parts)", param="prompt"
             )
