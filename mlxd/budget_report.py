@@ -446,21 +446,23 @@ def journal_measurements(journal: JournalConfig) -> dict[str, int]:
     ``check-config`` sees the same estimates as the daemon. Never creates or
     writes the file.
     """
+    from mlxd.errors import JournalError
+    from mlxd.history import read_latest_measurements
+    from mlxd.migrate import open_readonly
+
     path = Path(journal.path).absolute()
     if not path.is_file():
         return {}
     try:
-        con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+        con = open_readonly(path)
         try:
-            rows = con.execute(
-                "SELECT model, memory_bytes, MAX(at) FROM measurements GROUP BY model"
-            ).fetchall()
+            found = read_latest_measurements(con)
         finally:
             con.close()
-    except sqlite3.Error as e:  # not a journal yet, locked, or an older schema
+    except (JournalError, sqlite3.Error) as e:  # not a journal yet, locked, or an older schema
         log.debug("could not read measurements from %s: %s", path, e)
         return {}
-    return {str(model): int(size) for model, size, _ in rows if size and int(size) > 0}
+    return {model: size for model, size in found.items() if size > 0}
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
