@@ -26,7 +26,7 @@ from hypercorn.trio import serve
 from mlxd import __version__
 from mlxd.config import Config, JournalConfig, ServerConfig
 from mlxd.engines import DefaultEngines, EngineFactory
-from mlxd.errors import ConfigError, MlxdError
+from mlxd.errors import ConfigError, JournalError, MlxdError
 from mlxd.http.app import create_app
 from mlxd.http.context import AppState
 from mlxd.journal import Journal, RecoveryReport
@@ -40,6 +40,8 @@ log = logging.getLogger("mlxd")
 #: keep-alive connections hold exit for this long (TECH-NOTES §0.4)
 HTTP_GRACE_S = 3.0
 JOURNAL_WATCH_S = 0.5
+#: how long shutdown waits for the journal to commit its last rows
+JOURNAL_FLUSH_S = 10.0
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
@@ -113,16 +115,30 @@ class Daemon:
                      self.config.server.shutdown_grace_s)
             self.state.draining = True
             await manager.shutdown(self.config.server.shutdown_grace_s)
-            await self.journal.wait_committed()
+            await self._flush_journal()
             self.state.close_event_streams()
             self._http_stop.set()
             await self._http_done.wait()
             self.journal.end_run(clean=True)
-            await self.journal.wait_committed()
-            clean = True
+            clean = await self._flush_journal()
             root.cancel_scope.cancel()
         if clean:
             log.info("mlxd stopped cleanly")
+        else:
+            log.warning("mlxd stopped, but the journal could not record a clean stop")
+
+    async def _flush_journal(self) -> bool:
+        """Wait (bounded) until every journal row is committed; False if it cannot be."""
+        with trio.move_on_after(JOURNAL_FLUSH_S):
+            try:
+                await self.journal.wait_committed()
+            except JournalError as e:
+                log.error("journal: %s", e.message)
+                return False
+            return True
+        log.error("journal: rows still unwritten after %g s (%s)", JOURNAL_FLUSH_S,
+                  self.journal.last_error)
+        return False
 
     # -- parts -----------------------------------------------------------------------
 
