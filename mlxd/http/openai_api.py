@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
@@ -209,7 +209,12 @@ async def generate(kind: str) -> Any:
         raise
     shape = Shape(kind, parsed.model, parsed.include_usage)
     if parsed.stream:
-        resp = Response(stream_body(st, lease, parsed, shape, t_request), mimetype="text/event-stream")
+        body = stream_body(st, lease, parsed, shape, t_request)
+        # Start the body now, up to its first chunk: a started generator always runs
+        # its ``finally`` (Quart closes it, or Trio's finalizer does when it is dropped),
+        # so the lease is released even if the client leaves before the body is sent.
+        first = await body.__anext__()
+        resp = Response(_prepend(first, body), mimetype="text/event-stream")
         resp.headers["Cache-Control"] = "no-cache"
         resp.headers["X-Accel-Buffering"] = "no"
         resp.headers["X-Request-Id"] = parsed.generation.request_id or ""
@@ -258,15 +263,24 @@ def _observe(st: AppState, model: str, t0: float, t_first: float | None, fin: Fi
     )
 
 
+async def _prepend(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    try:
+        yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()
+
+
 async def stream_body(
     st: AppState, lease: Lease, parsed: ParsedRequest, shape: Shape, t_request: float
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     outcome = Outcome.ERROR
     t_first: float | None = None
     events = lease.engine.generate(parsed.generation)
     try:
-        if shape.kind == "chat":
-            yield shape.chunk(None, first=True).encode()
+        # The first chunk needs no await (see generate()): the role delta, or a comment.
+        yield shape.chunk(None, first=True).encode() if shape.kind == "chat" else b": mlxd\n\n"
         while True:
             with lease.scope():  # preemption cancels this wait and raises Preempted
                 ev: GenerationEvent = await events.__anext__()

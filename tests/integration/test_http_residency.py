@@ -306,3 +306,25 @@ async def test_reload_adds_models_and_refuses_to_replace_a_live_one(tmp_path: Pa
         path.write_text("models: [")
         r = await c.post("/admin/reload")
         assert r.status_code == 400 and "not reloaded" in r.json()["error"]["message"]
+
+
+async def test_stream_dropped_before_sending_releases_its_lease(tmp_path: Path) -> None:
+    """A stream whose response is dropped before its body is sent (the client left at once) still releases its lease."""
+    import gc
+
+    from mlxd.http.openai_api import Shape, _prepend, stream_body
+    from mlxd.http.validation import parse_request
+
+    cfg = config_of({"manager": {"memory_budget_gb": 2}, "models": [fake("a", 0.5)]}, tmp_path)
+    async with serving(cfg, tmp_path) as s:
+        st = s.daemon.state
+        parsed = parse_request(body("a", stream=True), kind="chat")
+        lease = await s.manager.acquire("a")
+        gen = stream_body(st, lease, parsed, Shape("chat", "a", False), trio.current_time())
+        first = await gen.__anext__()  # what generate() does before returning the Response
+        response_body = _prepend(first, gen)
+        del gen, response_body  # the Response is dropped unsent
+        gc.collect()
+        with trio.fail_after(5):
+            await s.until(lambda: not s.manager.status()["leases"])
+        assert lease.released
