@@ -357,16 +357,7 @@ class Core:
             raise ModelNotFound(ev.model)
         if r.state is State.LOADING:
             raise Conflict(f"'{ev.model}' is loading; unload it once it is loaded")
-        if r.state is State.FAILED:
-            self._move(r, State.UNLOADED, Reason.ADMIN)
-        elif r.state is State.LOADED:
-            if r.leases:
-                self._begin_drain(r, Reason.ADMIN, ADMIN_DRAIN)
-            else:
-                self._begin_unload(r, Reason.ADMIN)
-        elif r.state is State.DRAINING:
-            r.drain_owner = ADMIN_DRAIN
-            r.out_reason = Reason.ADMIN
+        self._vacate(r, Reason.ADMIN, ADMIN_DRAIN)
         if ev.preempt and r.state is State.DRAINING:
             self._preempt(r, shutdown=False)
 
@@ -389,16 +380,8 @@ class Core:
                 self._out.append(CancelLoad(r.spec.name, r.load_id))
             elif r.state is State.LOADING:
                 r.abort_reason = Reason.SHUTDOWN
-            elif r.state is State.LOADED:
-                if r.leases:
-                    self._begin_drain(r, Reason.SHUTDOWN, SHUTDOWN_DRAIN)
-                else:
-                    self._begin_unload(r, Reason.SHUTDOWN)
-            elif r.state is State.DRAINING:
-                r.drain_owner = SHUTDOWN_DRAIN
-                r.out_reason = Reason.SHUTDOWN
-            elif r.state is State.FAILED:
-                self._move(r, State.UNLOADED, Reason.SHUTDOWN)
+            else:
+                self._vacate(r, Reason.SHUTDOWN, SHUTDOWN_DRAIN)
 
     def _on_ShutdownDeadline(self, ev: ShutdownDeadline) -> None:
         if not self.shutting_down:
@@ -639,6 +622,19 @@ class Core:
                     self._preempt(v, shutdown=False)
 
     # -- moves -----------------------------------------------------------------------
+
+    def _vacate(self, r: ModelRecord, reason: Reason, owner: int) -> None:
+        """Send a model on its way out for an admin unload or shutdown (never called off)."""
+        if r.state is State.FAILED:
+            self._move(r, State.UNLOADED, reason)
+        elif r.state is State.LOADED:
+            if r.leases:
+                self._begin_drain(r, reason, owner)
+            else:
+                self._begin_unload(r, reason)
+        elif r.state is State.DRAINING:
+            r.drain_owner = owner
+            r.out_reason = reason
 
     def _begin_unload(self, r: ModelRecord, reason: Reason) -> None:
         r.out_reason = reason
