@@ -47,6 +47,19 @@ def _where(clauses: Sequence[str]) -> str:
     return (" WHERE " + " AND ".join(clauses)) if clauses else ""
 
 
+def _filters(model: str | None, since: float | None, time_column: str) -> tuple[list[str], list[Any]]:
+    """WHERE clauses and their parameters for the model and since filters."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if model is not None:
+        clauses.append("model = ?")
+        params.append(model)
+    if since is not None:
+        clauses.append(f"{time_column} >= ?")
+        params.append(since)
+    return clauses, params
+
+
 def read_transitions(
     conn: sqlite3.Connection,
     *,
@@ -55,14 +68,7 @@ def read_transitions(
     limit: int | None = 50,
 ) -> list[dict[str, Any]]:
     """The last ``limit`` transitions (``None``: all) matching, in journal order."""
-    clauses: list[str] = []
-    params: list[Any] = []
-    if model is not None:
-        clauses.append("model = ?")
-        params.append(model)
-    if since is not None:
-        clauses.append("at >= ?")
-        params.append(since)
+    clauses, params = _filters(model, since, "at")
     cols = ", ".join(TRANSITION_COLUMNS)
     sql = f"SELECT {cols} FROM transitions{_where(clauses)} ORDER BY seq DESC LIMIT ?"
     rows = conn.execute(sql, [*params, -1 if limit is None else limit]).fetchall()
@@ -78,14 +84,7 @@ def read_leases(
     open_only: bool = False,
 ) -> list[dict[str, Any]]:
     """The last ``limit`` leases acquired (at or after ``since``), oldest first."""
-    clauses: list[str] = []
-    params: list[Any] = []
-    if model is not None:
-        clauses.append("model = ?")
-        params.append(model)
-    if since is not None:
-        clauses.append("acquired_at >= ?")
-        params.append(since)
+    clauses, params = _filters(model, since, "acquired_at")
     if open_only:
         clauses.append("released_at IS NULL")
     cols = ", ".join(LEASE_COLUMNS)
