@@ -11,25 +11,28 @@ the machine and the date. Adding a measurement is adding a function to the list.
   records per commit. This is what SQLite itself allows on this disk.
 * ``journal_single``: one Trio task records and awaits ``wait_committed`` each
   time (what an admin load that replies after its row is durable costs).
-* ``journal_grouped``: 50 tasks doing the same concurrently; the writer thread
+* ``journal_grouped``: 50 tasks doing the same concurrently; the writer process
   drains their records into shared commits (group commit).
 * ``journal_burst``: records queued without waiting, then one wait (the
   manager's normal use: it never waits on the journal).
 
 Part 2, what journaling costs the manager (:func:`manager_cost`): acquire+release
 of a resident fake model by 8 Trio tasks in a loop on the real
-:class:`~mlxd.manager.Manager`, with the journal off and with a real
+:class:`~mlxd.manager.Manager`, without and with a real
 :class:`~mlxd.journal.Journal` subscribed (every lease is two records: acquired
-and released) at FULL and at NORMAL. The three modes run one after the other
-in each round, so a change in the machine's load hits all three alike; the
-table gives medians over the rounds: ops/s, the cost (``1 - on/off`` within
-each round), and the process CPU per op over both threads (the event loop and
-the writer), which the scheduling of a busy box moves less than ops/s.
+and released), at FULL and at NORMAL. A virtual machine's speed drifts by tens
+of percent within seconds, which made separate runs per mode useless for a
+10% question; so two identical managers live in one process, one with the
+journal, and short windows of each alternate (the order flips every pair, and
+the writer has caught up before every window). The cost is ``1 - on/off`` per
+pair; the table gives medians and quartiles over the pairs, the event loop's
+process CPU per op, the writer process's CPU per record (on the other core),
+and the records still in flight when a journaled window ended.
 
 The files live in ``bench/results/journal-bench.tmp`` (same disk as the repo,
 ignored by git, removed afterwards), not in a tmpfs where fsync is free.
 
-Run: ``.venv/bin/python bench/journal.py [--scale 1.0] [--rounds 5] [--only throughput|manager]``.
+Run: ``.venv/bin/python bench/journal.py [--scale 1.0] [--pairs 100] [--window 0.2] [--only throughput|manager]``.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -137,7 +141,7 @@ async def _through_journal(
     journal = Journal(_fresh(directory, name), synchronous=synchronous)  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
-        journal.begin_run(os.getpid(), "bench", None)
+        await journal.begin_run(os.getpid(), "bench", None)
         commits0 = journal.commit_count
         t0 = time.perf_counter()
         records = await body(journal)  # type: ignore[misc]
@@ -199,27 +203,34 @@ MEASUREMENTS: list[Callable[[str, Path, int], Result]] = [
 
 # ---- part 2: what journaling costs the manager ------------------------------------------------
 
-MODES = ("off", "full", "normal")
+MODES = ("full", "normal")
 
 
 @dataclass(frozen=True)
-class ManagerRun:
-    mode: str
-    ops: int
-    seconds: float
-    cpu_seconds: float
-    records: int
-    commits: int
-    #: records queued but not yet committed when the timed loop ended
+class Pair:
+    """One window of the manager without the journal next to one with it."""
+
+    off_ops_s: float
+    on_ops_s: float
+    #: CPU of this (the event loop's) process per op, microseconds
+    off_cpu_us: float
+    on_cpu_us: float
+    #: records recorded but not yet committed when the journaled window ended
     lag: int
 
     @property
-    def per_second(self) -> float:
-        return self.ops / self.seconds
+    def cost(self) -> float:
+        return 1 - self.on_ops_s / self.off_ops_s
 
-    @property
-    def cpu_us_per_op(self) -> float:
-        return self.cpu_seconds / self.ops * 1e6
+
+@dataclass(frozen=True)
+class ManagerCost:
+    mode: str
+    pairs: list[Pair]
+    records: int
+    commits: int
+    #: the writer process's CPU per record, microseconds (on the other core)
+    writer_cpu_us: float
 
 
 def _resident_manager() -> Manager:
@@ -237,65 +248,79 @@ def _resident_manager() -> Manager:
     return Manager(config, FakeFleet())
 
 
-async def _manager_run(mode: str, directory: Path, seconds: float, tasks: int = 8) -> ManagerRun:
-    manager = _resident_manager()
+async def _window(manager: Manager, seconds: float, tasks: int) -> tuple[float, float]:
+    cpu0 = time.process_time()
+    ops, elapsed = await acquire_release(manager, seconds, tasks)
+    return ops / elapsed, (time.process_time() - cpu0) / ops * 1e6
+
+
+async def _alternate(
+    mode: str, directory: Path, pairs: int, window: float, tasks: int = 8
+) -> ManagerCost:
+    """Two identical managers in one process, one with the journal subscribed; windows alternate."""
     async with trio.open_nursery() as nursery:
-        journal = None
-        if mode != "off":
-            journal = Journal(_fresh(directory, f"manager-{mode}"), synchronous=mode)  # type: ignore[arg-type]
-            await nursery.start(journal.run)
-            journal.begin_run(os.getpid(), "bench", None)
-            manager.subscribe(journal.record)
-        await nursery.start(manager.run)
-        await manager.load("a")
-        commits0 = journal.commit_count if journal else 0
-        records0 = journal.last_seq if journal else 0
-        cpu0 = time.process_time()
-        ops, elapsed = await acquire_release(manager, seconds, tasks)
-        lag = journal.last_seq - journal.committed_seq if journal else 0
-        if journal is not None:
-            await journal.wait_committed()  # the writer's catch-up is part of the cost
-        cpu = time.process_time() - cpu0
-        records = journal.last_seq - records0 if journal else 0
-        commits = journal.commit_count - commits0 if journal else 0
+        journal = Journal(_fresh(directory, f"manager-{mode}"), synchronous=mode)  # type: ignore[arg-type]
+        await nursery.start(journal.run)
+        await journal.begin_run(os.getpid(), "bench", None)
+        assert journal.writer_pid is not None
+        writer = psutil.Process(journal.writer_pid)
+        off, on = _resident_manager(), _resident_manager()
+        on.subscribe(journal.record)
+        for manager in (off, on):
+            await nursery.start(manager.run)
+            await manager.load("a")
+        await journal.wait_committed()
+        records0, commits0 = journal.last_seq, journal.commit_count
+        writer0 = sum(writer.cpu_times()[:2])
+        out = []
+        for i in range(pairs):
+            if i % 2 == 0:
+                off_ops, off_cpu = await _window(off, window, tasks)
+            on_ops, on_cpu = await _window(on, window, tasks)
+            lag = journal.last_seq - journal.committed_seq
+            await journal.wait_committed()  # the writer starts the next window idle
+            if i % 2 == 1:
+                off_ops, off_cpu = await _window(off, window, tasks)
+            out.append(Pair(off_ops, on_ops, off_cpu, on_cpu, lag))
+        records = journal.last_seq - records0
+        commits = journal.commit_count - commits0
+        writer_cpu = (sum(writer.cpu_times()[:2]) - writer0) / max(records, 1) * 1e6
         nursery.cancel_scope.cancel()
-    return ManagerRun(mode, ops, elapsed, cpu, records, commits, lag)
+    return ManagerCost(mode, out, records, commits, writer_cpu)
 
 
-def manager_cost(directory: Path, rounds: int, seconds: float) -> list[list[ManagerRun]]:
-    """``rounds`` rounds of (off, full, normal), each mode for ``seconds``."""
+def manager_cost(directory: Path, pairs: int, window: float) -> list[ManagerCost]:
     out = []
-    for r in range(rounds):
-        runs = [trio.run(_manager_run, mode, directory, seconds) for mode in MODES]
+    for mode in MODES:
+        result = trio.run(_alternate, mode, directory, pairs, window)
+        costs = [p.cost * 100 for p in result.pairs]
         print(
-            f"  round {r + 1}: " + ", ".join(f"{x.mode} {x.per_second:,.0f} ops/s" for x in runs),
+            f"  {mode}: cost median {statistics.median(costs):.1f}% over {pairs} pairs",
             file=sys.stderr,
         )
-        out.append(runs)
+        out.append(result)
     return out
 
 
-def manager_table(rounds: list[list[ManagerRun]]) -> str:
+def manager_table(results: list[ManagerCost]) -> str:
     lines = [
-        "| journal | acquire+release ops/s (median) | cost vs off (median, range) "
-        "| CPU per op, both threads | records per commit |",
-        "|---|---:|---:|---:|---:|",
+        "| journal | off ops/s | on ops/s | cost: median (quartiles) "
+        "| event-loop CPU per op, off -> on | writer CPU per record | records per commit "
+        "| lag at window end (max) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    off = {i: r[0] for i, r in enumerate(rounds)}
-    for k, mode in enumerate(MODES):
-        runs = [r[k] for r in rounds]
-        ops = statistics.median(x.per_second for x in runs)
-        cpu = statistics.median(x.cpu_us_per_op for x in runs)
-        if mode == "off":
-            cost, per_commit = "", ""
-        else:
-            costs = [(1 - x.per_second / off[i].per_second) * 100 for i, x in enumerate(runs)]
-            cost = f"{statistics.median(costs):.0f}% ({min(costs):.0f} to {max(costs):.0f})"
-            per_commit = (
-                f"{sum(x.records for x in runs) / max(1, sum(x.commits for x in runs)):,.0f}"
-            )
-        label = "off" if mode == "off" else f"on, synchronous={mode.upper()}"
-        lines.append(f"| {label} | {ops:,.0f} | {cost} | {cpu:.1f} us | {per_commit} |")
+    for r in results:
+        med = statistics.median
+        costs = [p.cost * 100 for p in r.pairs]
+        q1, _, q3 = statistics.quantiles(costs, n=4)
+        lines.append(
+            f"| synchronous={r.mode.upper()} | {med(p.off_ops_s for p in r.pairs):,.0f} "
+            f"| {med(p.on_ops_s for p in r.pairs):,.0f} "
+            f"| **{med(costs):.1f}%** ({q1:.1f} to {q3:.1f}) "
+            f"| {med(p.off_cpu_us for p in r.pairs):.1f} -> {med(p.on_cpu_us for p in r.pairs):.1f} us "
+            f"| {r.writer_cpu_us:.1f} us | {r.records / max(r.commits, 1):,.0f} "
+            f"| {max(p.lag for p in r.pairs):,} |"
+        )
     return "\n".join(lines)
 
 
@@ -343,9 +368,11 @@ def table(results: list[Result]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the record counts")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of the manager measurement")
     parser.add_argument(
-        "--seconds", type=float, default=2.0, help="seconds per mode and round (manager part)"
+        "--pairs", type=int, default=100, help="window pairs (off, on) per mode (manager part)"
+    )
+    parser.add_argument(
+        "--window", type=float, default=0.2, help="seconds per window (manager part)"
     )
     parser.add_argument("--only", choices=["throughput", "manager"], help="run one part only")
     parser.add_argument(
@@ -356,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     machine_line = machine()
     WORKDIR.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
-    rounds: list[list[ManagerRun]] = []
+    costs: list[ManagerCost] = []
     try:
         if args.only != "manager":
             for measure in MEASUREMENTS:
@@ -367,19 +394,19 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                     )
         if args.only != "throughput":
-            rounds = manager_cost(WORKDIR, args.rounds, args.seconds)
+            costs = manager_cost(WORKDIR, args.pairs, args.window)
     finally:
         shutil.rmtree(WORKDIR, ignore_errors=True)
     report = table(results) if results else ""
-    manager_report = manager_table(rounds) if rounds else ""
+    manager_report = manager_table(costs) if costs else ""
     print(report + ("\n\n" if report and manager_report else "") + manager_report)
     if not args.no_write:
         command = "python bench/journal.py" + "".join(
             f" --{k} {v}"
             for k, v, default in (
                 ("scale", args.scale, 1.0),
-                ("rounds", args.rounds, 5),
-                ("seconds", args.seconds, 2.0),
+                ("pairs", args.pairs, 100),
+                ("window", args.window, 0.2),
                 ("only", args.only, None),
             )
             if v != default
@@ -395,8 +422,9 @@ def main(argv: list[str] | None = None) -> int:
                 "on one connection without the journal.\n\n"
                 f"{report}\n\n"
                 "Reading it: a single awaited commit is bound by the disk's flush (FULL) or by the\n"
-                "thread hop (NORMAL); concurrent waiters share commits, so throughput grows with\n"
-                "them; queued records are bound by the work per record in the writer thread. A\n"
+                "round trip to the writer process (NORMAL); concurrent waiters share commits, so\n"
+                "throughput grows with them; queued records are bound by the work per record in\n"
+                "the writer process. A\n"
                 "virtual disk's flush cost varies between runs: rerun before comparing FULL\n"
                 "figures across machines.\n\n"
                 if report
@@ -404,8 +432,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             + (
                 "## What journaling costs the manager\n\n"
-                f"acquire+release of a resident fake model by 8 tasks, {args.seconds:g} s per "
-                f"mode, {args.rounds} rounds of (off, FULL, NORMAL); every lease is two records.\n\n"
+                f"acquire+release of a resident fake model by 8 tasks; {args.pairs} pairs of "
+                f"{args.window:g} s windows per mode, without and with the journal, alternating "
+                "in one process; every lease is two records.\n\n"
                 f"{manager_report}\n\n"
                 f"{MANAGER_NOTES}\n"
                 if manager_report
@@ -416,36 +445,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 MANAGER_NOTES = """\
-Reading it. The cost is not the commits: FULL and NORMAL cost the same, and group
-commit puts about a thousand records in each (a few dozen commits a second). It is
-CPU per record, with one GIL for the event loop and the writer thread. The manager
-alone needs ~29 us per acquire+release. Journaling it adds, per op: ~2 us on the
-event loop (`record()` only takes a sequence number and queues the event); ~9 us of
-Python on the writer thread (two JSON payloads at ~3 us each, the rows); ~8 us of
-SQLite, which runs without the GIL on the other core; and the context switches of
-every GIL hand-off between the two threads. The writer's Python share comes out of
-the event loop's time, which puts the floor of this saturated loop near 30%. Getting
-under 10% would take the payload JSON and the SQL binding off the GIL (a native or
-out-of-process writer), an architecture change rather than a journal fix.
+Reading it. The journal's writer is a separate process (`mlxd/journal_writer.py`); the
+event loop only turns each event into a plain tuple (`record()`), and every 10 ms at
+most pickles what came and writes it down a pipe, one message per commit. The
+payload JSON, the rows, SQLite and the fsync all run in the writer, on the other
+core. What is left on the event loop is about 1 us per record: the tuple, its share
+of the pickle, and of the pipe write and the commit report that wakes the loop.
 
-Found and fixed on the way. Before these fixes, the same measurement
-on this machine the same day gave 57% at FULL and 61% at NORMAL (15,500 and 14,300
-ops/s against 36,300 off):
-
-* Lease ids were `uuid4`: every journaled lease landed on a random page of the
-  `leases` primary key, dirtying a page per row. That cost 19-22 us of SQLite per lease
-  at 50 rows per commit, against ~6 us with time-ordered ids. The manager now makes
-  time-ordered ids (nanoseconds, then 64 random bits; still 32 hex digits).
-* One statement per row: each `sqlite3_step` gives the GIL back and takes it again,
-  so each row cost a hand-off. A batch is now a few multi-row INSERTs (64 rows each).
-  A lease acquired and released in the same batch is one row (no UPDATE).
-* JSON payloads were built on the event loop with `json.dumps(..., separators=)`,
-  which builds an encoder per call. The writer thread now writes them directly
-  (byte for byte `json.dumps`, checked by the journaled property test), and builds
-  payload dicts only when someone subscribes to `/admin/events`.
+How it got here, same measurement on this machine: 57% at FULL with the first
+writer thread (uuid4 lease ids, which dirtied a random page of the `leases` index
+per row; one statement per row, each a GIL hand-off; JSON built on the event loop);
+35% with time-ordered ids, multi-row INSERTs and JSON on the writer thread. The
+rest was CPython's one GIL, shared by the event loop and any writer thread: the
+writer's Python work and every GIL hand-off came out of the event loop's time. A
+process has its own GIL.
 
 In practice: a lease is one LLM request. At 100 requests a second, journaling costs
-about 40 us x 100 = 4 ms of CPU a second, 0.4% of one core."""
+the event loop about 2 us x 100 = 0.2 ms of CPU a second."""
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ class Daemon:
             if self.install_signal_handlers:
                 await root.start(self._signals)
             await root.start(self.journal.run)
-            self.recovery = self.journal.begin_run(
+            self.recovery = await self.journal.begin_run(
                 os.getpid(), __version__, str(self.config_path) if self.config_path else None
             )
             self._log_recovery(self.recovery)

@@ -10,12 +10,14 @@ with ``MLXD_CRASH_AT=journal.before_commit:3`` and the process sends itself
 first time). Several points may be armed at once, separated by commas.
 
 The variable is read once, at import. When it is unset, a crash point costs
-one lookup in an empty dict.
+one lookup in an empty dict. The journal's writer process (:mod:`mlxd.journal_writer`)
+inherits it and names the daemon with :func:`also_kill`: a crash point reached
+there kills the daemon first, as if the daemon itself had crashed at that point.
 
 The points (``name``: where):
 
 * ``journal.before_commit`` / ``journal.after_commit``: around the COMMIT of a
-  journal batch and of start-up recovery (:mod:`mlxd.journal_writer`, :mod:`mlxd.journal`);
+  journal batch and of start-up recovery (:mod:`mlxd.journal_writer`, :mod:`mlxd.journal_rows`);
 * ``http.after_commit_before_reply``: an admin load/unload whose journal rows are
   committed, before its reply (:mod:`mlxd.http.admin_api`);
 * ``manager.mid_load``: a fake engine has loaded but the manager has not heard
@@ -48,6 +50,12 @@ def parse(spec: str) -> dict[str, int]:
 
 _targets: dict[str, int] = parse(os.environ.get(ENV, ""))
 _reached: dict[str, int] = {}
+_also: list[int] = []
+
+
+def also_kill(pid: int) -> None:
+    """Make a crash point in this process SIGKILL ``pid`` first (the writer process's daemon)."""
+    _also.append(pid)
 
 
 def crash_point(name: str) -> None:
@@ -57,4 +65,6 @@ def crash_point(name: str) -> None:
     n = _reached[name] = _reached.get(name, 0) + 1
     if n == _targets[name]:
         os.write(2, f"mlxd: crash point {name}:{n} reached, SIGKILL\n".encode())
+        for pid in _also:
+            os.kill(pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -1,30 +1,31 @@
-"""The SQLite journal: one writer thread, group commit, a commit watermark, crash recovery.
+"""The SQLite journal: a writer process, group commit, a commit watermark, crash recovery.
 
 Theory of operation
 -------------------
 The daemon owns one :class:`Journal` and starts it with
-``await nursery.start(journal.run)``. ``run()`` starts ONE dedicated writer
-thread (:class:`mlxd.journal_writer.Writer`), which opens the file (WAL,
-``synchronous`` FULL or NORMAL, foreign keys, ``busy_timeout``), applies the
-migrations, reads the highest sequence number and reports ready; only then
-does ``run()`` call ``task_status.started()``. The thread owns its
-connection; nothing else writes.
+``await nursery.start(journal.run)``. ``run()`` starts ONE writer process
+(:mod:`mlxd.journal_writer`), which opens the file (WAL, ``synchronous`` FULL
+or NORMAL, foreign keys, ``busy_timeout``), applies the migrations, reads the
+highest sequence number and reports ready; only then does ``run()`` call
+``task_status.started()``. The process owns the only writing connection.
+Why a process: see :mod:`mlxd.journal_writer` (one GIL per process).
 
-Then, once, the daemon calls :meth:`Journal.begin_run` (synchronous; it waits
-for the writer thread to do the work, a few milliseconds at start-up, before any
-request is served). It inserts this run's ``runs`` row and repairs what the
-previous run left behind, in one transaction with that row (see
-:class:`RecoveryReport`).
+Then, once, the daemon calls ``await`` :meth:`Journal.begin_run`: it inserts
+this run's ``runs`` row and repairs what the previous run left behind, in one
+transaction with that row (see :class:`RecoveryReport`), before any record.
 
-From Trio, :meth:`Journal.record` never blocks: it assigns the next journal
-sequence number and puts the row(s) on the writer's queue. The writer drains
-everything queued into one transaction, so a burst of N records costs one
-commit. After each commit it tells the Trio side, which moves the *watermark*
-(every seq up to it is on disk) and wakes :meth:`Journal.wait_committed`
-callers and delivers the committed events to subscribers.
+From Trio, :meth:`Journal.record` never blocks and does almost nothing: it
+assigns the next journal sequence number and appends the event to a list. A
+flusher task turns the list into plain tuples (:func:`mlxd.journal_rows.encode`)
+and sends them down the pipe in one message; while that write waits, records
+pile up for the next one. The writer process drains everything queued into
+one transaction, so a burst of N records costs one commit. After each commit
+it reports the last seq written, and a reader task moves the *watermark*
+(every seq up to it is on disk), wakes :meth:`Journal.wait_committed` callers
+and delivers the committed events to subscribers.
 
-Sequence numbers: one Python-side counter, initialised from the file's highest
-seq. Every record and :meth:`end_run` takes the next number; a transition's
+Sequence numbers: one counter here, initialised from the file's highest seq.
+Every record and :meth:`end_run` takes the next number; a transition's
 ``transitions.seq`` equals its ``events.seq``; measurements and the end of a
 run take a number but have no ``events`` row, so ids are increasing, not dense.
 
@@ -35,7 +36,9 @@ writer retries with exponential backoff; the first successful commit writes
 them all and turns ``healthy`` true again. A row the database rejects for what
 it is (a constraint: duplicate lease id, unknown lease, bad vocabulary) cannot
 succeed on retry: it alone is left out, the rest of its batch commits, and
-``wait_committed`` on its seq raises :class:`~mlxd.errors.JournalError`.
+``wait_committed`` on its seq raises :class:`~mlxd.errors.JournalError`. If the
+writer process dies, the journal is closed: waiters get ``JournalError`` and
+``run()`` raises it.
 
 Readers (:meth:`history`, :meth:`leases`, :meth:`events_after`,
 :meth:`latest_measurements`) open their own read-only connection per call.
@@ -48,246 +51,73 @@ slowing anyone down. The SSE recipe without loss: subscribe first, send
 higher than the last one sent; when it ends with ``dropped``, repeat.
 
 Shutdown: the daemon calls :meth:`end_run` (clean or not) and cancels
-``run()``, which flushes the queue and joins the thread, waiting at most
-``flush_timeout`` seconds (shielded, bounded); rows still unwritten after that
-are reported in the log and lost, like any write after a crash.
+``run()``, which sends what is left, asks the writer to stop, and waits for it
+at most ``flush_timeout`` seconds (shielded, bounded); after that the writer
+is killed, and rows still unwritten are reported in the log and lost, like any
+write after a crash.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import operator
+import math
+import os
 import sqlite3
+import subprocess
+import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
 from enum import Enum
-from json.encoder import encode_basestring_ascii
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import trio
 
+import mlxd
 from mlxd import history as reads
 from mlxd.errors import JournalError
-from mlxd.events import (
-    LeaseAcquired,
-    LeaseReleased,
-    ManagerEvent,
-    MeasurementEvent,
-    TransitionEvent,
-)
-from mlxd.faults import crash_point
-from mlxd.journal_writer import Item, Op, Plan, Prepared, Rejected, Writer
+from mlxd.events import LeaseAcquired, LeaseReleased, ManagerEvent, TransitionEvent
+from mlxd.journal_rows import ENCODERS, RESIDENT, EndRun, RecoveryReport, Wire
+from mlxd.journal_writer import ERROR_KINDS, Frames, Settings, frame
 from mlxd.migrate import Synchronous, open_readonly
-from mlxd.states import HOLDS_MEMORY, Outcome, Reason, State
+
+__all__ = ["RESIDENT", "Journal", "RecoveryReport", "Subscription"]
 
 log = logging.getLogger("mlxd.journal")
 
-#: States that count as "resident" for restore_on_start.
-RESIDENT: frozenset[State] = frozenset({State.LOADED, State.DRAINING})
-
-_INSERT_EVENT = (
-    "INSERT INTO events(seq, run_id, at, kind, model, payload) VALUES (?, ?, ?, ?, ?, ?)"
-)
-_INSERT_TRANSITION = (
-    "INSERT INTO transitions(seq, run_id, at, model, from_state, to_state, reason, memory_bytes,"
-    " error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_INSERT_LEASE = (
-    "INSERT INTO leases(id, run_id, model, request_id, route, acquired_at, released_at, outcome,"
-    " prompt_tokens, completion_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_RELEASE_LEASE = (
-    "UPDATE leases SET released_at = ?, outcome = ?, prompt_tokens = ?, completion_tokens = ?"
-    " WHERE id = ? AND released_at IS NULL"
-)
-_INSERT_MEASUREMENT = (
-    "INSERT INTO measurements(model, at, memory_bytes, load_seconds) VALUES (?, ?, ?, ?)"
-)
-_END_RUN = "UPDATE runs SET stopped_at = ?, clean_stop = ? WHERE id = ?"
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryReport:
-    """What :meth:`Journal.begin_run` found and repaired.
-
-    ``resident``: the models that were resident (state ``loaded`` or
-    ``draining``) at the end of the previous run, oldest transition first: for
-    a crashed run, their last state; for a run that shut down, the state each
-    model had before its first ``shutdown`` row of that run. These are what
-    ``restore_on_start`` loads again. ``recovered``: the ``(model, state)``
-    pairs that got a ``<state> -> unloaded`` row with reason
-    ``crash_recovery`` (every model whose last state holds memory; after a
-    clean stop there are normally none). ``interrupted_leases``: the leases
-    left open, now closed with outcome ``interrupted`` at this start's time.
-    """
-
-    run_id: int
-    previous_run_id: int | None
-    crashed: bool
-    resident: tuple[str, ...]
-    recovered: tuple[tuple[str, State], ...]
-    interrupted_leases: tuple[str, ...]
-
-
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
-_STR = encode_basestring_ascii
-_INF = float("inf")
-
-
-def _json(payload: dict[str, Any]) -> str:
-    return _ENCODER.encode(payload)
-
-
-_FIELDS: dict[type, tuple[str, ...]] = {
-    cls: tuple(f.name for f in fields(cls))
-    for cls in (TransitionEvent, LeaseAcquired, LeaseReleased, MeasurementEvent)
+#: the wire kinds subscribers hear, with their field names (measurements and end_run are not published)
+_PAYLOAD_FIELDS: dict[str, tuple[str, ...]] = {
+    cls.kind: tuple(cls.__dataclass_fields__)
+    for cls in (TransitionEvent, LeaseAcquired, LeaseReleased)
 }
 
 
-def _payload(event: ManagerEvent) -> dict[str, Any]:
-    """``event.as_dict()`` as JSON gives it back (enums as strings), without asdict's deep copy."""
-    out: dict[str, Any] = {"kind": event.kind}
-    for name in _FIELDS[type(event)]:
-        value = getattr(event, name)
+def _payload(w: Wire) -> dict[str, Any]:
+    """``event.as_dict()`` as JSON gives it back (enums as strings), from the event's wire record."""
+    out: dict[str, Any] = {"kind": w[0]}
+    for name, value in zip(_PAYLOAD_FIELDS[w[0]], w[1:], strict=True):
         out[name] = value.value if isinstance(value, Enum) else value
     return out
 
 
-def _value_json(v: Any) -> str:
-    """One value exactly as ``json.dumps`` writes it (ASCII, compact)."""
-    if v is None:
-        return "null"
-    if isinstance(v, str):  # enums are StrEnums: their value
-        return _STR(v)
-    t = type(v)
-    if t is int:
-        return int.__repr__(v)
-    if t is float and -_INF < v < _INF:
-        return float.__repr__(v)
-    return _ENCODER.encode(v)  # bools, NaN, anything else: json's own rules
+#: seconds between two messages to the writer while records keep coming (see ``_flush_loop``)
+FLUSH_INTERVAL = 0.01
+#: a batch this big is sent without waiting for the interval
+FLUSH_RECORDS = 2000
 
 
-#: per event type: one getter for all its fields, and the ``"name":`` prefix of each
-_SHAPES: dict[type, tuple[Callable[[Any], tuple[Any, ...]], str, tuple[str, ...]]] = {
-    cls: (
-        operator.attrgetter(*names),
-        '{"kind":' + _STR(cls.kind) + ",",  # type: ignore[attr-defined]
-        tuple(_STR(n) + ":" for n in names),
-    )
-    for cls, names in _FIELDS.items()
-}
+def _writer_command() -> list[str]:
+    return [sys.executable, "-c", "from mlxd.journal_writer import main; main()"]
 
 
-def _event_json(event: ManagerEvent) -> str:
-    """``json.dumps(_payload(event))`` (compact), written directly: the writer's hot path.
-
-    It follows the dataclass fields, so a new field cannot be left out; the
-    journaled property test compares every stored payload with ``json.dumps``.
-    """
-    get, head, prefixes = _SHAPES[type(event)]
-    values = get(event)
-    return (
-        head + ",".join([p + _value_json(v) for p, v in zip(prefixes, values, strict=True)]) + "}"
-    )
-
-
-def _event_row(seq: int, run_id: int, ev: ManagerEvent) -> tuple[Any, ...]:
-    return (seq, run_id, ev.at, ev.kind, ev.model, _event_json(ev))
-
-
-def _transition_row(seq: int, run_id: int, ev: TransitionEvent) -> tuple[Any, ...]:
-    return (
-        seq, run_id, ev.at, ev.model, ev.from_state.value, ev.to_state.value, ev.reason.value,
-        ev.memory_bytes, ev.error,
-    )  # fmt: skip
-
-
-def _lease_row(run_id: int, ev: LeaseAcquired) -> list[Any]:
-    return [ev.lease_id, run_id, ev.model, ev.request_id, ev.route, ev.at, None, None, None, None]
-
-
-def _release_row(ev: LeaseReleased) -> tuple[Any, ...]:
-    return (ev.at, ev.outcome.value, ev.prompt_tokens, ev.completion_tokens, ev.lease_id)
-
-
-class _EndRun(NamedTuple):
-    at: float
-    clean: bool
-
-
-# ---- from records to SQL (both run on the writer thread) ---------------------------------------
-
-
-def _prepare(item: Item) -> Prepared:
-    """One record's statements, in order, and what to publish: the reference for :func:`_plan`."""
-    run_id, ev = item.record
-    if isinstance(ev, _EndRun):
-        return ((_END_RUN, (ev.at, 1 if ev.clean else 0, run_id), True),), None
-    if isinstance(ev, MeasurementEvent):
-        return (
-            (_INSERT_MEASUREMENT, (ev.model, ev.at, ev.memory_bytes, ev.load_seconds), False),
-        ), None
-    event_op: Op = (_INSERT_EVENT, _event_row(item.seq, run_id, ev), False)
-    if isinstance(ev, TransitionEvent):
-        return (event_op, (_INSERT_TRANSITION, _transition_row(item.seq, run_id, ev), False)), ev
-    if isinstance(ev, LeaseAcquired):
-        return ((_INSERT_LEASE, tuple(_lease_row(run_id, ev)), False), event_op), ev
-    return ((_RELEASE_LEASE, _release_row(ev), True), event_op), ev
-
-
-def _plan(items: list[Item]) -> Plan:
-    """A batch in a few multi-row statements, with the same end state as :func:`_prepare` in order.
-
-    A lease acquired and released within the batch is one ``leases`` row (no
-    UPDATE). Anything unusual (a lease id acquired twice) raises
-    :class:`Rejected`, which sends the batch record by record through
-    :func:`_prepare`, where the database judges each record alone.
-    """
-    events: list[tuple[Any, ...]] = []
-    transitions: list[tuple[Any, ...]] = []
-    leases: dict[str, list[Any]] = {}
-    releases: list[tuple[Any, ...]] = []
-    measurements: list[tuple[Any, ...]] = []
-    ends: list[tuple[Any, ...]] = []
-    published: list[tuple[int, Any]] = []
-    for seq, (run_id, ev) in items:
-        t = type(ev)
-        if t is LeaseAcquired:
-            if ev.lease_id in leases:
-                raise Rejected(f"lease {ev.lease_id!r} acquired twice in one batch")
-            leases[ev.lease_id] = _lease_row(run_id, ev)
-        elif t is LeaseReleased:
-            row = leases.get(ev.lease_id)
-            if row is not None and row[7] is None:  # acquired in this batch and still open
-                row[6:10] = _release_row(ev)[:4]
-            else:
-                releases.append(_release_row(ev))
-        elif t is TransitionEvent:
-            transitions.append(_transition_row(seq, run_id, ev))
-        elif t is MeasurementEvent:
-            measurements.append((ev.model, ev.at, ev.memory_bytes, ev.load_seconds))
-            continue
-        else:
-            ends.append((ev.at, 1 if ev.clean else 0, run_id))
-            continue
-        events.append(_event_row(seq, run_id, ev))
-        published.append((seq, ev))
-    inserts = [
-        (_INSERT_EVENT, events),  # before transitions: their seq references it
-        (_INSERT_TRANSITION, transitions),
-        (_INSERT_LEASE, [tuple(r) for r in leases.values()]),
-        (_INSERT_MEASUREMENT, measurements),
-    ]
-    updates = [(_RELEASE_LEASE, releases), (_END_RUN, ends)]
-    return Plan(
-        [(sql, rows) for sql, rows in inserts if rows],
-        [(sql, rows) for sql, rows in updates if rows],
-        published,
-    )
+def _writer_env() -> dict[str, str]:
+    """The daemon's environment, with this ``mlxd`` package importable first."""
+    env = dict(os.environ)
+    root = str(Path(mlxd.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
+    return env
 
 
 class Subscription:
@@ -347,6 +177,7 @@ class Journal:
         wall_clock: Callable[[], float] = time.time,
         busy_timeout_ms: int = 5000,
         flush_timeout: float = 10.0,
+        flush_interval: float = FLUSH_INTERVAL,
         retry_initial: float = 0.05,
         retry_max: float = 5.0,
         subscriber_buffer: int = 1024,
@@ -358,49 +189,70 @@ class Journal:
         self._busy_timeout_ms = busy_timeout_ms
         self._flush_timeout = flush_timeout
         self._subscriber_buffer = subscriber_buffer
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._writer = Writer(
-            self.path,
-            self,
-            self._notify,
-            _plan,
-            _prepare,
+        self._settings = Settings(
+            path=str(self.path),
             synchronous=synchronous,
             busy_timeout_ms=busy_timeout_ms,
             retry_initial=retry_initial,
             retry_max=retry_max,
-            migrations=migrations,
+            migrations=str(migrations) if migrations is not None else None,
+            daemon_pid=os.getpid(),
         )
+        self._process: trio.Process | None = None
+        self._frames = Frames()
         self._ready = trio.Event()
         self._exited = trio.Event()
-        #: the last seq handed out; invariant: _committed <= _last_seq
+        self._open_error: Exception | None = None
+        #: why the writer process ended, when it did so by itself
+        self._exit_error: str | None = None
+        #: the last seq handed out; invariant: _committed <= _sent <= _last_seq
         self._last_seq = 0
+        #: the last seq sent to the writer process
+        self._sent = 0
         #: the watermark: every seq <= it is committed (or was rejected)
         self._committed = 0
+        #: records not yet sent (seqs _sent + 1 .. _last_seq)
+        self._pending: list[Wire] = []
+        #: records sent but not yet committed, as (first seq, records) per message
+        self._inflight: deque[tuple[int, list[Wire]]] = deque()
+        self._flush_interval = flush_interval
+        self._flusher_parked = False
+        self._flush_wanted = trio.Event()
+        #: somebody awaits a record not yet sent: send without waiting for flush_interval
+        self._urgent = False
         self._rejected: dict[int, str] = {}
         self._progress = trio.Event()
+        self._recovering = False
+        self._recovered: tuple[bool, Any] | None = None
+        self._started = False
+        #: True from begin_run until end_run or shutdown: record()'s one check
+        self._accepting = False
         self._running = False
         self._closed = False
         self._run_id: int | None = None
         self._run_ended = False
         self._subscribers: set[Subscription] = set()
+        self._healthy = True
+        self._last_error: str | None = None
+        self._attempt_failures = 0
+        self._commits = 0
 
     # ---- state --------------------------------------------------------------------------
 
     @property
     def healthy(self) -> bool:
         """False while writes fail (rows are kept and retried); true again after a commit."""
-        return self._writer.healthy
+        return self._healthy
 
     @property
     def last_error(self) -> str | None:
         """The last write failure (kept after recovery, for the record)."""
-        return self._writer.last_error
+        return self._last_error
 
     @property
     def commit_count(self) -> int:
         """Transactions committed by the writer (group commit keeps it far below the records)."""
-        return self._writer.commits
+        return self._commits
 
     @property
     def run_id(self) -> int | None:
@@ -416,82 +268,113 @@ class Journal:
         """The watermark: every sequence number up to it is written (or was rejected)."""
         return self._committed
 
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's pid while it runs."""
+        return self._process.pid if self._process is not None else None
+
     # ---- lifecycle ----------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Open, migrate and start the writer thread; on cancellation flush and join it."""
-        if self._token is not None:
+        """Start the writer process (it opens and migrates); on cancellation flush and stop it."""
+        if self._started:
             raise RuntimeError("Journal.run() may be called only once")
-        self._token = trio.lowlevel.current_trio_token()
-        self._writer.start()
+        self._started = True
         try:
-            await self._ready.wait()
-            if self._writer.open_error is not None:
-                raise self._writer.open_error
-            self._running = True
-            task_status.started()
-            await self._exited.wait()
+            self._process = await trio.lowlevel.open_process(
+                _writer_command(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=_writer_env(),
+            )
+        except OSError as e:
+            raise JournalError(f"journal: cannot start the writer process: {e}") from e
+        try:
+            await self._send(("open", self._settings))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_reports)
+                await self._ready.wait()
+                if self._open_error is None and not self._exited.is_set():
+                    self._running = True
+                    nursery.start_soon(self._flush_loop)
+                    task_status.started()
+                    await self._exited.wait()
+                nursery.cancel_scope.cancel()
+            if self._open_error is not None:
+                raise self._open_error
             # The writer only stops by itself on an unexpected error (a bug): surface it.
-            raise JournalError(
-                f"journal: writer thread stopped: {self._writer.error!r}"
-            ) from self._writer.error
+            raise JournalError(f"journal: the writer process stopped: {self._exit_error}")
         finally:
             self._running = False
             await self._shutdown()
 
     async def _shutdown(self) -> None:
-        self._writer.stop()
+        self._accepting = False
+        process = self._process
+        assert process is not None and process.stdin is not None
         with trio.move_on_after(self._flush_timeout) as scope:
             scope.shield = True
-            await self._exited.wait()
-        if self._exited.is_set():
-            self._writer.join(1.0)  # it has reported its exit: only the return is left
-        else:
-            self._writer.abandon()
-            log.error(
-                "journal: gave up flushing after %.1fs; %d records not written (%s)",
-                self._flush_timeout,
-                self._last_seq - self._committed,
-                self._writer.last_error,
-            )
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                if self._pending and not self._exited.is_set():
+                    await self._send_pending()
+                await self._send(("stop",))
+            await process.stdin.aclose()  # end of input: the writer exits even if it said nothing
+            await self._read_reports()
+            await process.wait()
+        with trio.CancelScope(shield=True):
+            if process.returncode is None:
+                process.kill()
+                if not self._exited.is_set():
+                    log.error(
+                        "journal: gave up flushing after %.1fs; %d records not written (%s)",
+                        self._flush_timeout,
+                        self._last_seq - self._committed,
+                        self._last_error,
+                    )
+            await process.wait()
+            if process.stdout is not None:
+                await process.stdout.aclose()
         self._closed = True
+        self._exited.set()
         for sub in list(self._subscribers):
             sub._send.close()
         self._subscribers.clear()
         self._wake()
 
-    def begin_run(self, pid: int, version: str, config_path: str | None) -> RecoveryReport:
+    async def begin_run(self, pid: int, version: str, config_path: str | None) -> RecoveryReport:
         """Insert this run's row and repair the previous run; call once after ``run()`` started.
 
-        Blocks the caller while the writer thread does it (start-up only, before
-        any record). Raises :class:`JournalError` if the file cannot be written.
+        Raises :class:`JournalError` if the file cannot be written.
         """
         if not self._running:
             raise RuntimeError("begin_run() needs the journal running (await nursery.start(run))")
-        if self._run_id is not None:
+        if self._run_id is not None or self._recovering:
             raise RuntimeError("begin_run() may be called only once")
+        self._recovering = True
         first = self._last_seq + 1
-        report: RecoveryReport
-        published: list[tuple[int, ManagerEvent]]
-        try:
-            report, published = self._writer.call(
-                lambda conn: self._recover(conn, pid, version, config_path, first)
-            )
-        except sqlite3.Error as e:
-            raise JournalError(f"journal: cannot start a run in {self.path}: {e}") from e
+        await self._send(("recover", pid, version, config_path, self._wall_clock(), first))
+        while self._recovered is None and not self._exited.is_set():
+            await self._progress.wait()
+        if self._recovered is None:
+            why = f"the writer process stopped: {self._exit_error}"
+            raise JournalError(f"journal: cannot start a run in {self.path}: {why}")
+        ok, value = self._recovered
+        if not ok:
+            raise JournalError(f"journal: cannot start a run in {self.path}: {value}")
+        report: RecoveryReport = value[0]
+        rows: list[tuple[int, tuple[Any, ...]]] = value[1]
         self._run_id = report.run_id
-        if published:
-            self._last_seq = published[-1][0]
+        self._accepting = True
+        if rows:
+            self._last_seq = self._sent = rows[-1][0]
         self._committed = self._last_seq
-        self._publish(published)
+        self._publish(rows)
         return report
 
     def end_run(self, clean: bool) -> int:
         """Stamp this run's ``stopped_at`` and ``clean_stop``; queued after every record."""
-        run_id = self._check_recording()
-        seq = self._last_seq + 1
-        self._writer.put(Item(seq, (run_id, _EndRun(self._wall_clock(), clean))))
-        self._last_seq = seq
+        seq = self.record(EndRun(self._wall_clock(), clean))  # type: ignore[arg-type]
+        self._accepting = False
         self._run_ended = True
         return seq
 
@@ -500,16 +383,23 @@ class Journal:
     def record(self, event: ManagerEvent) -> int:
         """Queue ``event`` for the journal without blocking; returns its sequence number.
 
-        Only the sequence number is taken here; the writer thread builds the
-        rows and the JSON payload (:func:`_prepare`), off the event loop.
-        Raises :class:`JournalError` once the journal is closed or the run ended.
+        Here the event only becomes its wire record (while it is still in the
+        CPU's cache) and takes the next sequence number; the flusher task
+        sends it to the writer process. Raises :class:`JournalError` once the
+        journal is closed or the run ended. The manager calls this for every
+        lease: it is kept to a few attribute operations.
         """
-        run_id = self._check_recording()
-        if type(event) not in _FIELDS:
-            raise TypeError(f"not a journal event: {event!r}")
-        seq = self._last_seq + 1
-        self._writer.put(Item(seq, (run_id, event)))
-        self._last_seq = seq
+        if not self._accepting:
+            self._check_recording()
+        try:
+            wire = ENCODERS[type(event)](event)
+        except KeyError:
+            raise TypeError(f"not a journal event: {event!r}") from None
+        self._pending.append(wire)
+        self._last_seq = seq = self._last_seq + 1
+        if self._flusher_parked:
+            self._flusher_parked = False
+            self._flush_wanted.set()
         return seq
 
     async def wait_committed(self, seq: int | None = None) -> None:
@@ -522,134 +412,177 @@ class Journal:
         target = self._last_seq if seq is None else seq
         if target > self._last_seq:
             raise ValueError(f"seq {target} has not been recorded (the last is {self._last_seq})")
-        failures = self._writer.attempt_failures
+        if target > self._sent:  # somebody waits: the flusher need not wait for more records
+            self._urgent = True
+            self._flush_wanted.set()
+        failures = self._attempt_failures
         while self._committed < target:
-            if self._closed:
+            if self._closed or self._exited.is_set():
                 raise JournalError(f"journal: closed before seq {target} was written")
-            if self._writer.attempt_failures != failures:
-                raise JournalError(f"journal: cannot write: {self._writer.last_error}")
+            if self._attempt_failures != failures:
+                raise JournalError(f"journal: cannot write: {self._last_error}")
             await self._progress.wait()
         if (why := self._rejected.get(target)) is not None:
             raise JournalError(f"journal: seq {target} was not written: {why}")
 
-    def _check_recording(self) -> int:
+    def _check_recording(self) -> None:
+        """Raise why records are not accepted now (``record``'s slow path)."""
         if self._closed or (self._run_id is not None and not self._running):
             raise JournalError("journal: closed")
         if self._run_id is None:
             raise RuntimeError("record() needs begin_run() first")
         if self._run_ended:
             raise JournalError("journal: this run has ended (end_run was called)")
-        return self._run_id
 
-    # ---- the writer's reports (run on the Trio thread, in order) ------------------------------
+    # ---- the pipes ----------------------------------------------------------------------
 
-    def _notify(self, fn: Callable[..., None], *args: Any) -> None:
-        assert self._token is not None
-        with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(fn, *args)
+    async def _send(self, message: tuple[Any, ...]) -> None:
+        """Write one message whole: a cancelled write would cut the stream mid-message."""
+        assert self._process is not None and self._process.stdin is not None
+        with trio.CancelScope(shield=True):
+            await self._process.stdin.send_all(frame(message))
+
+    async def _flush_loop(self) -> None:
+        """Send what ``record`` queued to the writer, in as few messages as latency allows.
+
+        Every message is a pipe write that wakes the writer on another core and
+        an answer that wakes this loop: tens of microseconds of the event loop's
+        time each on a virtual machine, which at thousands of records a second
+        would be most of the journal's cost. So a message goes when
+
+        * the writer has answered the one before (it would have put everything
+          sent meanwhile into its next transaction anyway), and
+        * ``flush_interval`` has passed since the last one, unless somebody
+          awaits a record (:meth:`wait_committed` sends at once) or the batch
+          is already big.
+
+        Records arriving one at a time, further apart than ``flush_interval``,
+        are therefore sent at once; a saturated loop sends at most
+        1/``flush_interval`` messages a second.
+        """
+        last_send = -math.inf
+        try:
+            while True:
+                if not self._pending:
+                    self._flush_wanted = trio.Event()
+                    self._flusher_parked = True
+                    await self._flush_wanted.wait()
+                while self._inflight and not self._exited.is_set():
+                    await self._progress.wait()
+                delay = last_send + self._flush_interval - trio.current_time()
+                if delay > 0 and not self._urgent and len(self._pending) < FLUSH_RECORDS:
+                    self._flush_wanted = trio.Event()
+                    with trio.move_on_after(delay):
+                        await self._flush_wanted.wait()
+                self._urgent = False
+                last_send = trio.current_time()
+                await self._send_pending()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the writer is gone: the reader reports it
+
+    async def _send_pending(self) -> None:
+        batch, self._pending = self._pending, []
+        first = self._sent + 1
+        self._sent += len(batch)
+        self._inflight.append((first, batch))
+        assert self._run_id is not None
+        await self._send(("records", first, self._run_id, batch))
+
+    async def _read_reports(self) -> None:
+        """Read the writer's reports until it closes its end (it exited or died)."""
+        assert self._process is not None and self._process.stdout is not None
+        stdout = self._process.stdout
+        while not self._exited.is_set():
+            try:
+                data = await stdout.receive_some(1 << 16)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                if self._exit_error is None:
+                    self._exit_error = "it died" + (" mid-message" if self._frames.partial else "")
+                self._on_exit()
+                return
+            for message in self._frames.feed(data):
+                self._dispatch(message)
+
+    # ---- the writer's reports -------------------------------------------------------------
+
+    def _dispatch(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "batch":
+            _, last, rejected, commits = message
+            self._on_batch(last, rejected, commits)
+        elif kind == "failure":
+            _, error, failures, backoff = message
+            self._healthy = False
+            self._last_error = error
+            self._attempt_failures = failures
+            log.warning("journal: write failed (%s); retrying in %.2fs", error, backoff)
+            self._wake()
+        elif kind == "ready":
+            self._last_seq = self._sent = self._committed = message[1]
+            self._ready.set()
+        elif kind == "recovered":
+            self._recovered = (message[1], message[2])
+            self._commits += 1
+            self._wake()
+        elif kind == "open_error":
+            _, error_kind, text = message
+            self._open_error = ERROR_KINDS.get(error_kind, JournalError)(text)
+            self._ready.set()
+        elif kind == "exit":
+            self._exit_error = message[1] or self._exit_error or "it exited"
+            self._on_exit()
+        else:
+            raise JournalError(f"journal: unknown report from the writer process: {message!r}")
 
     def _wake(self) -> None:
         self._progress.set()
         self._progress = trio.Event()
 
-    def on_ready(self, max_seq: int) -> None:
-        self._last_seq = self._committed = max_seq
-        self._ready.set()
-
-    def on_batch(
-        self,
-        last: int,
-        published: list[tuple[int, ManagerEvent]],
-        rejected: list[tuple[int, str]],
-    ) -> None:
-        self._committed = max(self._committed, last)
-        self._rejected.update(rejected)
-        self._publish(published)
-        self._wake()
-
-    def on_failure(self) -> None:
-        self._wake()
-
-    def on_exit(self) -> None:
+    def _on_exit(self) -> None:
         self._ready.set()
         self._exited.set()
         self._wake()
 
-    def _publish(self, published: list[tuple[int, ManagerEvent]]) -> None:
+    def _on_batch(self, last: int, rejected: list[tuple[int, str]], commits: int) -> None:
+        if not self._healthy:
+            log.warning("journal: writing again after: %s", self._last_error)
+            self._healthy = True
+        self._commits = commits
+        self._committed = max(self._committed, last)
+        for seq, why in rejected:
+            self._rejected[seq] = why
+            log.error("journal: seq %d rejected: %s", seq, why)
+        inflight = self._inflight
+        published: list[tuple[int, Any]] = []
+        listening = bool(self._subscribers)
+        while inflight and inflight[0][0] <= last:
+            first, records = inflight[0]
+            n = last - first + 1
+            if n < len(records):
+                inflight[0] = (last + 1, records[n:])
+                records = records[:n]
+            else:
+                inflight.popleft()
+            if listening:
+                published += [
+                    (first + i, r)
+                    for i, r in enumerate(records)
+                    if r[0] in _PAYLOAD_FIELDS and first + i not in self._rejected
+                ]
+        self._publish(published)
+        self._wake()
+
+    def _publish(self, published: list[tuple[int, Any]]) -> None:
         if not published or not self._subscribers:
             return  # payload dicts are built only for someone to read
-        payloads = [(seq, _payload(event)) for seq, event in published]
+        payloads = [(seq, _payload(w)) for seq, w in published]
         for sub in list(self._subscribers):
             for seq, payload in payloads:
                 if not sub._offer(seq, payload):
                     self._subscribers.discard(sub)
                     break
-
-    # ---- start-up recovery (runs on the writer thread) -------------------------------------
-
-    def _recover(
-        self, conn: sqlite3.Connection, pid: int, version: str, config_path: str | None, seq: int
-    ) -> tuple[RecoveryReport, list[tuple[int, ManagerEvent]]]:
-        now = self._wall_clock()
-        conn.execute("BEGIN IMMEDIATE")
-        prev = conn.execute("SELECT id, clean_stop FROM runs ORDER BY id DESC LIMIT 1").fetchone()
-        prev_id, crashed = (None, False) if prev is None else (int(prev[0]), not prev[1])
-        run_id = conn.execute(
-            "INSERT INTO runs(started_at, pid, version, config_path) VALUES (?, ?, ?, ?)",
-            (now, pid, version, config_path),
-        ).lastrowid
-        assert run_id is not None
-        # Each model's last state (SQLite takes a bare column from the row holding the max).
-        last = [
-            (model, State(state))
-            for model, state, _ in conn.execute(
-                "SELECT model, to_state, max(seq) AS s FROM transitions GROUP BY model ORDER BY s"
-            )
-        ]
-        before_shutdown = {
-            model: State(state)
-            for model, state, _ in conn.execute(
-                "SELECT model, from_state, min(seq) FROM transitions"
-                " WHERE run_id = ? AND reason = 'shutdown' GROUP BY model",
-                (prev_id,),
-            )
-        }
-        resident = tuple(m for m, s in last if before_shutdown.get(m, s) in RESIDENT)
-        published: list[tuple[int, ManagerEvent]] = []
-        recovered: list[tuple[str, State]] = []
-        for model, state in last:
-            if state not in HOLDS_MEMORY:
-                continue
-            ev = TransitionEvent(model, state, State.UNLOADED, Reason.CRASH_RECOVERY, now)
-            conn.execute(_INSERT_EVENT, _event_row(seq, run_id, ev))
-            conn.execute(_INSERT_TRANSITION, _transition_row(seq, run_id, ev))
-            published.append((seq, ev))
-            recovered.append((model, state))
-            seq += 1
-        interrupted: list[str] = []
-        for lease_id, model in conn.execute(
-            "SELECT id, model FROM leases WHERE released_at IS NULL AND run_id < ?"
-            " ORDER BY acquired_at, rowid",
-            (run_id,),
-        ).fetchall():
-            released = LeaseReleased(lease_id, model, Outcome.INTERRUPTED, now)
-            conn.execute(_RELEASE_LEASE, _release_row(released))
-            conn.execute(_INSERT_EVENT, _event_row(seq, run_id, released))
-            published.append((seq, released))
-            interrupted.append(lease_id)
-            seq += 1
-        crash_point("journal.before_commit")
-        conn.execute("COMMIT")
-        crash_point("journal.after_commit")
-        report = RecoveryReport(
-            run_id=int(run_id),
-            previous_run_id=prev_id,
-            crashed=crashed,
-            resident=resident,
-            recovered=tuple(recovered),
-            interrupted_leases=tuple(interrupted),
-        )
-        return report, published
 
     # ---- readers (own read-only connection per call) ------------------------------------------
 

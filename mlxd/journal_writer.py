@@ -1,46 +1,59 @@
-"""The journal's one writer thread: group commit, per-row rejection, retry with backoff.
+"""The journal's writer process: group commit, per-row rejection, retry with backoff.
 
 Theory of operation
 -------------------
-:class:`Writer` owns a thread and the only writing connection to the journal
-file. It knows nothing about Trio or about what the rows mean: the owner
-(:class:`mlxd.journal.Journal`) puts :class:`Item` s (a sequence number and an
-opaque record) on its queue in sequence order, and gives it two functions that
-turn records into SQL, both run on the writer thread: ``plan`` turns a whole
-batch into a :class:`Plan` (multi-row INSERTs, then UPDATEs that must each
-change one row), ``prepare`` turns one record into its statements (the
-reference, used record by record when a batch is refused). The writer hears
-back through a :class:`Listener` whose methods it schedules with ``notify``
-(``TrioToken.run_sync_soon``), so they run on the owner's thread, in order.
+The daemon (:class:`mlxd.journal.Journal`) starts this module as a child
+process (``python -c 'from mlxd.journal_writer import main; main()'``) and
+talks to it over two pipes, the child's stdin and stdout, in length-prefixed
+pickled tuples (:func:`frame`, :class:`Frames`). Why a process and not a
+thread: CPython has one GIL per process, and a writer thread's Python work
+(JSON payloads, row tuples, binding parameters) and every GIL hand-off came
+out of the event loop's time; measured, it cost a saturated manager 35% of its
+throughput. Out of process, the event loop only pickles plain tuples
+(:mod:`mlxd.journal_rows`) and writes them to a pipe.
 
-The loop, in the writer thread:
+The daemon sends, in order:
 
-1. open the file (:func:`mlxd.migrate.open_database`), holding an exclusive
+* ``("open", Settings)`` once, first;
+* ``("records", first_seq, run_id, [wire records])``: records numbered
+  ``first_seq``, ``first_seq + 1``, ... (:func:`mlxd.journal_rows.encode`);
+* ``("recover", pid, version, config_path, now, first_seq)``: start-up recovery
+  (:func:`mlxd.journal_rows.recover`), run between batches, answered by
+  ``("recovered", ok, report_and_rows_or_error)``;
+* ``("stop",)``: write what is queued, then exit.
+
+The child answers with ``("ready", max_seq)`` or ``("open_error", kind,
+message)``, then ``("batch", last_seq, rejected, commits)`` after each commit
+(every seq up to ``last_seq`` is written, except the ``(seq, why)`` rejected),
+``("failure", last_error, attempt_failures)`` when an attempt fails, and
+``("exit", error_or_None)`` last.
+
+Two threads in the child. The main thread reads stdin and queues what it
+reads, so the daemon's writes never wait for SQLite. The writer thread:
+
+1. opens the file (:func:`mlxd.migrate.open_database`), holding an exclusive
    ``flock`` on ``<journal>.lock`` so a second daemon on the same file fails
-   at once instead of interleaving sequence numbers; migrate; report the
-   highest seq (``on_ready``);
-2. block for the first queued item, then drain everything queued behind it
-   (up to :data:`MAX_BATCH`) into ONE ``BEGIN IMMEDIATE ... COMMIT``: a burst
-   of N records costs one commit (:attr:`Writer.commits` counts them), written
-   with the batch's :class:`Plan` in a few multi-row statements;
-3. on success report the batch (``on_batch``); if a row is rejected by a
-   constraint (it can never succeed), redo the batch with ``prepare`` and one
-   savepoint per record, leaving out only the rejected ones;
+   at once instead of interleaving sequence numbers (the lock file holds the
+   daemon's pid; if that daemon is dead, its writer is finishing its last
+   batch, and the new one waits for the lock up to ``lock_wait`` seconds);
+   migrates; reports the highest seq;
+2. blocks for the first queued records, then drains everything queued behind
+   them (up to :data:`MAX_BATCH` records) into ONE ``BEGIN IMMEDIATE ...
+   COMMIT``: a burst of N records costs one commit, written with the batch's
+   :func:`~mlxd.journal_rows.plan` in a few multi-row statements;
+3. if a row is rejected by a constraint (it can never succeed), redoes the
+   batch record by record, one savepoint each, leaving out only the rejected;
 4. on any other ``sqlite3.Error`` (locked past ``busy_timeout``, disk full,
-   I/O error) roll back, keep every row queued in order, mark unhealthy
-   (``on_failure``) and retry after an exponential backoff; the next commit
-   writes them all and marks healthy again;
-5. a :class:`Call` runs a function on the writer's connection between batches
-   (start-up recovery uses it); ``stop()`` flushes what is queued and ends the
-   thread; ``abandon()`` ends it without flushing (shutdown deadline passed).
+   I/O error) rolls back, keeps every record queued in order, reports the
+   failure and retries after an exponential backoff; the next commit writes
+   them all.
 
-Why multi-row statements: each ``sqlite3_step`` releases and retakes the GIL,
-and the event loop wants it all the time, so a statement per row cost a thread
-hand-off per row; a multi-row INSERT costs one per 64 rows. The SQLite work
-itself runs without the GIL, on the other core.
-
-``healthy``, ``last_error``, ``attempt_failures`` and ``commits`` are written
-by the writer thread only and read anywhere (single attribute loads).
+Lifetime: the child ignores SIGINT, SIGTERM and SIGHUP (a terminal's Ctrl-C or
+a service manager's signal to the whole group must not kill it before the
+daemon's last rows are written); it ends when the daemon says ``stop`` or
+closes the pipe. End of input without ``stop`` means the daemon died: the
+child writes what it had already received, once, without retrying, and exits.
+A crash point reached here (:mod:`mlxd.faults`) kills the daemon too.
 """
 
 from __future__ import annotations
@@ -48,33 +61,92 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
-import logging
 import os
+import pickle
 import queue
+import signal
 import sqlite3
+import struct
 import threading
+import time
+import traceback
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NamedTuple, Protocol
+from typing import IO, Any, NamedTuple
 
-from mlxd.errors import JournalError
+from mlxd import faults
+from mlxd.errors import ConfigError, JournalError
 from mlxd.faults import crash_point
+from mlxd.journal_rows import Item, Op, Plan, Rejected, Wire, plan, prepare, recover
 from mlxd.migrate import Synchronous, migrate, open_database
 
-log = logging.getLogger("mlxd.journal")
-
-#: At most this many records go into one transaction.
+#: At most this many records go into one transaction (whole messages: it may be a little over).
 MAX_BATCH = 1000
 
 #: At most this many rows go into one multi-row INSERT (10 columns x 64 stays under
 #: SQLite's oldest limit of 999 bound parameters).
 MAX_ROWS_PER_INSERT = 64
 
-#: (sql, params, must change exactly one row); an INSERT's sql is ``... VALUES (?, ...)``
-Op = tuple[str, tuple[Any, ...], bool]
+# ---- the pipe protocol ----------------------------------------------------------------------------
+
+_HEADER = struct.Struct(">I")
+
+
+def frame(message: tuple[Any, ...]) -> bytes:
+    """One message as it goes down a pipe: its length, then its pickle."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(data)) + data
+
+
+class Frames:
+    """Cuts a byte stream back into the messages :func:`frame` made."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes | bytearray) -> list[tuple[Any, ...]]:
+        buf = self._buffer
+        buf += data
+        out: list[tuple[Any, ...]] = []
+        start, end = 0, len(buf)
+        while end - start >= 4:
+            (size,) = _HEADER.unpack_from(buf, start)
+            if end - start - 4 < size:
+                break
+            out.append(pickle.loads(buf[start + 4 : start + 4 + size]))
+            start += 4 + size
+        del buf[:start]
+        return out
+
+    @property
+    def partial(self) -> bool:
+        """True when bytes of an unfinished message are buffered."""
+        return bool(self._buffer)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What the daemon tells the writer process first."""
+
+    path: str
+    synchronous: Synchronous
+    busy_timeout_ms: int
+    retry_initial: float
+    retry_max: float
+    migrations: str | None
+    #: the daemon's pid: written to the lock file, killed with the child at a crash point
+    daemon_pid: int
+    #: how long to wait for the lock of a dead daemon's writer to be released
+    lock_wait: float = 10.0
+
+
+#: the ``open_error`` kinds the daemon turns back into exceptions
+ERROR_KINDS: dict[str, type[Exception]] = {"config": ConfigError, "journal": JournalError}
+
+
+# ---- the writer thread ----------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=128)
@@ -85,53 +157,20 @@ def _multi_row(sql: str, rows: int) -> str:
     return head + sep + ", ".join([values] * rows)
 
 
-class Item(NamedTuple):
-    """One journal record as the owner queues it: its sequence number and what to write."""
+class Chunk(NamedTuple):
+    """Records as one ``records`` message brought them."""
 
-    seq: int
-    #: opaque to the writer: the owner's ``plan``/``prepare`` turn it into statements
-    record: Any
-
-
-class Plan(NamedTuple):
-    """How to write a whole batch: what ``plan`` returns."""
-
-    #: (INSERT ... VALUES (?, ...), rows): written as multi-row INSERTs, in this order
-    inserts: list[tuple[str, list[tuple[Any, ...]]]]
-    #: (UPDATE ..., rows): one statement per row, each must change exactly one row
-    updates: list[tuple[str, list[tuple[Any, ...]]]]
-    #: (seq, what to publish) for the records that have an ``events`` row
-    published: list[tuple[int, Any]]
-
-
-#: what ``prepare`` returns for one record: its statements and what to publish (or None)
-Prepared = tuple[tuple[Op, ...], Any]
+    first: int
+    run_id: int
+    wires: list[Wire]
 
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """A function to run on the writer's connection, in queue order."""
+    """A function to run on the writer's connection between batches; ``done(ok, value)`` after."""
 
     fn: Callable[[sqlite3.Connection], Any]
-    future: Future[Any]
-
-
-class Listener(Protocol):
-    """What the writer tells its owner (each call runs on the owner's thread, in order)."""
-
-    def on_ready(self, max_seq: int) -> None: ...
-    def on_batch(
-        self,
-        last: int,
-        published: list[tuple[int, Any]],
-        rejected: list[tuple[int, str]],
-    ) -> None: ...
-    def on_failure(self) -> None: ...
-    def on_exit(self) -> None: ...
-
-
-class Rejected(Exception):
-    """A row the database will never take (retrying cannot help)."""
+    done: Callable[[bool, Any], None]
 
 
 _REJECTABLE = (
@@ -146,121 +185,74 @@ _STOP = object()
 
 
 class Writer:
-    def __init__(
-        self,
-        path: Path,
-        listener: Listener,
-        notify: Callable[..., None],
-        plan: Callable[[list[Item]], Plan],
-        prepare: Callable[[Item], Prepared],
-        *,
-        synchronous: Synchronous,
-        busy_timeout_ms: int,
-        retry_initial: float,
-        retry_max: float,
-        migrations: Path | None,
-    ) -> None:
-        self.path = path
-        self._listener = listener
-        self._notify = notify
-        self._plan = plan
-        self._prepare = prepare
-        self._synchronous: Synchronous = synchronous
-        self._busy_timeout_ms = busy_timeout_ms
-        self._retry_initial = retry_initial
-        self._retry_max = retry_max
-        self._migrations = migrations
+    """The thread that owns the only writing connection; reports through ``send``."""
+
+    def __init__(self, settings: Settings, send: Callable[[tuple[Any, ...]], None]) -> None:
+        self.settings = settings
+        self.path = Path(settings.path)
+        self._send = send
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._abandon = threading.Event()
+        #: set when the daemon is gone: write what is queued once, no retries
+        self.abandoned = threading.Event()
         self._lock_file: IO[str] | None = None
         self._thread = threading.Thread(target=self._main, name="mlxd-journal", daemon=True)
-        #: set when opening failed (a JournalError or ConfigError for the owner to raise)
-        self.open_error: BaseException | None = None
-        #: set when the loop died of an unexpected error (a bug)
-        self.error: BaseException | None = None
         self.healthy = True
         self.last_error: str | None = None
         self.attempt_failures = 0
         self.commits = 0
 
-    # ---- the owner's side -------------------------------------------------------------
-
     def start(self) -> None:
         self._thread.start()
 
-    def put(self, item: Item) -> None:
+    def put(self, item: Chunk | Call) -> None:
         self._queue.put(item)
 
-    def call(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        """Run ``fn(conn)`` on the writer thread after what is queued; blocks for its result."""
-        future: Future[Any] = Future()
-        self._queue.put(Call(fn, future))
-        return future.result()
-
     def stop(self) -> None:
-        """Flush what is queued, then end the thread (``on_exit``)."""
+        """Write what is queued, then end the thread."""
         self._queue.put(_STOP)
 
-    def abandon(self) -> None:
-        """End the thread at its next retry without writing what is left."""
-        self._abandon.set()
-
-    def join(self, timeout: float) -> bool:
-        """Wait for the thread to end (after ``on_exit`` it only has to return); True if it did."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+    def join(self) -> None:
+        self._thread.join()
 
     # ---- the thread -----------------------------------------------------------------------
 
     def _main(self) -> None:
+        error: str | None = None
         try:
             conn = self._open()
+        except BaseException as e:
+            kind = "config" if isinstance(e, ConfigError) else "journal"
+            if not isinstance(e, ConfigError | JournalError):
+                e = JournalError(f"journal: cannot open {self.path}: {e}")
+            self._send(("open_error", kind, str(e)))
+            self._release_lock()
+            self._send(("exit", None))
+            return
+        try:
             max_seq = conn.execute(
                 "SELECT max(coalesce((SELECT max(seq) FROM events), 0),"
                 " coalesce((SELECT max(seq) FROM transitions), 0))"
             ).fetchone()[0]
-        except BaseException as e:
-            if isinstance(e, sqlite3.Error):
-                e = JournalError(f"journal: cannot open {self.path}: {e}")
-            self.open_error = e
-            self._release_lock()
-            self._notify(self._listener.on_ready, 0)
-            self._notify(self._listener.on_exit)
-            return
-        self._notify(self._listener.on_ready, int(max_seq))
-        try:
+            self._send(("ready", int(max_seq)))
             self._loop(conn)
-        except BaseException as e:  # a bug: the owner re-raises it
-            self.error = e
-            log.exception("journal: writer thread died")
+        except BaseException as e:  # a bug: the daemon reports it
+            error = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
         finally:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
             self._release_lock()
-            self._notify(self._listener.on_exit)
+            self._send(("exit", error))
 
     def _open(self) -> sqlite3.Connection:
+        s = self.settings
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(self.path.with_name(self.path.name + ".lock"), "a+")  # noqa: SIM115
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            lock.seek(0)
-            holder = lock.read().strip() or "unknown"
-            lock.close()
-            raise JournalError(
-                f"journal: {self.path} is in use by another mlxd (pid {holder})"
-            ) from None
-        self._lock_file = lock
-        lock.seek(0)
-        lock.truncate()
-        lock.write(str(os.getpid()))
-        lock.flush()
+        self._lock_file = _take_lock(self.path, s.daemon_pid, s.lock_wait)
         conn = open_database(
-            self.path, synchronous=self._synchronous, busy_timeout_ms=self._busy_timeout_ms
+            self.path, synchronous=s.synchronous, busy_timeout_ms=s.busy_timeout_ms
         )
         try:
-            migrate(conn, self._migrations)
+            migrate(conn, Path(s.migrations) if s.migrations else None)
         except BaseException:
             conn.close()
             raise
@@ -275,13 +267,13 @@ class Writer:
     def _loop(self, conn: sqlite3.Connection) -> None:
         pending: deque[Any] = deque()
         stopping = False
-        backoff = self._retry_initial
+        backoff = self.settings.retry_initial
         while True:
             if not pending:
                 if stopping:
                     return
                 pending.append(self._queue.get())
-            while len(pending) < MAX_BATCH:
+            while True:
                 try:
                     pending.append(self._queue.get_nowait())
                 except queue.Empty:
@@ -295,40 +287,40 @@ class Writer:
                 pending.popleft()
                 self._run_call(conn, head)
                 continue
-            batch: list[Item] = []
-            for item in pending:
-                if not isinstance(item, Item) or len(batch) >= MAX_BATCH:
+            items: list[Item] = []
+            chunks = 0
+            for chunk in pending:
+                if not isinstance(chunk, Chunk) or len(items) >= MAX_BATCH:
                     break
-                batch.append(item)
+                first, run_id, wires = chunk
+                items += [(first + i, run_id, w) for i, w in enumerate(wires)]
+                chunks += 1
             try:
-                published, rejected = self._commit(conn, batch)
+                rejected = self._commit(conn, items)
             except sqlite3.Error as e:
                 self.healthy = False
                 self.last_error = f"{type(e).__name__}: {e}"
                 self.attempt_failures += 1
-                self._notify(self._listener.on_failure)
-                log.warning("journal: write failed (%s); retrying in %.2fs", e, backoff)
-                if self._abandon.wait(backoff):
+                self._send(("failure", self.last_error, self.attempt_failures, backoff))
+                if self.abandoned.wait(backoff):
                     return
-                backoff = min(backoff * 2, self._retry_max)
+                backoff = min(backoff * 2, self.settings.retry_max)
                 continue
-            for _ in batch:
+            for _ in range(chunks):
                 pending.popleft()
-            if not self.healthy:
-                log.warning("journal: writing again after: %s", self.last_error)
-                self.healthy = True
-            backoff = self._retry_initial
-            self._notify(self._listener.on_batch, batch[-1].seq, published, rejected)
+            self.healthy = True
+            backoff = self.settings.retry_initial
+            self._send(("batch", items[-1][0], rejected, self.commits))
 
     def _run_call(self, conn: sqlite3.Connection, call: Call) -> None:
         try:
             result = call.fn(conn)
         except BaseException as e:
             self._rollback(conn)
-            call.future.set_exception(e)
+            call.done(False, f"{type(e).__name__}: {e}")
         else:
             self.commits += 1
-            call.future.set_result(result)
+            call.done(True, result)
 
     @staticmethod
     def _apply(conn: sqlite3.Connection, ops: tuple[Op, ...]) -> None:
@@ -338,59 +330,51 @@ class Writer:
                 raise Rejected(f"no open row to update ({sql.split()[1]} {params[-1]!r})")
 
     @staticmethod
-    def _write(conn: sqlite3.Connection, plan: Plan) -> None:
+    def _write(conn: sqlite3.Connection, batch: Plan) -> None:
         """Carry out a :class:`Plan`: multi-row INSERTs (powers of two up to 64 rows), then UPDATEs."""
-        for sql, rows in plan.inserts:
+        for sql, rows in batch.inserts:
             done, n = 0, len(rows)
             while done < n:
                 k = min(MAX_ROWS_PER_INSERT, 1 << ((n - done).bit_length() - 1))
                 conn.execute(_multi_row(sql, k), [v for row in rows[done : done + k] for v in row])
                 done += k
-        for sql, rows in plan.updates:
+        for sql, rows in batch.updates:
             for params in rows:
                 if conn.execute(sql, params).rowcount != 1:
                     raise Rejected(f"no open row to update ({sql.split()[1]} {params[-1]!r})")
 
-    def _commit(
-        self, conn: sqlite3.Connection, batch: list[Item]
-    ) -> tuple[list[tuple[int, Any]], list[tuple[int, str]]]:
-        """Write ``batch`` in one transaction; returns what to publish and the (seq, why) rejected."""
+    def _commit(self, conn: sqlite3.Connection, items: list[Item]) -> list[tuple[int, str]]:
+        """Write ``items`` in one transaction; returns the (seq, why) of the rejected ones."""
         try:
-            plan = self._plan(batch)
+            batch = plan(items)
             conn.execute("BEGIN IMMEDIATE")
-            self._write(conn, plan)
+            self._write(conn, batch)
             crash_point("journal.before_commit")
             conn.execute("COMMIT")
             crash_point("journal.after_commit")
         except _REJECTABLE:
             self._rollback(conn)
-            return self._commit_isolated(conn, batch)
+            return self._commit_isolated(conn, items)
         except BaseException:
             self._rollback(conn)
             raise
         self.commits += 1
-        return plan.published, []
+        return []
 
     def _commit_isolated(
-        self, conn: sqlite3.Connection, batch: list[Item]
-    ) -> tuple[list[tuple[int, Any]], list[tuple[int, str]]]:
+        self, conn: sqlite3.Connection, items: list[Item]
+    ) -> list[tuple[int, str]]:
         """Like :meth:`_commit`, record by record in order, each in a savepoint; drops the rejected."""
         rejected: list[tuple[int, str]] = []
-        published: list[tuple[int, Any]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for item in batch:
-                ops, publish = self._prepare(item)
+            for item in items:
                 conn.execute("SAVEPOINT record")
                 try:
-                    self._apply(conn, ops)
+                    self._apply(conn, prepare(item))
                 except _REJECTABLE as e:
                     conn.execute("ROLLBACK TO record")
-                    rejected.append((item.seq, f"{type(e).__name__}: {e}"))
-                    log.error("journal: seq %d rejected: %s", item.seq, e)
-                else:
-                    if publish is not None:
-                        published.append((item.seq, publish))
+                    rejected.append((item[0], f"{type(e).__name__}: {e}"))
                 conn.execute("RELEASE record")
             crash_point("journal.before_commit")
             conn.execute("COMMIT")
@@ -399,10 +383,134 @@ class Writer:
             self._rollback(conn)
             raise
         self.commits += 1
-        return published, rejected
+        return rejected
 
     @staticmethod
     def _rollback(conn: sqlite3.Connection) -> None:
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+
+
+def _take_lock(path: Path, daemon_pid: int, wait: float) -> IO[str]:
+    """The exclusive ``flock`` on ``<journal>.lock``, with the daemon's pid written in it.
+
+    Refused at once while the daemon named in the file lives; if it is dead,
+    its writer process is finishing, and the lock is awaited up to ``wait`` s.
+    """
+    lock = open(path.with_name(path.name + ".lock"), "a+")  # noqa: SIM115
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            lock.seek(0)
+            holder = lock.read().strip()
+            if _alive(holder) or time.monotonic() > deadline:
+                lock.close()
+                raise JournalError(
+                    f"journal: {path} is in use by another mlxd (pid {holder or 'unknown'})"
+                ) from None
+            time.sleep(0.02)
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(daemon_pid))
+    lock.flush()
+    return lock
+
+
+def _alive(pid_text: str) -> bool:
+    """True if ``pid_text`` names a live process (an unreadable pid counts as dead)."""
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+# ---- the process ----------------------------------------------------------------------------------
+
+
+class _Reports:
+    """Writes framed messages to the daemon; notes when the daemon is gone."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+        self.broken = False
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        data = memoryview(frame(message))
+        with self._lock:
+            if self.broken:
+                return
+            try:
+                while data:
+                    data = data[os.write(self._fd, data) :]
+            except OSError:  # the daemon is gone
+                self.broken = True
+
+
+def main() -> None:
+    """The writer process: read the daemon's messages until ``stop`` or end of input."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    reports = _Reports(os.dup(1))
+    os.dup2(2, 1)  # a stray print must not corrupt the protocol
+    frames = Frames()
+    writer: Writer | None = None
+    stopped = False
+    while not stopped:
+        data = os.read(0, 1 << 20)
+        if not data:
+            break
+        for message in frames.feed(data):
+            kind = message[0]
+            if kind == "records":
+                assert writer is not None
+                writer.put(Chunk(*message[1:]))
+            elif kind == "recover":
+                assert writer is not None
+                pid, version, config_path, now, first = message[1:]
+
+                def done(ok: bool, value: Any) -> None:
+                    reports.send(("recovered", ok, value))
+
+                writer.put(
+                    Call(
+                        functools.partial(
+                            recover,
+                            pid=pid,
+                            version=version,
+                            config_path=config_path,
+                            now=now,
+                            seq=first,
+                        ),
+                        done,
+                    )
+                )
+            elif kind == "open":
+                settings: Settings = message[1]
+                faults.also_kill(settings.daemon_pid)
+                writer = Writer(settings, reports.send)
+                writer.start()
+            elif kind == "stop":
+                stopped = True
+                break
+    if writer is None:
+        return
+    if not stopped:  # the daemon died: write what came, once
+        writer.abandoned.set()
+    writer.stop()
+    writer.join()
+
+
+if __name__ == "__main__":
+    main()

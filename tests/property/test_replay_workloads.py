@@ -352,7 +352,7 @@ async def _journaled(w: Workload, path: Path, scale: float) -> tuple[Run, int]:
     journal = Journal(path, synchronous="normal")
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
-        journal.begin_run(os.getpid(), "test", None)
+        await journal.begin_run(os.getpid(), "test", None)
         run = await drive(w, scale=scale, subscriber=journal.record, check_each_step=False)
         # The manager has stopped: nothing is left for a virtual clock jump to fire.
         journal.end_run(clean=True)

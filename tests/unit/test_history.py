@@ -62,7 +62,7 @@ async def _fill(path: Path) -> None:
         j = Journal(path, wall_clock=lambda: wall)
         async with trio.open_nursery() as n:
             await n.start(j.run)
-            j.begin_run(100, "test", None)
+            await j.begin_run(100, "test", None)
             for e in events:
                 j.record(e)
             if clean is not None:

@@ -44,7 +44,7 @@ async def running(path: Path, *, begin: bool = True, **kw: Any) -> AsyncIterator
     async with trio.open_nursery() as nursery:
         await nursery.start(j.run)
         if begin:
-            j.begin_run(4242, "test", "/etc/mlxd.yaml")
+            await j.begin_run(4242, "test", "/etc/mlxd.yaml")
         yield j
         nursery.cancel_scope.cancel()
 
@@ -164,9 +164,9 @@ async def test_record_needs_a_begun_run(tmp_path: Path) -> None:
     async with running(tmp_path / "j.db", begin=False) as j:
         with pytest.raises(RuntimeError, match="begin_run"):
             j.record(MeasurementEvent("m", 1.0, 1, 1.0))
-        j.begin_run(1, "v", None)
+        await j.begin_run(1, "v", None)
         with pytest.raises(RuntimeError, match="only once"):
-            j.begin_run(1, "v", None)
+            await j.begin_run(1, "v", None)
 
 
 async def test_a_rejected_row_fails_alone(tmp_path: Path) -> None:
@@ -288,7 +288,7 @@ async def test_recovery_after_a_run_that_died(tmp_path: Path) -> None:
     wall = FakeWall()
     async with running(path, begin=False, wall_clock=wall) as j:
         sub = j.subscribe()
-        report = j.begin_run(99, "test", None)
+        report = await j.begin_run(99, "test", None)
         assert report.run_id == 2 and report.previous_run_id == 1 and report.crashed
         assert report.resident == ("loaded", "draining")
         assert dict(report.recovered) == {
@@ -340,7 +340,7 @@ async def test_clean_stop_reports_what_was_resident_before_shutdown(tmp_path: Pa
             j.record(MeasurementEvent("a", 1.0, 1, 1.0))
     assert rows(path, "SELECT stopped_at, clean_stop FROM runs") == [(wall.t, 1)]
     async with running(path, begin=False) as j:
-        report = j.begin_run(1, "test", None)
+        report = await j.begin_run(1, "test", None)
         assert not report.crashed
         assert report.resident == ("a", "b")
         assert report.recovered == () and report.interrupted_leases == ()
@@ -353,7 +353,7 @@ async def test_end_run_unclean_is_recovered_like_a_crash(tmp_path: Path) -> None
         j.end_run(clean=False)
     assert rows(path, "SELECT stopped_at, clean_stop FROM runs") == [(5.0, 0)]
     async with running(path, begin=False) as j:
-        assert j.begin_run(1, "test", None).crashed
+        assert (await j.begin_run(1, "test", None)).crashed
 
 
 async def test_cancelling_run_flushes_everything_queued(tmp_path: Path) -> None:
@@ -438,7 +438,7 @@ async def main():
     j = Journal(sys.argv[1], synchronous=sys.argv[2])
     async with trio.open_nursery() as n:
         await n.start(j.run)
-        j.begin_run(os.getpid(), "crash-test", None)
+        await j.begin_run(os.getpid(), "crash-test", None)
         i = 0
         while True:
             a, b = CYCLE[i % 4]
@@ -481,7 +481,7 @@ def test_kill_9_loses_no_acknowledged_row(tmp_path: Path, synchronous: str) -> N
 
     async def restart() -> tuple[bool, list[str]]:
         async with running(path, begin=False) as j:
-            report = j.begin_run(1, "test", None)
+            report = await j.begin_run(1, "test", None)
         return report.crashed, check_journal(open_readonly(path))
 
     crashed, problems = trio.run(restart)
