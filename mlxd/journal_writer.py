@@ -28,8 +28,10 @@ message)``, then ``("batch", last_seq, rejected, commits)`` after each commit
 ``("failure", last_error, attempt_failures)`` when an attempt fails, and
 ``("exit", error_or_None)`` last.
 
-Two threads in the child. The main thread reads stdin and queues what it
-reads, so the daemon's writes never wait for SQLite. The writer thread:
+One thread in the child (a second thread would make every ``munmap`` of the
+child a TLB-shootdown interrupt to the core the event loop runs on). It reads
+its stdin without blocking (on Linux the pipe holds 1 MiB, so the daemon's
+writes do not wait for an fsync), and:
 
 1. opens the file (:func:`mlxd.migrate.open_database`), holding an exclusive
    ``flock`` on ``<journal>.lock`` so a second daemon on the same file fails
@@ -37,16 +39,16 @@ reads, so the daemon's writes never wait for SQLite. The writer thread:
    daemon's pid; if that daemon is dead, its writer is finishing its last
    batch, and the new one waits for the lock up to ``lock_wait`` seconds);
    migrates; reports the highest seq;
-2. blocks for the first queued records, then drains everything queued behind
-   them (up to :data:`MAX_BATCH` records) into ONE ``BEGIN IMMEDIATE ...
-   COMMIT``: a burst of N records costs one commit, written with the batch's
+2. waits for records, then takes everything that has arrived (up to
+   :data:`MAX_BATCH` records) into ONE ``BEGIN IMMEDIATE ... COMMIT``: a burst
+   of N records costs one commit, written with the batch's
    :func:`~mlxd.journal_rows.plan` in a few multi-row statements;
 3. if a row is rejected by a constraint (it can never succeed), redoes the
    batch record by record, one savepoint each, leaving out only the rejected;
 4. on any other ``sqlite3.Error`` (locked past ``busy_timeout``, disk full,
    I/O error) rolls back, keeps every record queued in order, reports the
-   failure and retries after an exponential backoff; the next commit writes
-   them all.
+   failure and retries after an exponential backoff (reading on meanwhile);
+   the next commit writes them all.
 
 Lifetime: the child ignores SIGINT, SIGTERM and SIGHUP (a terminal's Ctrl-C or
 a service manager's signal to the whole group must not kill it before the
@@ -63,11 +65,10 @@ import fcntl
 import functools
 import os
 import pickle
-import queue
+import select
 import signal
 import sqlite3
 import struct
-import threading
 import time
 import traceback
 from collections import deque
@@ -84,6 +85,9 @@ from mlxd.migrate import Synchronous, migrate, open_database
 
 #: At most this many records go into one transaction (whole messages: it may be a little over).
 MAX_BATCH = 1000
+
+#: The pipe from the daemon holds this much on Linux (the default 64 KiB fills during a slow fsync).
+PIPE_BYTES = 1 << 20
 
 #: At most this many rows go into one multi-row INSERT (10 columns x 64 stays under
 #: SQLite's oldest limit of 999 bound parameters).
@@ -181,43 +185,60 @@ _REJECTABLE = (
     Rejected,
 )
 
-_STOP = object()
+
+class Inbox:
+    """The daemon's messages from a non-blocking pipe, cut with :class:`Frames`."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        os.set_blocking(fd, False)
+        if hasattr(fcntl, "F_SETPIPE_SZ"):  # Linux: room for the records of a slow fsync
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        self._frames = Frames()
+        #: the daemon closed its end
+        self.closed = False
+
+    def wait(self, timeout: float | None) -> list[tuple[Any, ...]]:
+        """Messages that arrive within ``timeout`` seconds (None: until some do, or the end)."""
+        if not self.closed:
+            select.select([self._fd], [], [], timeout)
+        return self.take()
+
+    def take(self) -> list[tuple[Any, ...]]:
+        """The messages already here, without waiting."""
+        messages: list[tuple[Any, ...]] = []
+        while not self.closed:
+            try:
+                data = os.read(self._fd, 1 << 20)
+            except BlockingIOError:
+                break
+            if not data:
+                self.closed = True
+                break
+            messages += self._frames.feed(data)
+        return messages
 
 
 class Writer:
-    """The thread that owns the only writing connection; reports through ``send``."""
+    """The writer process's one thread: reads the daemon's messages, writes, reports."""
 
     def __init__(self, settings: Settings, send: Callable[[tuple[Any, ...]], None]) -> None:
         self.settings = settings
         self.path = Path(settings.path)
         self._send = send
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        #: set when the daemon is gone: write what is queued once, no retries
-        self.abandoned = threading.Event()
         self._lock_file: IO[str] | None = None
-        self._thread = threading.Thread(target=self._main, name="mlxd-journal", daemon=True)
+        self._pending: deque[Chunk | Call] = deque()
+        self._stopping = False
+        #: the daemon is gone without saying stop: write what came once, no retries
+        self._abandoned = False
         self.healthy = True
         self.last_error: str | None = None
         self.attempt_failures = 0
         self.commits = 0
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def put(self, item: Chunk | Call) -> None:
-        self._queue.put(item)
-
-    def stop(self) -> None:
-        """Write what is queued, then end the thread."""
-        self._queue.put(_STOP)
-
-    def join(self) -> None:
-        self._thread.join()
-
-    # ---- the thread -----------------------------------------------------------------------
-
-    def _main(self) -> None:
-        error: str | None = None
+    def run(self, inbox: Inbox) -> None:
+        """Open the file, then write what the daemon sends until it says stop or goes away."""
         try:
             conn = self._open()
         except BaseException as e:
@@ -228,13 +249,14 @@ class Writer:
             self._release_lock()
             self._send(("exit", None))
             return
+        error: str | None = None
         try:
             max_seq = conn.execute(
                 "SELECT max(coalesce((SELECT max(seq) FROM events), 0),"
                 " coalesce((SELECT max(seq) FROM transitions), 0))"
             ).fetchone()[0]
             self._send(("ready", int(max_seq)))
-            self._loop(conn)
+            self._loop(conn, inbox)
         except BaseException as e:  # a bug: the daemon reports it
             error = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -264,25 +286,37 @@ class Writer:
                 self._lock_file.close()  # closing the file drops the flock
             self._lock_file = None
 
-    def _loop(self, conn: sqlite3.Connection) -> None:
-        pending: deque[Any] = deque()
-        stopping = False
+    def _take(self, messages: list[tuple[Any, ...]], inbox: Inbox) -> None:
+        for message in messages:
+            kind = message[0]
+            if kind == "records":
+                self._pending.append(Chunk(*message[1:]))
+            elif kind == "recover":
+                pid, version, config_path, now, first = message[1:]
+                fn = functools.partial(
+                    recover, pid=pid, version=version, config_path=config_path, now=now, seq=first
+                )
+                self._pending.append(Call(fn, self._recovered))
+            elif kind == "stop":
+                self._stopping = True
+        if inbox.closed and not self._stopping:
+            self._stopping = self._abandoned = True
+
+    def _recovered(self, ok: bool, value: Any) -> None:
+        self._send(("recovered", ok, value))
+
+    def _loop(self, conn: sqlite3.Connection, inbox: Inbox) -> None:
+        pending = self._pending
         backoff = self.settings.retry_initial
         while True:
+            # Block only when there is nothing to write; otherwise take what is there.
+            idle = not pending and not self._stopping
+            self._take(inbox.wait(None) if idle else inbox.take(), inbox)
             if not pending:
-                if stopping:
+                if self._stopping:
                     return
-                pending.append(self._queue.get())
-            while True:
-                try:
-                    pending.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            head = pending[0]
-            if head is _STOP:
-                pending.popleft()
-                stopping = True
                 continue
+            head = pending[0]
             if isinstance(head, Call):
                 pending.popleft()
                 self._run_call(conn, head)
@@ -302,7 +336,12 @@ class Writer:
                 self.last_error = f"{type(e).__name__}: {e}"
                 self.attempt_failures += 1
                 self._send(("failure", self.last_error, self.attempt_failures, backoff))
-                if self.abandoned.wait(backoff):
+                if self._abandoned:
+                    return
+                deadline = time.monotonic() + backoff
+                while (left := deadline - time.monotonic()) > 0 and not self._abandoned:
+                    self._take(inbox.wait(left), inbox)
+                if self._abandoned:
                     return
                 backoff = min(backoff * 2, self.settings.retry_max)
                 continue
@@ -443,73 +482,36 @@ class _Reports:
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._lock = threading.Lock()
         self.broken = False
 
     def send(self, message: tuple[Any, ...]) -> None:
+        if self.broken:
+            return
         data = memoryview(frame(message))
-        with self._lock:
-            if self.broken:
-                return
-            try:
-                while data:
-                    data = data[os.write(self._fd, data) :]
-            except OSError:  # the daemon is gone
-                self.broken = True
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError:  # the daemon is gone
+            self.broken = True
 
 
 def main() -> None:
-    """The writer process: read the daemon's messages until ``stop`` or end of input."""
+    """The writer process: one thread, reading the daemon's messages until ``stop`` or the end."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     reports = _Reports(os.dup(1))
     os.dup2(2, 1)  # a stray print must not corrupt the protocol
-    frames = Frames()
-    writer: Writer | None = None
-    stopped = False
-    while not stopped:
-        data = os.read(0, 1 << 20)
-        if not data:
-            break
-        for message in frames.feed(data):
-            kind = message[0]
-            if kind == "records":
-                assert writer is not None
-                writer.put(Chunk(*message[1:]))
-            elif kind == "recover":
-                assert writer is not None
-                pid, version, config_path, now, first = message[1:]
-
-                def done(ok: bool, value: Any) -> None:
-                    reports.send(("recovered", ok, value))
-
-                writer.put(
-                    Call(
-                        functools.partial(
-                            recover,
-                            pid=pid,
-                            version=version,
-                            config_path=config_path,
-                            now=now,
-                            seq=first,
-                        ),
-                        done,
-                    )
-                )
-            elif kind == "open":
-                settings: Settings = message[1]
-                faults.also_kill(settings.daemon_pid)
-                writer = Writer(settings, reports.send)
-                writer.start()
-            elif kind == "stop":
-                stopped = True
-                break
-    if writer is None:
+    inbox = Inbox(0)
+    first: list[tuple[Any, ...]] = []
+    while not first and not inbox.closed:
+        first = inbox.wait(None)
+    if not first or first[0][0] != "open":
         return
-    if not stopped:  # the daemon died: write what came, once
-        writer.abandoned.set()
-    writer.stop()
-    writer.join()
+    settings: Settings = first[0][1]
+    faults.also_kill(settings.daemon_pid)
+    writer = Writer(settings, reports.send)
+    writer._take(first[1:], inbox)
+    writer.run(inbox)
 
 
 if __name__ == "__main__":
