@@ -225,6 +225,10 @@ class Journal:
         self._recovering = False
         self._recovered: tuple[bool, Any] | None = None
         self._started = False
+        #: the shielded scope of the message being written, if any
+        self._send_scope: trio.CancelScope | None = None
+        #: a write was cut mid-message: nothing more can be sent
+        self._stream_cut = False
         #: True from begin_run until end_run or shutdown: record()'s one check
         self._accepting = False
         self._running = False
@@ -290,7 +294,8 @@ class Journal:
         except OSError as e:
             raise JournalError(f"journal: cannot start the writer process: {e}") from e
         try:
-            await self._send(("open", self._settings))
+            with contextlib.suppress(trio.BrokenResourceError):  # died at once: the reader says so
+                await self._send(("open", self._settings))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_reports)
                 await self._ready.wait()
@@ -298,7 +303,11 @@ class Journal:
                     self._running = True
                     nursery.start_soon(self._flush_loop)
                     task_status.started()
-                    await self._exited.wait()
+                    try:
+                        await self._exited.wait()
+                    finally:  # a message being written gets flush_timeout to finish, no more
+                        if self._send_scope is not None:
+                            self._send_scope.deadline = trio.current_time() + self._flush_timeout
                 nursery.cancel_scope.cancel()
             if self._open_error is not None:
                 raise self._open_error
@@ -315,9 +324,10 @@ class Journal:
         with trio.move_on_after(self._flush_timeout) as scope:
             scope.shield = True
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                if self._pending and not self._exited.is_set():
-                    await self._send_pending()
-                await self._send(("stop",))
+                if not self._stream_cut:
+                    if self._pending and not self._exited.is_set():
+                        await self._send_pending()
+                    await self._send(("stop",))
             await process.stdin.aclose()  # end of input: the writer exits even if it said nothing
             await self._read_reports()
             await process.wait()
@@ -437,10 +447,21 @@ class Journal:
     # ---- the pipes ----------------------------------------------------------------------
 
     async def _send(self, message: tuple[Any, ...]) -> None:
-        """Write one message whole: a cancelled write would cut the stream mid-message."""
+        """Write one message whole: a cancelled write would cut the stream mid-message.
+
+        So it is shielded; only at shutdown does it get a deadline (``flush_timeout``),
+        after which the stream is unusable and the writer is killed.
+        """
         assert self._process is not None and self._process.stdin is not None
-        with trio.CancelScope(shield=True):
-            await self._process.stdin.send_all(frame(message))
+        with trio.CancelScope(shield=True) as scope:
+            self._send_scope = scope
+            try:
+                await self._process.stdin.send_all(frame(message))
+            finally:
+                self._send_scope = None
+        if scope.cancelled_caught:
+            self._stream_cut = True
+            raise trio.BrokenResourceError("journal: the writer stopped reading")
 
     async def _flush_loop(self) -> None:
         """Send what ``record`` queued to the writer, in as few messages as latency allows.

@@ -150,7 +150,7 @@ class Settings:
 ERROR_KINDS: dict[str, type[Exception]] = {"config": ConfigError, "journal": JournalError}
 
 
-# ---- the writer thread ----------------------------------------------------------------------------
+# ---- the writer ----------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=128)

@@ -14,9 +14,9 @@ Three tests share the workloads:
   list; after every operation and at the end, ``replay`` of the transitions
   equals every model's state in the core and ``check_history`` finds nothing;
 * through a real :class:`~mlxd.journal.Journal` under the autojump clock. This
-  is sound although the journal runs a thread (which lets virtual time jump,
+  is sound although the journal runs a writer process (which lets virtual time jump,
   trio#456): the manager never awaits the journal (``record`` only queues), so
-  the thread cannot change what the manager does; the test awaits the journal
+  the writer cannot change what the manager does; the test awaits the journal
   only once the manager has stopped, when nothing is left for a clock jump to
   fire. Then the rows read back from the file equal the events, replay to the
   final state, and ``check_journal`` finds nothing;

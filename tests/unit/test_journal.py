@@ -357,7 +357,7 @@ async def test_end_run_unclean_is_recovered_like_a_crash(tmp_path: Path) -> None
 
 
 async def test_cancelling_run_flushes_everything_queued(tmp_path: Path) -> None:
-    """Cancelling run() writes every row already recorded before the thread is joined."""
+    """Cancelling run() writes every row already recorded before the writer process exits."""
     path = tmp_path / "j.db"
     async with running(path) as j:
         for i in range(300):

@@ -1,0 +1,196 @@
+"""The journal's writer process: the wire format, the pipe protocol, its lifetime and urgency."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mlxd.errors import JournalError
+from mlxd.events import LeaseAcquired, LeaseReleased, MeasurementEvent, TransitionEvent
+from mlxd.journal import Journal
+from mlxd.journal_rows import EndRun, decode, encode, event_json
+from mlxd.journal_writer import Frames, _take_lock, frame
+from mlxd.states import Outcome, Reason, State
+
+from .test_journal import running
+
+EVENTS = [
+    TransitionEvent("m", State.LOADING, State.LOADED, Reason.PRELOAD, 1.25, 7, None),
+    TransitionEvent("ü", State.LOADED, State.UNLOADED, Reason.CRASH_RECOVERY, 2.0, None, 'x"y\n'),
+    LeaseAcquired("L1", "m", "req-1", "/v1/chat/completions", 3.5),
+    LeaseAcquired("L2", "m", None, None, 1e20),
+    LeaseReleased("L1", "m", Outcome.PREEMPTED, 4.0, 1, 2, 0.125),
+    LeaseReleased("L2", "m", Outcome.COMPLETED, 5.0),
+    MeasurementEvent("m", 6.0, 123, 0.5),
+]
+
+
+@pytest.mark.parametrize("event", EVENTS, ids=lambda e: type(e).__name__)
+def test_wire_records_round_trip(event: object) -> None:
+    """decode(encode(e)) == e for every event type, through a pickle as on the pipe."""
+    wire = encode(event)  # type: ignore[arg-type]
+    assert wire[0] == event.kind  # type: ignore[attr-defined]
+    assert decode(pickle.loads(pickle.dumps(wire))) == event
+
+
+def test_end_run_round_trips() -> None:
+    assert decode(encode(EndRun(9.5, True))) == EndRun(9.5, True)
+
+
+@pytest.mark.parametrize("event", EVENTS[:-1], ids=lambda e: type(e).__name__)
+def test_payload_json_is_json_dumps_of_as_dict(event: object) -> None:
+    """The events row's payload is byte for byte json.dumps(as_dict()), compact."""
+    expected = json.dumps(event.as_dict(), separators=(",", ":"))  # type: ignore[attr-defined]
+    assert event_json(encode(event)) == expected  # type: ignore[arg-type]
+
+
+@given(
+    st.lists(
+        st.tuples(st.text(max_size=20), st.integers(), st.floats(allow_nan=False), st.none()),
+        max_size=8,
+    ),
+    st.lists(st.integers(min_value=1, max_value=50), max_size=20),
+)
+def test_frames_survive_any_cut_of_the_stream(
+    messages: list[tuple[object, ...]], cuts: list[int]
+) -> None:
+    """Messages come out whole and in order however the pipe splits the bytes."""
+    data = b"".join(frame(m) for m in messages)
+    frames, out, start = Frames(), [], 0
+    for size in [*cuts, len(data)]:
+        out += frames.feed(data[start : start + size])
+        start += size
+    assert out == messages
+    assert not frames.partial
+
+
+async def test_a_writer_process_runs_and_shows_in_ps(tmp_path: Path) -> None:
+    """run() starts one child process, which is gone after run() returns."""
+    async with running(tmp_path / "j.db") as j:
+        pid = j.writer_pid
+        assert pid is not None and pid != os.getpid()
+        os.kill(pid, 0)  # alive
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+async def test_the_writer_ignores_sigterm_and_sigint(tmp_path: Path) -> None:
+    """A signal to the whole process group does not kill the writer before the daemon's last rows."""
+    async with running(tmp_path / "j.db") as j:
+        assert j.writer_pid is not None
+        os.kill(j.writer_pid, signal.SIGTERM)
+        os.kill(j.writer_pid, signal.SIGINT)
+        await trio.sleep(0.2)
+        seq = j.record(LeaseAcquired("L", "m", None, None, 1.0))
+        await j.wait_committed(seq)
+        assert j.leases()[0]["id"] == "L"
+
+
+async def test_a_dead_writer_fails_waiters_and_run(tmp_path: Path) -> None:
+    """If the writer process is killed, waiters get JournalError and run() raises it."""
+    j = Journal(tmp_path / "j.db", flush_interval=0)
+    stopped = pytest.RaisesExc(JournalError, match="writer process stopped")
+    with pytest.RaisesGroup(stopped):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(j.run)
+            await j.begin_run(1, "test", None)
+            assert j.writer_pid is not None
+            os.kill(j.writer_pid, signal.SIGKILL)
+            seq = j.record(LeaseAcquired("L", "m", None, None, 1.0))
+            with pytest.raises(JournalError):
+                await j.wait_committed(seq)
+    with pytest.raises(JournalError, match="closed"):
+        j.record(LeaseAcquired("L2", "m", None, None, 1.0))
+
+
+async def test_an_awaited_record_is_sent_at_once(tmp_path: Path) -> None:
+    """Within the flush interval, records nobody awaits are held back; wait_committed sends them."""
+    async with running(tmp_path / "j.db", flush_interval=30.0) as j:
+        await j.wait_committed(j.record(LeaseAcquired("A", "m", None, None, 1.0)))
+        held = j.record(LeaseAcquired("B", "m", None, None, 2.0))
+        await trio.sleep(0.3)
+        assert j.committed_seq < held  # the interval (30 s) runs from A's message
+        t0 = time.monotonic()
+        awaited = j.record(LeaseAcquired("C", "m", None, None, 3.0))
+        await j.wait_committed(awaited)
+        assert time.monotonic() - t0 < 5.0
+        assert [row["id"] for row in j.leases()] == ["A", "B", "C"]
+
+
+async def test_records_nobody_awaits_are_written_after_the_interval(tmp_path: Path) -> None:
+    """Without a waiter, a record held back reaches the file one flush interval later."""
+    async with running(tmp_path / "j.db", flush_interval=0.5) as j:
+        await j.wait_committed(j.record(LeaseAcquired("A", "m", None, None, 1.0)))
+        with j.subscribe() as sub:
+            t0 = trio.current_time()
+            held = j.record(LeaseAcquired("B", "m", None, None, 2.0))
+            with trio.fail_after(5):
+                async for seq, payload in sub:
+                    if seq == held:
+                        assert payload["lease_id"] == "B"
+                        break
+            assert trio.current_time() - t0 >= 0.3
+        assert [row["id"] for row in j.leases()] == ["A", "B"]
+
+
+_HOLDER = """
+import fcntl, sys, time
+lock = open(sys.argv[1], "a+")
+fcntl.flock(lock, fcntl.LOCK_EX)
+lock.seek(0); lock.truncate(); lock.write(sys.argv[2]); lock.flush()
+print("held", flush=True)
+time.sleep(float(sys.argv[3]))
+"""
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _holding(lock: Path, pid: int, seconds: float) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(lock), str(pid), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_the_lock_of_a_dead_daemons_writer_is_awaited(tmp_path: Path) -> None:
+    """A writer still finishing for a daemon that died delays the next start; it does not fail it."""
+    path = tmp_path / "j.db"
+    holder = _holding(path.with_name("j.db.lock"), _dead_pid(), 0.5)
+    t0 = time.monotonic()
+    lock = _take_lock(path, os.getpid(), wait=10.0)
+    waited = time.monotonic() - t0
+    lock.close()
+    holder.wait()
+    assert 0.2 < waited < 5.0
+
+
+def test_the_lock_of_a_live_daemon_is_refused_at_once(tmp_path: Path) -> None:
+    """While the daemon named in the lock file lives, a second one is refused without waiting."""
+    path = tmp_path / "j.db"
+    holder = _holding(path.with_name("j.db.lock"), os.getpid(), 30.0)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(JournalError, match=rf"in use by another mlxd \(pid {os.getpid()}\)"):
+            _take_lock(path, os.getpid(), wait=10.0)
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        holder.kill()
+        holder.wait()
