@@ -15,14 +15,16 @@ this run's ``runs`` row and repairs what the previous run left behind, in one
 transaction with that row (see :class:`RecoveryReport`), before any record.
 
 From Trio, :meth:`Journal.record` never blocks and does almost nothing: it
-assigns the next journal sequence number and appends the event to a list. A
-flusher task turns the list into plain tuples (:func:`mlxd.journal_rows.encode`)
-and sends them down the pipe in one message; while that write waits, records
-pile up for the next one. The writer process drains everything queued into
-one transaction, so a burst of N records costs one commit. After each commit
-it reports the last seq written, and a reader task moves the *watermark*
-(every seq up to it is on disk), wakes :meth:`Journal.wait_committed` callers
-and delivers the committed events to subscribers.
+turns the event into a plain tuple (:func:`mlxd.journal_rows.encode`),
+assigns the next journal sequence number and appends it to a list. A flusher
+task pickles the list and sends it down the pipe in one message, at most every
+``flush_interval`` (10 ms) while records keep coming, at once when somebody
+awaits one (see ``_flush_loop``). The writer process writes everything that
+has arrived in one transaction, so a burst of N records costs one commit.
+After each commit it reports the last seq written, and a reader task moves the
+*watermark* (every seq up to it is on disk), wakes
+:meth:`Journal.wait_committed` callers and delivers the committed events to
+subscribers (from the tuples kept until then).
 
 Sequence numbers: one counter here, initialised from the file's highest seq.
 Every record and :meth:`end_run` takes the next number; a transition's
@@ -109,15 +111,14 @@ FLUSH_RECORDS = 2000
 
 
 def _writer_command() -> list[str]:
-    return [sys.executable, "-c", "from mlxd.journal_writer import main; main()"]
+    """This interpreter running :func:`mlxd.journal_writer.main`, this ``mlxd`` importable.
 
-
-def _writer_env() -> dict[str, str]:
-    """The daemon's environment, with this ``mlxd`` package importable first."""
-    env = dict(os.environ)
+    The package's folder is appended to ``sys.path`` (not put first: if it is a
+    site-packages folder, it must not shadow the standard library).
+    """
     root = str(Path(mlxd.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
-    return env
+    code = "import sys; sys.path.append(sys.argv[1]); from mlxd.journal_writer import main; main()"
+    return [sys.executable, "-c", code, root]
 
 
 class Subscription:
@@ -289,7 +290,6 @@ class Journal:
                 _writer_command(),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                env=_writer_env(),
             )
         except OSError as e:
             raise JournalError(f"journal: cannot start the writer process: {e}") from e
@@ -362,7 +362,8 @@ class Journal:
             raise RuntimeError("begin_run() may be called only once")
         self._recovering = True
         first = self._last_seq + 1
-        await self._send(("recover", pid, version, config_path, self._wall_clock(), first))
+        with contextlib.suppress(trio.BrokenResourceError):  # the writer died: see below
+            await self._send(("recover", pid, version, config_path, self._wall_clock(), first))
         while self._recovered is None and not self._exited.is_set():
             await self._progress.wait()
         if self._recovered is None:
