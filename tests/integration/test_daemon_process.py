@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.support.daemon import MLXD, REPO, DaemonProcess, fake_models_config, write_config
@@ -160,3 +161,49 @@ def test_help_on_every_command() -> None:
                 "demo-model", "migrate", "launchd-plist"):
         r = subprocess.run([*MLXD, cmd, "--help"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "usage:" in r.stdout, cmd
+
+
+def _journal_writer_of(pid: int) -> psutil.Process:
+    writers = [
+        p for p in psutil.Process(pid).children() if "mlxd.journal_writer" in " ".join(p.cmdline())
+    ]
+    assert len(writers) == 1, writers
+    return writers[0]
+
+
+def _gone(proc: psutil.Process, timeout: float) -> bool:
+    """True once ``proc`` has exited (a zombie waiting for its new parent to reap it counts)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_journal_writer_process_ends_with_the_daemon(tmp_path: Path) -> None:
+    """The journal's writer process exits with a graceful stop, and by itself when the daemon is killed."""
+    raw = fake_models_config({"a": 0.2}, 2)
+    raw["journal"] = {"path": str(tmp_path / "journal.db")}
+    cfg = write_config(tmp_path / "m.yaml", raw)
+    with DaemonProcess(cfg, tmp_path) as d:
+        assert d.proc is not None
+        writer = _journal_writer_of(d.proc.pid)
+        assert d.terminate() == 0
+        assert _gone(writer, 10)
+    with DaemonProcess(cfg, tmp_path) as d:
+        assert d.proc is not None
+        writer = _journal_writer_of(d.proc.pid)
+        httpx.post(d.url + "/admin/models/a/load", timeout=30).raise_for_status()
+        d.kill()
+        assert _gone(writer, 10)  # its pipe from the daemon closed: it writes what came and exits
+    with DaemonProcess(cfg, tmp_path) as again:
+        status = httpx.get(again.url + "/admin/status").json()
+        assert status["journal"]["healthy"] is True
+    con = sqlite3.connect(tmp_path / "journal.db")
+    runs = con.execute("SELECT clean_stop FROM runs ORDER BY id").fetchall()
+    con.close()
+    assert runs == [(1,), (0,), (1,)]
