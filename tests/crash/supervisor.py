@@ -16,8 +16,10 @@ with ``?preempt=true``) and chat requests (some streaming). Each admin reply
 between the request and the reply, and the daemon replies only after the row
 saying so is committed.
 
-After each death (the database is opened read-only, so the hot WAL is left for
-the next start to recover):
+After each death, once the dead daemon's journal writer process has finished
+(it writes what the daemon had handed it, then exits and frees
+``journal.db.lock``; a restart waits for that lock too), the database is
+opened read-only, so the hot WAL is left for the next start to recover:
 
 * the exit was SIGKILL, by the named point when one was armed;
 * the schema is at a version a migration ends at (no half-applied migration);
@@ -37,6 +39,7 @@ After each restart reaches ready (``/health`` says ``ready: true``):
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import shutil
@@ -93,6 +96,9 @@ CREATE VIEW crash_probe_view AS SELECT model, n FROM crash_probe;
 INIT_STATEMENTS = len(list(split_statements((migrations_dir() / "0001_init.sql").read_text())))
 
 READY_TIMEOUT_S = 30.0
+#: a dead daemon's journal writer must have exited within this (it writes one batch at most)
+WRITER_EXIT_TIMEOUT_S = 10.0
+
 #: a start armed with a named point that has not died by then is killed by the supervisor
 NAMED_TIMEOUT_S = 8.0
 
@@ -324,6 +330,8 @@ class Summary:
     unreached: Counter[str] = field(default_factory=Counter)
     died_before_ready: Counter[str] = field(default_factory=Counter)
     ready_s: list[float] = field(default_factory=list)
+    #: from the daemon's death to its journal writer's exit (the lock freed)
+    writer_exit_s: list[float] = field(default_factory=list)
     acks: int = 0
     lost_acks: int = 0
     illegal_pairs: int = 0
@@ -341,12 +349,13 @@ class Summary:
     def total(self) -> int:
         return sum(self.kills.values())
 
-    def percentile(self, q: float) -> float:
-        if not self.ready_s:
+    def percentile(self, q: float, values: list[float] | None = None) -> float:
+        values = self.ready_s if values is None else values
+        if not values:
             return float("nan")
-        if len(self.ready_s) == 1:
-            return self.ready_s[0]
-        return statistics.quantiles(self.ready_s, n=100, method="inclusive")[int(q) - 1]
+        if len(values) == 1:
+            return values[0]
+        return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
     def markdown(self) -> str:
         lines = [
@@ -369,6 +378,7 @@ class Summary:
             f"| crash_recovery rows written / leases closed as interrupted | {self.recovered_rows:,} / {self.interrupted_leases:,} |",
             f"| models restored at ready | {self.restored:,} |",
             f"| restart-to-ready (process start to /health ready), n={len(self.ready_s):,} | p50 {self.percentile(50) * 1000:.0f} ms, p99 {self.percentile(99) * 1000:.0f} ms, max {max(self.ready_s, default=float('nan')) * 1000:.0f} ms |",
+            f"| the dead daemon's journal writer gone after the kill | p50 {self.percentile(50, self.writer_exit_s) * 1000:.1f} ms, p99 {self.percentile(99, self.writer_exit_s) * 1000:.1f} ms, max {max(self.writer_exit_s, default=float('nan')) * 1000:.0f} ms |",
             f"| named points not reached (supervisor killed instead) | {sum(self.unreached.values())} |",
             f"| requests sent | {', '.join(f'{k} {v:,}' for k, v in sorted(self.requests.items()))} |",
             f"| violations | {len(self.violations)} |",
@@ -434,6 +444,26 @@ class CrashLoop:
         if self.proc is not None:
             self.proc.wait(30)
 
+    def wait_writer_gone(self, offset: int) -> None:
+        """Wait for the dead daemon's journal writer to free the journal's lock (what a restart does)."""
+        lock_path = self.journal.with_name(self.journal.name + ".lock")
+        if not lock_path.exists():
+            return
+        t0 = time.monotonic()
+        with open(lock_path, "a+") as lock:
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    if time.monotonic() - t0 > WRITER_EXIT_TIMEOUT_S:
+                        self.violation("the dead daemon's journal writer did not exit", offset)
+                        return
+                    time.sleep(0.002)
+                    continue
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                break
+        self.summary.writer_exit_s.append(time.monotonic() - t0)
+
     def _log_since(self, offset: int) -> str:
         with open(self.log_path, "rb") as f:
             f.seek(offset)
@@ -495,6 +525,7 @@ class CrashLoop:
         self.record_kill(
             kind, armed, died_by_itself and armed is not None, url is None, offset, startup_kill
         )
+        self.wait_writer_gone(offset)
         self.check_after_kill(kind, traffic.acks if traffic else [], offset)
 
     def record_kill(
