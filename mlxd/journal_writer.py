@@ -232,7 +232,6 @@ class Writer:
         self._stopping = False
         #: the daemon is gone without saying stop: write what came once, no retries
         self._abandoned = False
-        self.healthy = True
         self.last_error: str | None = None
         self.attempt_failures = 0
         self.commits = 0
@@ -332,7 +331,6 @@ class Writer:
             try:
                 rejected = self._commit(conn, items)
             except sqlite3.Error as e:
-                self.healthy = False
                 self.last_error = f"{type(e).__name__}: {e}"
                 self.attempt_failures += 1
                 self._send(("failure", self.last_error, self.attempt_failures, backoff))
@@ -347,7 +345,6 @@ class Writer:
                 continue
             for _ in range(chunks):
                 pending.popleft()
-            self.healthy = True
             backoff = self.settings.retry_initial
             self._send(("batch", items[-1][0], rejected, self.commits))
 
