@@ -203,9 +203,6 @@ MEASUREMENTS: list[Callable[[str, Path, int], Result]] = [
 
 # ---- part 2: what journaling costs the manager ------------------------------------------------
 
-MODES = ("full", "normal")
-
-
 @dataclass(frozen=True)
 class Pair:
     """One window of the manager without the journal next to one with it."""
@@ -291,7 +288,7 @@ async def _alternate(
 
 def manager_cost(directory: Path, pairs: int, window: float) -> list[ManagerCost]:
     out = []
-    for mode in MODES:
+    for mode in SYNCS:
         result = trio.run(_alternate, mode, directory, pairs, window)
         costs = [p.cost * 100 for p in result.pairs]
         print(
