@@ -21,15 +21,18 @@ venv: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/mlxd serve
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q
 
 stress: $(STAMP)
 	$(BIN)/python -m pytest -q --stress
 
+# ruff (style, bugs, Trio rules), mypy (strict on residency, journal and config),
+# lint-imports (the layer contracts in pyproject.toml). `make test` runs it first.
 lint: $(STAMP)
 	$(BIN)/ruff check mlxd tests bench
 	$(BIN)/mypy mlxd
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis dist build

@@ -184,7 +184,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mlxd-bench-") as tmp:
         model = args.model
         if model is None:
-            from mlxd.demo_model import write_demo_model
+            from mlxd.engines.demo_model import write_demo_model
 
             model = str(Path(tmp) / "small")
             params = write_demo_model(model, "small")

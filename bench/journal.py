@@ -18,8 +18,8 @@ the machine and the date. Adding a measurement is adding a function to the list.
 
 Part 2, what journaling costs the manager (:func:`manager_cost`): acquire+release
 of a resident fake model by 8 Trio tasks in a loop on the real
-:class:`~mlxd.manager.Manager`, without and with a real
-:class:`~mlxd.journal.Journal` subscribed (every lease is two records: acquired
+:class:`~mlxd.residency.manager.Manager`, without and with a real
+:class:`~mlxd.journal.journal.Journal` subscribed (every lease is two records: acquired
 and released), at FULL and at NORMAL. A virtual machine's speed drifts by tens
 of percent within seconds, which made separate runs per mode useless for a
 10% question; so two identical managers live in one process, one with the
@@ -59,11 +59,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.manager_overhead import acquire_release
 from mlxd.config import Config, ContentionPolicy, FakeSettings, ManagerConfig, ModelConfig
 from mlxd.engines.fake import FakeFleet
-from mlxd.events import TransitionEvent
-from mlxd.journal import Journal
-from mlxd.manager import Manager
-from mlxd.migrate import migrate, open_database
-from mlxd.states import Reason, State
+from mlxd.journal.journal import Journal
+from mlxd.journal.migrate import migrate, open_database
+from mlxd.residency.events import TransitionEvent
+from mlxd.residency.manager import Manager
+from mlxd.residency.states import Reason, State
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORKDIR = RESULTS / "journal-bench.tmp"

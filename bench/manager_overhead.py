@@ -28,7 +28,7 @@ import time
 import trio
 
 from mlxd.engines.fake import FakeFleet, FakeModel
-from mlxd.manager import Manager
+from mlxd.residency.manager import Manager
 from tests.support.harness import GB, make_config
 
 

@@ -10,14 +10,14 @@ with ``MLXD_CRASH_AT=journal.before_commit:3`` and the process sends itself
 first time). Several points may be armed at once, separated by commas.
 
 The variable is read once, at import. When it is unset, a crash point costs
-one lookup in an empty dict. The journal's writer process (:mod:`mlxd.journal_writer`)
+one lookup in an empty dict. The journal's writer process (:mod:`mlxd.journal.writer`)
 inherits it and names the daemon with :func:`also_kill`: a crash point reached
 there kills the daemon first, as if the daemon itself had crashed at that point.
 
 The points (``name``: where):
 
 * ``journal.before_commit`` / ``journal.after_commit``: around the COMMIT of a
-  journal batch and of start-up recovery (:mod:`mlxd.journal_writer`, :mod:`mlxd.journal_rows`);
+  journal batch and of start-up recovery (:mod:`mlxd.journal.writer`, :mod:`mlxd.journal.rows`);
 * ``http.after_commit_before_reply``: an admin load/unload whose journal rows are
   committed, before its reply (:mod:`mlxd.http.admin_api`);
 * ``manager.mid_load``: a fake engine has loaded but the manager has not heard
@@ -25,7 +25,7 @@ The points (``name``: where):
 * ``manager.mid_unload``: a fake engine has stopped but the manager has not
   heard yet (the model is ``unloading``);
 * ``migrate.mid_migration``: after each statement of a migration, inside its
-  transaction (:mod:`mlxd.migrate`).
+  transaction (:mod:`mlxd.journal.migrate`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,12 @@
 (the default) selects the mlx-lm text engine, or the mlx-vlm vision engine for
 ``mllm: true`` models. The real engines are imported lazily so that the fake
 path never imports MLX.
+
+Also owns what only engines need: model sources and downloads (:mod:`.sources`),
+images (:mod:`.images`), memory measurement and release (:mod:`.memory`), the
+random-weight demo models (:mod:`.demo_model`) and the MLX thread (:mod:`.mlx_thread`).
+May import: :mod:`mlxd.config` (a model's settings), :mod:`mlxd.errors`,
+:mod:`mlxd.faults`; never the residency manager, the journal or HTTP.
 """
 
 from __future__ import annotations

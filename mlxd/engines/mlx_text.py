@@ -1,7 +1,7 @@
 """The mlx-lm text engine: one residency of one text model on its own MLX thread.
 
 Theory of operation. ``load`` resolves the source (local directory, demo
-model made on first use, or a Hugging Face download; :mod:`mlxd.sources`),
+model made on first use, or a Hugging Face download; :mod:`mlxd.engines.sources`),
 then starts the engine's :class:`~mlxd.engines.mlx_thread.MlxThread`, which
 loads the weights with ``mlx_lm.load`` and measures the footprint. Every later
 MLX call runs on that thread: each generation (``mlx_lm.stream_generate``) and
@@ -33,8 +33,8 @@ from typing import Any, Literal
 
 import trio
 
-from mlxd import memory, sources
 from mlxd.config import ModelConfig
+from mlxd.engines import memory, sources
 from mlxd.engines.base import (
     ChatMessage,
     Finished,
@@ -252,7 +252,7 @@ class MlxTextEngine:
         )
 
     def _write_demo(self, path: Path, report: Callable[[LoadProgress], None]) -> None:
-        from mlxd.demo_model import DemoModelError, is_model_dir, write_demo_model
+        from mlxd.engines.demo_model import DemoModelError, is_model_dir, write_demo_model
 
         if is_model_dir(path):
             return

@@ -63,9 +63,9 @@ class MlxThread:
     """One OS thread that runs every MLX call of one engine, in submission order."""
 
     def __init__(self, name: str) -> None:
-        from mlxd.memory import limit_malloc_arenas
+        from mlxd.engines.memory import limit_malloc_arenas
 
-        limit_malloc_arenas()  # one arena per short-lived thread fragments RSS (see mlxd.memory)
+        limit_malloc_arenas()  # one arena per short-lived thread fragments RSS (see mlxd.engines.memory)
         self.name = name
         # invariant: the only references to MLX objects these jobs create live in the
         # engine (written and read on this thread) or in the job's local variables

@@ -6,7 +6,7 @@ streaming, stop strings and cancellation rules are inherited unchanged.
 
 * mlx-vlm is imported lazily, on the MLX thread, at load: without the extra a
   load fails with a typed ``model_load_failed`` that says how to install it.
-* Images come from OpenAI ``image_url`` content parts (:mod:`mlxd.images`:
+* Images come from OpenAI ``image_url`` content parts (:mod:`mlxd.engines.images`:
   base64 ``data:`` URLs; ``file://`` only under the model's ``image_dir``),
   decoded on a worker thread before the request is queued, so a bad image is
   a 400 naming the field and never reaches the MLX thread.
@@ -27,8 +27,8 @@ from typing import Any
 
 import trio
 
-from mlxd import sources
 from mlxd.config import ModelConfig
+from mlxd.engines import sources
 from mlxd.engines.base import GenerationRequest
 from mlxd.engines.mlx_text import (
     MlxTextEngine,
@@ -108,7 +108,7 @@ class MlxVisionEngine(MlxTextEngine):
     async def _prepare(self, request: GenerationRequest) -> Any:
         if not request.images and not count_image_parts(request.messages):
             return []
-        from mlxd.images import decode_request_images
+        from mlxd.engines.images import decode_request_images
 
         return await trio.to_thread.run_sync(
             lambda: decode_request_images(

@@ -15,9 +15,9 @@ from mlxd import __version__
 from mlxd.errors import ConfigError, InvalidRequest, ModelNotFound
 from mlxd.faults import crash_point
 from mlxd.http.context import AppState, state
+from mlxd.http.metrics import CONTENT_TYPE
 from mlxd.http.openai_api import model_object
-from mlxd.metrics import CONTENT_TYPE
-from mlxd.states import Reason
+from mlxd.residency.states import Reason
 
 log = logging.getLogger("mlxd.http")
 
@@ -114,7 +114,7 @@ async def admin_history() -> Any:
     since_raw = request.args.get("since")
     since: float | None = None
     if since_raw:
-        from mlxd.history import parse_since
+        from mlxd.journal.reads import parse_since
 
         try:
             since = parse_since(since_raw)

@@ -33,7 +33,7 @@ from mlxd.errors import (
 )
 from mlxd.http import admin_api, openai_api
 from mlxd.http.context import AppState, state
-from mlxd.openapi import openapi_document
+from mlxd.http.openapi import openapi_document
 
 log = logging.getLogger("mlxd.http")
 

@@ -11,11 +11,11 @@ import trio
 from quart import current_app
 
 from mlxd.config import Config
-from mlxd.manager import Manager
-from mlxd.metrics import Metrics
+from mlxd.http.metrics import Metrics
+from mlxd.residency.manager import Manager
 
 if TYPE_CHECKING:
-    from mlxd.journal import Journal
+    from mlxd.journal.journal import Journal
 
 
 @dataclass

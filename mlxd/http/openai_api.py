@@ -28,8 +28,8 @@ from mlxd.engines.base import Finished, GenerationEvent, TextDelta
 from mlxd.errors import InvalidRequest, MlxdError, ModelNotFound, Overloaded, ShuttingDown
 from mlxd.http.context import AppState, state
 from mlxd.http.validation import ParsedRequest, parse_request
-from mlxd.manager import Lease
-from mlxd.states import Outcome
+from mlxd.residency.lease import Lease
+from mlxd.residency.states import Outcome
 
 log = logging.getLogger("mlxd.http")
 
@@ -96,7 +96,7 @@ async def parse(kind: str) -> ParsedRequest:
     if not st.manager.has_model(parsed.model):
         raise ModelNotFound(parsed.model)
     if mc is not None and mc.mllm and parsed.generation.kind == "chat":
-        from mlxd.images import decode_request_images, image_parts
+        from mlxd.engines.images import decode_request_images, image_parts
 
         if image_parts(parsed.generation.messages):
             images = await trio.to_thread.run_sync(

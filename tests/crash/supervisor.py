@@ -23,7 +23,7 @@ opened read-only, so the hot WAL is left for the next start to recover:
 
 * the exit was SIGKILL, by the named point when one was armed;
 * the schema is at a version a migration ends at (no half-applied migration);
-* ``PRAGMA integrity_check`` is ``ok`` and :func:`mlxd.replay.check_journal`
+* ``PRAGMA integrity_check`` is ``ok`` and :func:`mlxd.journal.replay.check_journal`
   finds nothing (every model's history legal, recovery rows included);
 * every acknowledged transition is in the journal (the model's journaled state
   is the acknowledged one at some moment between request and reply).
@@ -55,10 +55,10 @@ from typing import Any
 
 import httpx
 
-from mlxd.migrate import open_readonly, split_statements
-from mlxd.replay import check_history, check_journal
+from mlxd.journal.migrate import open_readonly, split_statements
+from mlxd.journal.replay import check_history, check_journal
+from mlxd.residency.states import HOLDS_MEMORY
 from mlxd.resources import migrations_dir
-from mlxd.states import HOLDS_MEMORY
 from tests.support.daemon import MLXD, REPO, write_config
 
 GB = 1024**3

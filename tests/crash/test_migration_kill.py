@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mlxd.migrate import open_readonly
-from mlxd.replay import check_journal
+from mlxd.journal.migrate import open_readonly
+from mlxd.journal.replay import check_journal
 from mlxd.resources import migrations_dir
 from tests.crash.supervisor import INIT_STATEMENTS, TEST_MIGRATION, config, snapshot
 from tests.support.daemon import DaemonProcess, write_config

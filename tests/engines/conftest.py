@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.demo_model import write_demo_model
+from mlxd.engines.demo_model import write_demo_model
 from mlxd.engines.mlx_text import MlxTextEngine
 from tests.engines.mlx_helpers import tiny_config
 

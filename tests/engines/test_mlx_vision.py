@@ -11,10 +11,10 @@ import trio
 
 from mlxd.config import ModelConfig
 from mlxd.engines.base import ChatMessage, GenerationRequest
+from mlxd.engines.images import MAX_IMAGE_BYTES, decode_request_images
 from mlxd.engines.mlx_thread import GenerationStats
 from mlxd.engines.mlx_vision import MlxVisionEngine
 from mlxd.errors import InvalidRequest
-from mlxd.images import MAX_IMAGE_BYTES, decode_request_images
 from tests.engines.mlx_helpers import collect
 
 Image = pytest.importorskip("PIL.Image", reason="pillow is not installed")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from mlxd import sources
 from mlxd.config import ModelConfig
+from mlxd.engines import sources
 from mlxd.engines.base import LoadProgress
 from mlxd.engines.mlx_text import MlxTextEngine
 from mlxd.errors import LoadFailed

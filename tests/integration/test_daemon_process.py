@@ -165,7 +165,7 @@ def test_help_on_every_command() -> None:
 
 def _journal_writer_of(pid: int) -> psutil.Process:
     writers = [
-        p for p in psutil.Process(pid).children() if "mlxd.journal_writer" in " ".join(p.cmdline())
+        p for p in psutil.Process(pid).children() if "mlxd.journal.writer" in " ".join(p.cmdline())
     ]
     assert len(writers) == 1, writers
     return writers[0]

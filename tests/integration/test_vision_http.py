@@ -17,7 +17,7 @@ pytest.importorskip("mlx_vlm", reason="the vlm extra (mlx-vlm) is not installed"
 
 @pytest.fixture(scope="module")
 def vision_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mlxd.demo_model import write_demo_model
+    from mlxd.engines.demo_model import write_demo_model
 
     path = tmp_path_factory.mktemp("models") / "llava"
     write_demo_model(path, "vision")

@@ -22,20 +22,45 @@ from hypothesis.stateful import (
     rule,
 )
 
-from mlxd import core as c
 from mlxd.config import ContentionPolicy
-from mlxd.states import TRANSITIONS, State
+from mlxd.errors import MlxdError
+from mlxd.residency.core import Core
+from mlxd.residency.messages import (
+    Acquire,
+    AdminUnload,
+    CancelLoad,
+    CancelWaiter,
+    Event,
+    Grant,
+    LoadAborted,
+    LoadFinished,
+    ModelSpec,
+    Preempt,
+    Reject,
+    Release,
+    Satisfy,
+    SetLoadGate,
+    Shutdown,
+    ShutdownDeadline,
+    StartLoad,
+    StartUnload,
+    Tick,
+    Transition,
+    UnloadFinished,
+    WaiterKind,
+)
+from mlxd.residency.states import TRANSITIONS, State
 
 GB = 1024**3
 NAMES = ["a", "b", "c", "d"]
 
 
 class CoreMachine(RuleBasedStateMachine):
-    """The shell, simulated: it carries out commands the way mlxd.manager does."""
+    """The shell, simulated: it carries out commands the way mlxd.residency.manager does."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.core: c.Core | None = None
+        self.core: Core | None = None
         self.now = 0.0
         self.ids = itertools.count(1)
         self.shadow: dict[str, State] = {}
@@ -66,46 +91,46 @@ class CoreMachine(RuleBasedStateMachine):
         idle: float,
     ) -> None:
         specs = [
-            c.ModelSpec(name, size * GB, pinned=name in pinned, idle_unload_s=idle)
+            ModelSpec(name, size * GB, pinned=name in pinned, idle_unload_s=idle)
             for name, size in zip(NAMES, sizes, strict=True)
         ]
-        self.core = c.Core(specs, budget * GB, ContentionPolicy(strategy, timeout, preempt_after))
+        self.core = Core(specs, budget * GB, ContentionPolicy(strategy, timeout, preempt_after))
         self.shadow = {name: State.UNLOADED for name in NAMES}
 
     # -- carrying out commands --------------------------------------------------------
 
-    def feed(self, event: c.Event) -> None:
+    def feed(self, event: Event) -> None:
         assert self.core is not None
         try:
             commands = self.core.step(event)
-        except c.MlxdError:
+        except MlxdError:
             return  # admin refusals change nothing (checked by the invariants)
         self.steps += 1
         for cmd in commands:
-            note_event(type(cmd).__name__ + (f" {cmd.to_state}/{cmd.reason}" if isinstance(cmd, c.Transition) else ""))
-            if isinstance(cmd, c.Reject):
+            note_event(type(cmd).__name__ + (f" {cmd.to_state}/{cmd.reason}" if isinstance(cmd, Transition) else ""))
+            if isinstance(cmd, Reject):
                 note_event(f"Reject {cmd.error.code}")
-            if isinstance(cmd, c.Transition):
+            if isinstance(cmd, Transition):
                 assert self.shadow[cmd.model] is cmd.from_state, cmd
                 assert cmd.to_state in TRANSITIONS[cmd.from_state], cmd
                 self.shadow[cmd.model] = cmd.to_state
-            elif isinstance(cmd, c.Grant):
+            elif isinstance(cmd, Grant):
                 assert self.shadow[cmd.model] is State.LOADED, f"lease granted on {cmd.model} while {self.shadow[cmd.model]}"
                 self.leases[cmd.lease_id] = cmd.model
                 self.waiters.pop(cmd.waiter_id, None)
-            elif isinstance(cmd, (c.Satisfy, c.Reject)):
+            elif isinstance(cmd, (Satisfy, Reject)):
                 self.waiters.pop(cmd.waiter_id, None)
-            elif isinstance(cmd, c.StartLoad):
+            elif isinstance(cmd, StartLoad):
                 assert cmd.model not in self.loads, f"second load of {cmd.model} in flight"
                 self.loads[cmd.model] = (cmd.load_id, False)
-            elif isinstance(cmd, c.CancelLoad):
+            elif isinstance(cmd, CancelLoad):
                 load_id, _ = self.loads[cmd.model]
                 assert load_id == cmd.load_id
                 self.loads[cmd.model] = (load_id, True)
-            elif isinstance(cmd, c.StartUnload):
+            elif isinstance(cmd, StartUnload):
                 assert cmd.model not in self.unloads
                 self.unloads.add(cmd.model)
-            elif isinstance(cmd, c.Preempt):
+            elif isinstance(cmd, Preempt):
                 for lid in cmd.lease_ids:
                     assert self.leases[lid] == cmd.model
                     self.preempted.add(lid)
@@ -116,17 +141,17 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(model=st.sampled_from(NAMES), resident=st.booleans())
     def acquire(self, model: str, resident: bool) -> None:
         wid = next(self.ids)
-        kind = c.WaiterKind.RESIDENT if resident else c.WaiterKind.LEASE
+        kind = WaiterKind.RESIDENT if resident else WaiterKind.LEASE
         if not resident:
             self.waiters[wid] = model
-        self.feed(c.Acquire(wid, model, f"L{wid}", self.now, kind=kind))
+        self.feed(Acquire(wid, model, f"L{wid}", self.now, kind=kind))
 
     @precondition(lambda self: bool(self.waiters))
     @rule(data=st.data())
     def cancel_waiter(self, data: st.DataObject) -> None:
         wid = data.draw(st.sampled_from(sorted(self.waiters)))
         del self.waiters[wid]
-        self.feed(c.CancelWaiter(wid, self.now))
+        self.feed(CancelWaiter(wid, self.now))
 
     @precondition(lambda self: bool(self.leases))
     @rule(data=st.data())
@@ -134,7 +159,7 @@ class CoreMachine(RuleBasedStateMachine):
         lid = data.draw(st.sampled_from(sorted(self.leases)))
         del self.leases[lid]
         self.preempted.discard(lid)
-        self.feed(c.Release(lid, self.now))
+        self.feed(Release(lid, self.now))
 
     @precondition(lambda self: bool(self.loads))
     @rule(data=st.data(), ok=st.booleans())
@@ -142,22 +167,22 @@ class CoreMachine(RuleBasedStateMachine):
         model = data.draw(st.sampled_from(sorted(self.loads)))
         load_id, cancelled = self.loads.pop(model)
         if cancelled:  # the shell always reports a cancelled load as aborted
-            self.feed(c.LoadAborted(model, load_id, self.now))
+            self.feed(LoadAborted(model, load_id, self.now))
         else:
-            self.feed(c.LoadFinished(model, load_id, self.now, error=None if ok else "boom"))
+            self.feed(LoadFinished(model, load_id, self.now, error=None if ok else "boom"))
 
     @precondition(lambda self: bool(self.unloads))
     @rule(data=st.data(), ok=st.booleans())
     def unload_finishes(self, data: st.DataObject, ok: bool) -> None:
         model = data.draw(st.sampled_from(sorted(self.unloads)))
         self.unloads.discard(model)
-        self.feed(c.UnloadFinished(model, self.now, error=None if ok else "stuck"))
+        self.feed(UnloadFinished(model, self.now, error=None if ok else "stuck"))
 
     @precondition(lambda self: self.core is not None)
     @rule(dt=st.sampled_from([0.5, 1.0, 3.0, 5.0, 11.0, 31.0]))
     def tick(self, dt: float) -> None:
         self.now += dt
-        self.feed(c.Tick(self.now))
+        self.feed(Tick(self.now))
         assert self.core is not None
         for w in self.core.waiters.values():  # every acquire resolves within its bound
             blocked = self.core.models[w.model].blocked
@@ -166,23 +191,23 @@ class CoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.core is not None)
     @rule(model=st.sampled_from(NAMES), preempt=st.booleans())
     def admin_unload(self, model: str, preempt: bool) -> None:
-        self.feed(c.AdminUnload(model, self.now, preempt=preempt))
+        self.feed(AdminUnload(model, self.now, preempt=preempt))
 
     @precondition(lambda self: self.core is not None)
     @rule(closed=st.booleans())
     def load_gate(self, closed: bool) -> None:
-        self.feed(c.SetLoadGate("journal down" if closed else None, self.now))
+        self.feed(SetLoadGate("journal down" if closed else None, self.now))
 
     # Shutdown ends the interesting part of a run, so it comes late.
     @precondition(lambda self: self.core is not None and not self.core.shutting_down and self.steps >= 40)
     @rule()
     def shutdown(self) -> None:
-        self.feed(c.Shutdown(self.now))
+        self.feed(Shutdown(self.now))
 
     @precondition(lambda self: self.core is not None and self.core.shutting_down)
     @rule()
     def shutdown_deadline(self) -> None:
-        self.feed(c.ShutdownDeadline(self.now))
+        self.feed(ShutdownDeadline(self.now))
 
     # -- invariants ------------------------------------------------------------------
 

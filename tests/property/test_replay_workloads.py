@@ -3,7 +3,7 @@
 A workload is a config (two to four fake models, a budget that forces
 evictions more often than not, one of the five contention policies, pins, idle
 timeouts, load and unload times) and a list of operations carried out in order
-through the real :class:`~mlxd.manager.Manager`: requests that hold their lease
+through the real :class:`~mlxd.residency.manager.Manager`: requests that hold their lease
 for a while or give up while waiting, admin loads and unloads (with and without
 preemption), scripted load and unload failures, the journal load gate, config
 reloads of one model, pauses; then an optional shutdown.
@@ -13,7 +13,7 @@ Three tests share the workloads:
 * pure, many examples, virtual time: the manager's events are collected in a
   list; after every operation and at the end, ``replay`` of the transitions
   equals every model's state in the core and ``check_history`` finds nothing;
-* through a real :class:`~mlxd.journal.Journal` under the autojump clock. This
+* through a real :class:`~mlxd.journal.journal.Journal` under the autojump clock. This
   is sound although the journal runs a writer process (which lets virtual time jump,
   trio#456): the manager never awaits the journal (``record`` only queues), so
   the writer cannot change what the manager does; the test awaits the journal
@@ -43,18 +43,18 @@ from hypothesis import strategies as st
 from mlxd.config import Config, ContentionPolicy, FakeSettings, ManagerConfig, ModelConfig
 from mlxd.engines.fake import FakeFleet
 from mlxd.errors import MlxdError
-from mlxd.events import (
+from mlxd.journal.journal import Journal
+from mlxd.journal.migrate import open_readonly
+from mlxd.journal.replay import check_history, check_journal, replay
+from mlxd.residency.events import (
     LeaseAcquired,
     LeaseReleased,
     ManagerEvent,
     MeasurementEvent,
     TransitionEvent,
 )
-from mlxd.journal import Journal
-from mlxd.manager import Manager
-from mlxd.migrate import open_readonly
-from mlxd.replay import check_history, check_journal, replay
-from mlxd.states import State
+from mlxd.residency.manager import Manager
+from mlxd.residency.states import State
 
 GB = 1024**3
 NAMES = ("a", "b", "c", "d")

@@ -17,8 +17,9 @@ from mlxd.config import (
 )
 from mlxd.engines.fake import FakeFleet
 from mlxd.errors import MlxdError
-from mlxd.events import ManagerEvent, TransitionEvent
-from mlxd.manager import Lease, Manager
+from mlxd.residency.events import ManagerEvent, TransitionEvent
+from mlxd.residency.lease import Lease
+from mlxd.residency.manager import Manager
 
 GB = 1024**3
 

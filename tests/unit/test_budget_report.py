@@ -10,20 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.budget_report import (
+from mlxd.cli import main
+from mlxd.config import ContentionPolicy, JournalConfig, load_config, parse_config
+from mlxd.config.budget import (
     MemoryBudgetReport,
     build_memory_budget_report,
     describe_budget,
     describe_ceiling,
     describe_policy,
     gb,
-    journal_measurements,
     log_memory_budget_report,
     render_report,
 )
-from mlxd.cli import main
-from mlxd.config import GIB, ContentionPolicy, JournalConfig, load_config, parse_config
+from mlxd.journal.reads import journal_measurements
 from mlxd.resources import migrations_dir
+from mlxd.units import GIB
 
 ETC = Path(__file__).resolve().parents[2] / "etc"
 NO_HOST = (None, None)
@@ -129,7 +130,7 @@ def test_check_config_never_writes_the_journal(tmp_path: Path) -> None:
 
 def test_import_does_not_import_mlx() -> None:
     """Importing the report module (as ``mlxd --help`` paths do) does not import MLX."""
-    code = "import sys, mlxd.budget_report, mlxd.cli; print('mlx' in sys.modules)"
+    code = "import sys, mlxd.config.budget, mlxd.cli; print('mlx' in sys.modules)"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
@@ -357,7 +358,7 @@ def test_log_memory_budget_report_logs_warnings(caplog: pytest.LogCaptureFixture
         config_of("  - {name: big, path: org/big, estimated_memory_gb: 20, enable_mtp: true}\n")
     )
     report = build_memory_budget_report(config, device_working_set=None, host_memory=NO_HOST)
-    with caplog.at_level(logging.INFO, logger="mlxd.budget_report"):
+    with caplog.at_level(logging.INFO, logger="mlxd.config.budget"):
         log_memory_budget_report(config, report)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(m.startswith("big can never fit") for m in warned)

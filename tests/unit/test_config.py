@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 
 from mlxd.config import (
-    GIB,
-    MIB,
     STRATEGIES,
     Config,
     ContentionPolicy,
@@ -25,6 +23,7 @@ from mlxd.config import (
 )
 from mlxd.errors import ConfigError
 from mlxd.resources import demo_config_path
+from mlxd.units import GIB, MIB
 
 ETC = Path(__file__).resolve().parents[2] / "etc"
 HUB = "mlx-community/Qwen2.5-0.5B-Instruct-4bit"

@@ -15,12 +15,12 @@ import trio
 
 from mlxd import cli
 from mlxd.errors import ConfigError
-from mlxd.events import LeaseAcquired, LeaseReleased, MeasurementEvent, TransitionEvent
-from mlxd.history import LEASE_COLUMNS, TRANSITION_COLUMNS, parse_since
-from mlxd.journal import Journal
-from mlxd.migrate import open_readonly
-from mlxd.replay import check_journal
-from mlxd.states import Outcome, Reason, State
+from mlxd.journal.journal import Journal
+from mlxd.journal.migrate import open_readonly
+from mlxd.journal.reads import LEASE_COLUMNS, TRANSITION_COLUMNS, parse_since
+from mlxd.journal.replay import check_journal
+from mlxd.residency.events import LeaseAcquired, LeaseReleased, MeasurementEvent, TransitionEvent
+from mlxd.residency.states import Outcome, Reason, State
 
 REPO = Path(__file__).resolve().parents[2]
 S, R = State, Reason

@@ -17,11 +17,11 @@ import pytest
 import trio
 
 from mlxd.errors import ConfigError, JournalError
-from mlxd.events import LeaseAcquired, LeaseReleased, MeasurementEvent, TransitionEvent
-from mlxd.journal import Journal
-from mlxd.migrate import open_database, open_readonly
-from mlxd.replay import check_journal, replay
-from mlxd.states import Outcome, Reason, State
+from mlxd.journal.journal import Journal
+from mlxd.journal.migrate import open_database, open_readonly
+from mlxd.journal.replay import check_journal, replay
+from mlxd.residency.events import LeaseAcquired, LeaseReleased, MeasurementEvent, TransitionEvent
+from mlxd.residency.states import Outcome, Reason, State
 
 REPO = Path(__file__).resolve().parents[2]
 S, R = State, Reason
@@ -427,9 +427,9 @@ async def test_readers_latest_measurements_and_filters(tmp_path: Path) -> None:
 
 _WRITER = """
 import os, sys, trio
-from mlxd.journal import Journal
-from mlxd.events import TransitionEvent, LeaseAcquired, LeaseReleased
-from mlxd.states import State as S, Reason as R, Outcome
+from mlxd.journal.journal import Journal
+from mlxd.residency.events import TransitionEvent, LeaseAcquired, LeaseReleased
+from mlxd.residency.states import State as S, Reason as R, Outcome
 
 CYCLE = [(S.UNLOADED, S.LOADING), (S.LOADING, S.LOADED), (S.LOADED, S.UNLOADING),
          (S.UNLOADING, S.UNLOADED)]

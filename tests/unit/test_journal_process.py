@@ -17,11 +17,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlxd.errors import JournalError
-from mlxd.events import LeaseAcquired, LeaseReleased, MeasurementEvent, TransitionEvent
-from mlxd.journal import Journal
-from mlxd.journal_rows import EndRun, decode, encode, event_json
-from mlxd.journal_writer import Frames, _take_lock, frame
-from mlxd.states import Outcome, Reason, State
+from mlxd.journal.journal import Journal
+from mlxd.journal.rows import EndRun, decode, encode, event_json
+from mlxd.journal.writer import Frames, _take_lock, frame
+from mlxd.residency.events import LeaseAcquired, LeaseReleased, MeasurementEvent, TransitionEvent
+from mlxd.residency.states import Outcome, Reason, State
 
 from .test_journal import running
 

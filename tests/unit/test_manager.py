@@ -17,8 +17,8 @@ from mlxd.errors import (
     Preempted,
     ShuttingDown,
 )
-from mlxd.manager import Lease
-from mlxd.states import Outcome
+from mlxd.residency.lease import Lease
+from mlxd.residency.states import Outcome
 from tests.support.harness import GB, Results, make_config, running
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from mlxd import cli
 from mlxd.errors import ConfigError, JournalError
-from mlxd.migrate import (
+from mlxd.journal.migrate import (
     _apply_one,
     discover,
     migrate,
@@ -214,7 +214,7 @@ def test_cli_migrate_creates_and_upgrades(
 _PARKED_MIGRATOR = """
 import sys
 from pathlib import Path
-from mlxd.migrate import migrate, open_database
+from mlxd.journal.migrate import migrate, open_database
 
 conn = open_database(Path(sys.argv[1]))
 calls = 0

@@ -9,9 +9,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlxd.migrate import migrate, open_database
-from mlxd.replay import check_history, check_journal, replay
-from mlxd.states import HOLDS_MEMORY, TRANSITIONS, Reason, State
+from mlxd.journal.migrate import migrate, open_database
+from mlxd.journal.replay import check_history, check_journal, replay
+from mlxd.residency.states import HOLDS_MEMORY, TRANSITIONS, Reason, State
 
 S = State
 

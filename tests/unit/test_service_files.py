@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from mlxd import service_files
-from mlxd.service_files import EXIT_MARGIN_S, plist_dict, render_plist
+from mlxd.cli import service_files
+from mlxd.cli.service_files import EXIT_MARGIN_S, plist_dict, render_plist
 from tests.support.daemon import MLXD, REPO
 
 FILES = REPO / "systemd-like-plists"

@@ -44,7 +44,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from mlxd.cli import DaemonUnreachable
+from mlxd.cli.common import DaemonUnreachable
 from mlxd.config import ServerConfig, load_config
 from mlxd.errors import ConfigError, MlxdError
 

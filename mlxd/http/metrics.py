@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from mlxd.events import LeaseReleased, ManagerEvent, TransitionEvent
-from mlxd.states import Reason, State
+from mlxd.residency.events import LeaseReleased, ManagerEvent, TransitionEvent
+from mlxd.residency.states import Reason, State
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -3,8 +3,12 @@
 Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 3 daemon unreachable.
 Errors are printed on stderr as one line, never as a traceback.
 
-Each subcommand lives with the concern it belongs to; this module only parses
-arguments and dispatches (imports are lazy so ``mlxd --help`` is instant).
+Every ``argparse`` command and its printing lives in this package, one module
+per command family (:mod:`.serve`, :mod:`.client` for the commands that talk to
+a running daemon, :mod:`.history`, :mod:`.migrate`, :mod:`.check_config`,
+:mod:`.demo_model`, :mod:`.service_files`); this module only parses arguments
+and dispatches (handlers are imported lazily so ``mlxd --help`` is instant).
+The CLI is the top layer: it may import anything; nothing imports it.
 """
 
 from __future__ import annotations
@@ -15,15 +19,9 @@ import sys
 from collections.abc import Sequence
 
 from mlxd import __version__
+from mlxd.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, DaemonUnreachable
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-
-
-class DaemonUnreachable(Exception):
-    """The CLI could not reach the daemon over HTTP (exit 3)."""
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "DaemonUnreachable", "main"]
 
 
 def _add_url(p: argparse.ArgumentParser) -> None:
@@ -46,7 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mlxd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_serve(sub)
+    _add_daemon_commands(sub)
+    _add_file_commands(sub)
+    return parser
 
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run the daemon (the built-in offline demo without --config)")
     p.add_argument("--config", help="YAML config (default: the built-in offline demo config)")
     p.add_argument("--host", help="bind address (overrides server.host)")
@@ -67,21 +72,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--ready-file",
         help="write the bound URL to this file once the daemon is ready (for supervisors)",
     )
-    p.set_defaults(handler="mlxd.daemon:cmd_serve")
+    p.set_defaults(handler="mlxd.cli.serve:cmd_serve")
 
     p = sub.add_parser("check-config", help="validate a config and print the memory budget report")
     p.add_argument("path", help="YAML config to check")
-    p.set_defaults(handler="mlxd.budget_report:cmd_check_config")
+    p.set_defaults(handler="mlxd.cli.check_config:cmd_check_config")
 
+
+def _add_daemon_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Commands that talk to a running daemon over HTTP."""
     p = sub.add_parser("status", help="show the running daemon's residency status")
     _add_url(p)
     p.add_argument("--json", action="store_true", help="print the raw JSON status")
-    p.set_defaults(handler="mlxd.client:cmd_status")
+    p.set_defaults(handler="mlxd.cli.client:cmd_status")
 
     p = sub.add_parser("load", help="ask the running daemon to load a model")
     p.add_argument("name", help="model name")
     _add_url(p)
-    p.set_defaults(handler="mlxd.client:cmd_load")
+    p.set_defaults(handler="mlxd.cli.client:cmd_load")
 
     p = sub.add_parser("unload", help="ask the running daemon to unload a model")
     p.add_argument("name", help="model name")
@@ -89,14 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--preempt", action="store_true", help="preempt live requests instead of letting them finish"
     )
     _add_url(p)
-    p.set_defaults(handler="mlxd.client:cmd_unload")
+    p.set_defaults(handler="mlxd.cli.client:cmd_unload")
 
     p = sub.add_parser("events", help="follow the daemon's residency and lease events")
     _add_url(p)
     p.add_argument("--json", action="store_true", help="print each event as one JSON line")
     p.add_argument("--last-event-id", help="resume after this event id")
-    p.set_defaults(handler="mlxd.client:cmd_events")
+    p.set_defaults(handler="mlxd.cli.client:cmd_events")
 
+
+def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Commands that read or write files; the daemon may be down."""
     p = sub.add_parser("history", help="print journal rows (reads the file; the daemon may be down)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--journal", help="journal file")
@@ -106,28 +117,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
     p.add_argument("--leases", action="store_true", help="show leases instead of transitions")
     p.add_argument("--json", action="store_true", help="print a JSON array with the journal's columns")
-    p.set_defaults(handler="mlxd.history:cmd_history")
+    p.set_defaults(handler="mlxd.cli.history:cmd_history")
 
     p = sub.add_parser("demo-model", help="write a small random-weight model that mlx-lm loads")
     p.add_argument("path", help="directory to write")
     p.add_argument("--size", choices=["tiny", "small"], default="tiny", help="tiny (tests) or small (~25M params)")
     p.add_argument("--vision", action="store_true", help="write a tiny LLaVA for mlx-vlm instead")
     p.add_argument("--force", action="store_true", help="overwrite an existing model")
-    p.set_defaults(handler="mlxd.demo_model:cmd_demo_model")
+    p.set_defaults(handler="mlxd.cli.demo_model:cmd_demo_model")
 
     p = sub.add_parser("migrate", help="apply journal migrations (or show their status)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--journal", help="journal file")
     g.add_argument("--config", help="config whose journal.path to use")
     p.add_argument("--status", action="store_true", help="only show the version; never writes")
-    p.set_defaults(handler="mlxd.migrate:cmd_migrate")
+    p.set_defaults(handler="mlxd.cli.migrate:cmd_migrate")
 
     p = sub.add_parser("launchd-plist", help="print a launchd plist for this install")
     p.add_argument("--config", help="config file the daemon should use")
     p.add_argument("--label", default="com.mlxd.daemon", help="launchd label")
-    p.set_defaults(handler="mlxd.service_files:cmd_launchd_plist")
-
-    return parser
+    p.set_defaults(handler="mlxd.cli.service_files:cmd_launchd_plist")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,9 +30,7 @@ from typing import TypeVar
 import yaml
 
 from mlxd.errors import ConfigError
-
-GIB = 1024**3
-MIB = 1024**2
+from mlxd.units import GIB, MIB
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 :class:`Core` holds every model's residency state, the memory budget, the
 queue of waiters and the live leases. It never awaits and never reads a clock:
-the Trio shell (:mod:`mlxd.manager`) turns happenings into :data:`Event` values
+the Trio shell (:mod:`mlxd.residency.manager`) turns happenings into :data:`Event` values
 carrying ``now`` (monotonic seconds), calls :meth:`Core.step`, and carries out
 the :data:`Command` values it returns, in order.
 
@@ -35,17 +35,25 @@ Invariants (checked by :meth:`Core.check_invariants`, used by the property test)
 * at most one load per model is in flight;
 * leases exist only on ``loaded`` or ``draining`` models, and a ``draining``
   model is granted none;
-* every state change goes through :func:`mlxd.states.check_transition`.
+* every state change goes through :func:`mlxd.residency.states.check_transition`.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from mlxd.config import ContentionPolicy
-from mlxd.core_messages import (
+from mlxd.errors import (
+    Conflict,
+    JournalError,
+    LoadFailed,
+    MlxdError,
+    ModelNotFound,
+    ShuttingDown,
+)
+from mlxd.residency import refusals
+from mlxd.residency.messages import (
     Acquire,
     AdminUnload,
     CancelLoad,
@@ -72,84 +80,16 @@ from mlxd.core_messages import (
     UnloadFinished,
     WaiterKind,
 )
-from mlxd.errors import (
-    CapacityTimeout,
-    Conflict,
-    JournalError,
-    LoadFailed,
-    MlxdError,
-    ModelCapacity,
-    ModelExceedsBudget,
-    ModelNotFound,
-    ShuttingDown,
-)
-from mlxd.states import COMMITTED, Reason, State, check_transition
-
-GIB = 1024**3
-
-#: the messages are defined in mlxd.core_messages and re-exported here for callers
-__all__ = ["Acquire", "AdminUnload", "CancelLoad", "CancelWaiter", "Command", "Core", "Event", "Grant", "LoadAborted", "LoadFinished", "ModelRecord", "ModelSpec", "Preempt", "Reconfigure", "Reject", "Release", "Satisfy", "SetLoadGate", "SetSize", "Shutdown", "ShutdownDeadline", "StartLoad", "StartUnload", "Tick", "Transition", "UnloadFinished", "Waiter", "WaiterKind"]
-
+from mlxd.residency.policy import ContentionPolicy
+from mlxd.residency.records import ADMIN_DRAIN, SHUTDOWN_DRAIN, ModelRecord, Waiter
+from mlxd.residency.states import Reason, State, check_transition
 
 # ---- internal records ------------------------------------------------------------------
 
-#: drain owners that are not waiters: these drains are never called off
-ADMIN_DRAIN = -1
-SHUTDOWN_DRAIN = -2
 
 
-@dataclass
-class ModelRecord:
-    spec: ModelSpec
-    state: State = State.UNLOADED
-    #: bytes this residency holds or reserves (set when its load starts)
-    committed_bytes: int = 0
-    leases: set[str] = field(default_factory=set)
-    last_used: float | None = None
-    last_error: str | None = None
-    load_id: int = 0
-    load_reason: Reason = Reason.REQUEST
-    #: a CancelLoad was issued for the load in flight; it cannot be joined
-    load_cancelling: bool = False
-    abort_reason: Reason = Reason.ABANDONED
-    #: why it is draining / unloading (the reason of the row that ends it)
-    out_reason: Reason = Reason.EVICTED
-    #: ADMIN_DRAIN / SHUTDOWN_DRAIN when the drain must not be called off
-    drain_owner: int | None = None
-    #: its leases were preempted during this drain
-    preempted: bool = False
-    #: shutdown gave up on it (its unload failed during shutdown)
-    abandoned_at_shutdown: bool = False
-    #: the waiters of this model, in arrival order
-    queue: dict[int, Waiter] = field(default_factory=dict)
-    #: its waiters wait for room (subject to their deadlines), not for a load in flight
-    blocked: bool = False
-    #: no waiter of this model has a deadline before this (a lower bound; may be stale-early)
-    queue_deadline: float | None = None
-    #: draining victims its waiters claimed in the last pass
-    claims: list[str] = field(default_factory=list)
-
-    @property
-    def counts(self) -> bool:
-        return self.state in COMMITTED
-
-    @property
-    def head(self) -> Waiter | None:
-        return next(iter(self.queue.values()), None)
 
 
-@dataclass
-class Waiter:
-    id: int
-    model: str
-    lease_id: str
-    kind: WaiterKind
-    reason: Reason
-    since: float
-    #: capacity bound (None = unbounded)
-    deadline: float | None
-    #: when this waiter may preempt its victims (None = never)
-    preempt_at: float | None
 
 
 # ---- the core --------------------------------------------------------------------------
@@ -175,7 +115,7 @@ class Core:
 
     @property
     def committed(self) -> int:
-        return sum(r.committed_bytes for r in self.models.values() if r.counts)
+        return sum(r.committed_bytes for r in self.models.values() if r.holds_budget)
 
     def state(self, model: str) -> State:
         return self.models[model].state
@@ -336,13 +276,8 @@ class Core:
                 continue
             for w in list(r.queue.values()):
                 if w.deadline is not None and ev.now >= w.deadline:
-                    self._reject(
-                        w,
-                        CapacityTimeout(
-                            f"waited {ev.now - w.since:.0f} s for room to load '{w.model}' "
-                            f"(wait_timeout_s={self.policy.wait_timeout_s})"
-                        ),
-                    )
+                    waited = ev.now - w.since
+                    self._reject(w, refusals.waited_too_long(w.model, waited, self.policy.wait_timeout_s))
             deadlines = [w.deadline for w in r.queue.values() if w.deadline is not None]
             r.queue_deadline = min(deadlines) if deadlines else None
             self._maybe_abandon_load(r.spec.name)
@@ -396,15 +331,9 @@ class Core:
         removed = set(self.models) - set(new)
         busy = sorted((removed | (ev.replaced & set(self.models))) & live)
         if busy:
-            raise Conflict(
-                "cannot remove or replace a live model: "
-                + ", ".join(f"{n} ({self.models[n].state})" for n in busy)
-            )
+            raise refusals.live_models_in_reload([(n, self.models[n].state) for n in busy])
         if ev.budget_bytes < self.committed:
-            raise Conflict(
-                f"the new budget ({ev.budget_bytes / GIB:.2f} GiB) is below the memory "
-                f"committed now ({self.committed / GIB:.2f} GiB); unload models first"
-            )
+            raise refusals.budget_below_committed(ev.budget_bytes, self.committed)
         for name in sorted(removed | (ev.replaced & set(self.models))):
             r = self.models[name]
             if r.state is State.FAILED:
@@ -462,14 +391,7 @@ class Core:
                 continue  # on its way out, or a cancelled load still tearing down
             name, need = r.spec.name, r.spec.size_bytes
             if need > self.budget:
-                self._reject_queue(
-                    r,
-                    ModelExceedsBudget(
-                        f"'{name}' needs {need / GIB:.2f} GiB, more than the whole "
-                        f"memory budget of {self.budget / GIB:.2f} GiB",
-                        param="model",
-                    ),
-                )
+                self._reject_queue(r, refusals.exceeds_budget(name, need, self.budget))
                 continue
             if self.load_gate is not None:
                 self._reject_queue(r, JournalError(f"new loads are refused: {self.load_gate}"))
@@ -478,43 +400,45 @@ class Core:
                 free -= need
                 self._start_load(r)
                 continue
-            idle = self._lru(busy=False, exclude=name)
-            busy = self._lru(busy=True, exclude=name) if self.policy.waits else []
-            idle_bytes = sum(v.committed_bytes for v in idle)
-            busy_bytes = sum(v.committed_bytes for v in busy)
-            if free + incoming + idle_bytes < need and not self.policy.waits:
-                self._reject_queue(
-                    r,
-                    ModelCapacity(
-                        f"'{name}' ({need / GIB:.2f} GiB) does not fit: "
-                        f"{self.committed / GIB:.2f} of {self.budget / GIB:.2f} GiB "
-                        "are committed to models in use"
-                    ),
-                )
-                continue
-            if free + incoming + idle_bytes + busy_bytes < need:
-                continue  # no victim can make room now: claim nothing, touch nothing
-            # Room is short: idle victims first (LRU), then busy ones per the policy.
-            for v in idle:
-                if free + incoming >= need:
-                    break
-                incoming += v.committed_bytes
-                self._begin_unload(v, Reason.EVICTED)
-            drain_reason = (
-                Reason.PREEMPTED if self.policy.strategy == "preempt" else Reason.EVICTED
-            )
-            for v in busy:
-                if free + incoming >= need:
-                    break
-                incoming += v.committed_bytes
-                self._begin_drain(v, drain_reason, owner=None)
-            take_free = min(free, need)
-            free -= take_free
-            incoming -= need - take_free
-            self._claim_victims(r, need - take_free, claimed)
+            free, incoming = self._make_room(r, need, free, incoming, claimed)
         called_off = self._call_off_unclaimed(claimed)
         self._preempt_due()
         return called_off
+
+    def _make_room(
+        self, r: ModelRecord, need: int, free: int, incoming: int, claimed: dict[str, str]
+    ) -> tuple[int, int]:
+        """``r``'s waiters need ``need`` bytes more than are free: evict, drain or refuse.
+
+        Returns the pass's ``free`` and ``incoming`` after ``r`` claimed its room.
+        """
+        name = r.spec.name
+        idle = self._lru(busy=False, exclude=name)
+        busy = self._lru(busy=True, exclude=name) if self.policy.waits else []
+        idle_bytes = sum(v.committed_bytes for v in idle)
+        busy_bytes = sum(v.committed_bytes for v in busy)
+        if free + incoming + idle_bytes < need and not self.policy.waits:
+            self._reject_queue(r, refusals.no_room(name, need, self.committed, self.budget))
+            return free, incoming
+        if free + incoming + idle_bytes + busy_bytes < need:
+            return free, incoming  # no victim can make room now: claim nothing, touch nothing
+        # Room is short: idle victims first (LRU), then busy ones per the policy.
+        for v in idle:
+            if free + incoming >= need:
+                break
+            incoming += v.committed_bytes
+            self._begin_unload(v, Reason.EVICTED)
+        drain_reason = Reason.PREEMPTED if self.policy.strategy == "preempt" else Reason.EVICTED
+        for v in busy:
+            if free + incoming >= need:
+                break
+            incoming += v.committed_bytes
+            self._begin_drain(v, drain_reason, owner=None)
+        take_free = min(free, need)
+        free -= take_free
+        incoming -= need - take_free
+        self._claim_victims(r, need - take_free, claimed)
+        return free, incoming
 
     def _drop(self, w: Waiter) -> None:
         del self.waiters[w.id]

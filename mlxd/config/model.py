@@ -1,18 +1,9 @@
-"""Configuration: the YAML format of DESIGN.md as frozen dataclasses.
+"""The configuration's meaning: frozen dataclasses for each section, and memory estimates.
 
-A vllm-mlx ``--models-config`` file loads unchanged (sections ``manager`` and
-``models``; ``path``/``source``/``model``; ``memory_budget_gb`` or
-``memory_budget``; per-entry engine keys accepted and reported as ignored).
-mlxd adds ``server``, ``journal``, ``pin``, per-model ``idle_unload_seconds``,
-``restore_on_start``, ``engine: fake`` with ``fake:`` settings.
-
-Entry points: :func:`load_config` (a YAML file), :func:`parse_config` (an
-already-parsed object), :func:`builtin_demo_config` (the offline demo that
-``mlxd serve`` runs without ``--config``). The readers and value grammars live
-in :mod:`mlxd.config_validation`, the per-section rules in :mod:`mlxd.config_parse`.
-
-Every error is a :class:`mlxd.errors.ConfigError` whose message starts with the
-key path (``models[2].estimated_memory_gb: must be a positive number``).
+:class:`Config` and its parts are what the rest of mlxd reads; they are built
+by :mod:`mlxd.config.rules` from a YAML file read by :mod:`mlxd.config.readers`.
+:func:`resolve_estimate` is the one rule for a model's memory estimate
+(DESIGN.md's order: configured, measured, weight files, the fake's size).
 """
 
 from __future__ import annotations
@@ -22,49 +13,13 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import EllipsisType
 from typing import Literal
 
-from mlxd.config_validation import GIB, MIB, Source, parse_memory_size, read_yaml
 from mlxd.errors import ConfigError
+from mlxd.residency.policy import ContentionPolicy
+from mlxd.units import GIB
 
-Strategy = Literal["fail", "wait", "preempt", "wait_then_fail", "wait_then_preempt"]
-STRATEGIES: tuple[Strategy, ...] = (
-    "fail",
-    "wait",
-    "preempt",
-    "wait_then_fail",
-    "wait_then_preempt",
-)
 DEMO_KINDS = ("tiny", "small", "vision")
-#: ``wait_timeout_s`` of every strategy but ``wait`` when the config does not set it
-DEFAULT_WAIT_TIMEOUT_S = 30.0
-
-__all__ = [
-    "DEFAULT_WAIT_TIMEOUT_S",
-    "DEMO_KINDS",
-    "GIB",
-    "MIB",
-    "STRATEGIES",
-    "Config",
-    "ContentionPolicy",
-    "FakeSettings",
-    "JournalConfig",
-    "ManagerConfig",
-    "Measured",
-    "MemoryEstimate",
-    "ModelConfig",
-    "ServerConfig",
-    "Strategy",
-    "builtin_demo_config",
-    "default_state_dir",
-    "load_config",
-    "parse_config",
-    "parse_memory_size",
-    "resolve_estimate",
-    "weights_bytes",
-]
-
 
 def default_state_dir() -> Path:
     """Where mlxd keeps its journal and demo models by default."""
@@ -89,47 +44,6 @@ class ServerConfig:
 class JournalConfig:
     path: Path = field(default_factory=lambda: default_state_dir() / "journal.db")
     synchronous: Literal["full", "normal"] = "full"
-
-
-@dataclass(frozen=True, slots=True)
-class ContentionPolicy:
-    """What an acquire does when its model does not fit after idle eviction.
-
-    ``wait_timeout_s`` is the bound on waiting for room. It defaults to 30 s for
-    every strategy except ``wait``, which waits without bound unless it is set
-    (build policies with :meth:`of` to get that default). ``preempt_after_s``
-    (``wait_then_preempt`` only) defaults to 0.
-    """
-
-    strategy: Strategy = "wait_then_fail"
-    wait_timeout_s: float | None = DEFAULT_WAIT_TIMEOUT_S
-    preempt_after_s: float | None = None
-
-    @classmethod
-    def of(
-        cls,
-        strategy: Strategy,
-        *,
-        wait_timeout_s: float | EllipsisType | None = ...,
-        preempt_after_s: float | None = None,
-    ) -> ContentionPolicy:
-        """The policy for ``strategy``; ``wait_timeout_s`` omitted means the strategy's default."""
-        if isinstance(wait_timeout_s, EllipsisType):
-            wait_timeout_s = None if strategy == "wait" else DEFAULT_WAIT_TIMEOUT_S
-        return cls(strategy, wait_timeout_s, preempt_after_s)
-
-    @property
-    def preempt_delay_s(self) -> float | None:
-        """Seconds a waiter waits before preempting, or None if this policy never preempts."""
-        if self.strategy == "preempt":
-            return 0.0
-        if self.strategy == "wait_then_preempt":
-            return self.preempt_after_s if self.preempt_after_s is not None else 0.0
-        return None
-
-    @property
-    def waits(self) -> bool:
-        return self.strategy != "fail"
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,43 +196,5 @@ def resolve_estimate(model: ModelConfig, measured: Mapping[str, int]) -> MemoryE
     return None
 
 
-# ---- loading ----------------------------------------------------------------------------
-
 #: model name -> measured bytes, or a function of the journal settings that reads them
 Measured = Mapping[str, int] | Callable[[JournalConfig], Mapping[str, int]]
-
-
-def load_config(path: str | os.PathLike[str], *, measured: Measured = {}) -> Config:  # noqa: B006
-    """Read and validate a YAML config file (see DESIGN.md, "Config").
-
-    ``measured`` maps model names to the sizes measured after their last load
-    (the journal's ``measurements``), or is a function of the journal settings
-    that reads them. Raises :class:`ConfigError` naming the file and the key path.
-    """
-    from mlxd.config_parse import Parser  # lazy: config_parse imports this module
-
-    file = Path(path)
-    data, lines = read_yaml(file, str(path))
-    source = Source(str(path), lines, file.absolute().parent)
-    return Parser(source, measured).config(data, file.absolute())
-
-
-def parse_config(
-    raw: object,
-    *,
-    path: Path | None = None,
-    measured: Measured = {},  # noqa: B006
-) -> Config:
-    """Validate an already-parsed config object; relative paths resolve against ``path``'s folder."""
-    from mlxd.config_parse import Parser  # lazy: config_parse imports this module
-
-    base = path.absolute().parent if path is not None else Path.cwd()
-    source = Source(str(path) if path is not None else None, {}, base)
-    return Parser(source, measured).config(raw, path.absolute() if path is not None else None)
-
-
-def builtin_demo_config(measured: Measured = {}) -> Config:  # noqa: B006
-    """The built-in offline demo config that ``mlxd serve`` runs without ``--config``."""
-    from mlxd.resources import demo_config_path
-
-    return load_config(demo_config_path(), measured=measured)

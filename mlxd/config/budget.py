@@ -21,15 +21,14 @@ this module (and ``mlxd --help``) stays fast.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import EllipsisType
 
-from mlxd.config import GIB, Config, ContentionPolicy, JournalConfig, ModelConfig, load_config
+from mlxd.config import Config, ContentionPolicy, ModelConfig
+from mlxd.units import GIB
 
 log = logging.getLogger(__name__)
 
@@ -439,38 +438,5 @@ def log_memory_budget_report(
         logger.warning("config: %s", warning)
 
 
-def journal_measurements(journal: JournalConfig) -> dict[str, int]:
-    """The latest measured size of each model in the journal (read-only; {} if none).
-
-    Used as ``load_config(..., measured=journal_measurements)`` so that
-    ``check-config`` sees the same estimates as the daemon. Never creates or
-    writes the file.
-    """
-    from mlxd.errors import JournalError
-    from mlxd.history import read_latest_measurements
-    from mlxd.migrate import open_readonly
-
-    path = Path(journal.path).absolute()
-    if not path.is_file():
-        return {}
-    try:
-        con = open_readonly(path)
-        try:
-            found = read_latest_measurements(con)
-        finally:
-            con.close()
-    except (JournalError, sqlite3.Error) as e:  # not a journal yet, locked, or an older schema
-        log.debug("could not read measurements from %s: %s", path, e)
-        return {}
-    return {model: size for model, size in found.items() if size > 0}
 
 
-def cmd_check_config(args: argparse.Namespace) -> int:
-    """``mlxd check-config PATH``: validate the config and print the budget report (exit 0).
-
-    A config error raises :class:`mlxd.errors.ConfigError`, which the CLI prints
-    as one line and turns into exit code 2.
-    """
-    config = load_config(args.path, measured=journal_measurements)
-    print(render_report(config, build_memory_budget_report(config)))
-    return 0

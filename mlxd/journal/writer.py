@@ -2,23 +2,23 @@
 
 Theory of operation
 -------------------
-The daemon (:class:`mlxd.journal.Journal`) starts this module as a child
-process (``python -c 'from mlxd.journal_writer import main; main()'``) and
+The daemon (:class:`mlxd.journal.journal.Journal`) starts this module as a child
+process (``python -c 'from mlxd.journal.writer import main; main()'``) and
 talks to it over two pipes, the child's stdin and stdout, in length-prefixed
 pickled tuples (:func:`frame`, :class:`Frames`). Why a process and not a
 thread: CPython has one GIL per process, and a writer thread's Python work
 (JSON payloads, row tuples, binding parameters) and every GIL hand-off came
 out of the event loop's time; measured, it cost a saturated manager 35% of its
 throughput. Out of process, the event loop only pickles plain tuples
-(:mod:`mlxd.journal_rows`) and writes them to a pipe.
+(:mod:`mlxd.journal.rows`) and writes them to a pipe.
 
 The daemon sends, in order:
 
 * ``("open", Settings)`` once, first;
 * ``("records", first_seq, run_id, [wire records])``: records numbered
-  ``first_seq``, ``first_seq + 1``, ... (:func:`mlxd.journal_rows.encode`);
+  ``first_seq``, ``first_seq + 1``, ... (:func:`mlxd.journal.rows.encode`);
 * ``("recover", pid, version, config_path, now, first_seq)``: start-up recovery
-  (:func:`mlxd.journal_rows.recover`), run between batches, answered by
+  (:func:`mlxd.journal.rows.recover`), run between batches, answered by
   ``("recovered", ok, report_and_rows_or_error)``;
 * ``("stop",)``: write what is queued, then exit.
 
@@ -33,7 +33,7 @@ child a TLB-shootdown interrupt to the core the event loop runs on). It reads
 its stdin without blocking (on Linux the pipe holds 1 MiB, so the daemon's
 writes do not wait for an fsync), and:
 
-1. opens the file (:func:`mlxd.migrate.open_database`), holding an exclusive
+1. opens the file (:func:`mlxd.journal.migrate.open_database`), holding an exclusive
    ``flock`` on ``<journal>.lock`` so a second daemon on the same file fails
    at once instead of interleaving sequence numbers (the lock file holds the
    daemon's pid; if that daemon is dead, its writer is finishing its last
@@ -42,7 +42,7 @@ writes do not wait for an fsync), and:
 2. waits for records, then takes everything that has arrived (up to
    :data:`MAX_BATCH` records) into ONE ``BEGIN IMMEDIATE ... COMMIT``: a burst
    of N records costs one commit, written with the batch's
-   :func:`~mlxd.journal_rows.plan` in a few multi-row statements;
+   :func:`~mlxd.journal.rows.plan` in a few multi-row statements;
 3. if a row is rejected by a constraint (it can never succeed), redoes the
    batch record by record, one savepoint each, leaving out only the rejected;
 4. on any other ``sqlite3.Error`` (locked past ``busy_timeout``, disk full,
@@ -69,6 +69,7 @@ import select
 import signal
 import sqlite3
 import struct
+import sys
 import time
 import traceback
 from collections import deque
@@ -77,11 +78,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
+import mlxd
 from mlxd import faults
 from mlxd.errors import ConfigError, JournalError
 from mlxd.faults import crash_point
-from mlxd.journal_rows import Item, Op, Plan, Rejected, Wire, plan, prepare, recover
-from mlxd.migrate import Synchronous, migrate, open_database
+from mlxd.journal.migrate import Synchronous, migrate, open_database
+from mlxd.journal.rows import Item, Op, Plan, Rejected, Wire, plan, prepare, recover
 
 #: At most this many records go into one transaction (whole messages: it may be a little over).
 MAX_BATCH = 1000
@@ -509,6 +511,17 @@ def main() -> None:
     writer = Writer(settings, reports.send)
     writer._take(first[1:], inbox)
     writer.run(inbox)
+
+
+def command() -> list[str]:
+    """This interpreter running :func:`mlxd.journal.writer.main`, this ``mlxd`` importable.
+
+    The package's folder is appended to ``sys.path`` (not put first: if it is a
+    site-packages folder, it must not shadow the standard library).
+    """
+    root = str(Path(mlxd.__file__).resolve().parent.parent)
+    code = "import sys; sys.path.append(sys.argv[1]); from mlxd.journal.writer import main; main()"
+    return [sys.executable, "-c", code, root]
 
 
 if __name__ == "__main__":

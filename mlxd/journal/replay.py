@@ -2,7 +2,7 @@
 
 Pure functions over ``transitions`` rows (dicts or ``sqlite3.Row`` with the
 journal's column names), given in journal order (ascending ``seq``), as
-:func:`mlxd.history.read_transitions` returns them. No I/O, except
+:func:`mlxd.journal.reads.read_transitions` returns them. No I/O, except
 :func:`check_journal`, which runs the same checks and the file-level ones on a
 connection (for the crash tests and for an operator's sanity check).
 
@@ -14,7 +14,7 @@ these two functions:
   in the result (it is ``unloaded``).
 * :func:`check_history` lists every break in a model's path: a first row that
   does not start from ``unloaded``, a row that does not start where the
-  previous one ended, and a move that :func:`mlxd.states.is_legal` refuses
+  previous one ended, and a move that :func:`mlxd.residency.states.is_legal` refuses
   (the ``crash_recovery`` edge ``<holding memory> -> unloaded`` included,
   after which the model is ``unloaded`` like after any row to that state).
 """
@@ -25,7 +25,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from mlxd.states import State, is_legal
+from mlxd.residency.states import State, is_legal
 
 
 class TransitionRow(Protocol):

@@ -1,8 +1,8 @@
 """The messages of the residency core: events in, commands out.
 
-The Trio shell (:mod:`mlxd.manager`) turns happenings into these events (each
+The Trio shell (:mod:`mlxd.residency.manager`) turns happenings into these events (each
 carrying ``now``, monotonic seconds) and carries out the commands that
-:meth:`mlxd.core.Core.step` returns, in order. All are frozen dataclasses.
+:meth:`mlxd.residency.core.Core.step` returns, in order. All are frozen dataclasses.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from mlxd.config import ContentionPolicy
 from mlxd.errors import MlxdError
-from mlxd.states import Reason, State
+from mlxd.residency.policy import ContentionPolicy
+from mlxd.residency.states import Reason, State
 
 # ---- inputs ----------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Reading the journal: the queries behind ``mlxd history``, ``/admin/history`` and SSE resume.
 
 Every function here takes a connection opened read-only
-(:func:`mlxd.migrate.open_readonly`), so it works while the daemon is running
+(:func:`mlxd.journal.migrate.open_readonly`), so it works while the daemon is running
 (WAL lets readers run beside the writer) and while it is down. Rows come back
 as plain dicts keyed by the journal's column names, oldest first: a limit keeps
 the *most recent* rows, like ``tail``.
@@ -15,8 +15,8 @@ exits 2, a missing journal file exits 1, each with one line on stderr.
 
 from __future__ import annotations
 
-import argparse
 import json
+import logging
 import re
 import sqlite3
 import time
@@ -25,7 +25,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from mlxd.config import JournalConfig
 from mlxd.errors import ConfigError, JournalError
+
+log = logging.getLogger("mlxd.journal")
 
 TRANSITION_COLUMNS: tuple[str, ...] = (
     "seq", "run_id", "at", "model", "from_state", "to_state", "reason", "memory_bytes", "error",
@@ -138,100 +141,27 @@ def parse_since(text: str, *, now: float | None = None) -> float:
     return dt.timestamp()  # a naive datetime is taken as local time
 
 
-def _local(at: float | None) -> str:
-    if at is None:
-        return "-"
-    return datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+def journal_measurements(journal: JournalConfig) -> dict[str, int]:
+    """The latest measured size of each model in the journal (read-only; {} if none).
 
+    Used as ``load_config(..., measured=journal_measurements)`` so that
+    ``check-config`` sees the same estimates as the daemon. Never creates or
+    writes the file.
+    """
+    from mlxd.journal.migrate import (
+        open_readonly,  # migrate imports nothing of reads; kept lazy for speed
+    )
 
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    if n >= 1024**3:
-        return f"{n / 1024**3:.2f} GiB"
-    return f"{n / 1024**2:.1f} MiB"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
-    for r in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    return "\n".join(lines)
-
-
-def format_transitions(rows: Sequence[dict[str, Any]]) -> str:
-    header = ("time", "seq", "run", "model", "transition", "reason", "memory", "error")
-    body = [
-        (
-            _local(r["at"]),
-            str(r["seq"]),
-            str(r["run_id"]),
-            r["model"],
-            f"{r['from_state']} -> {r['to_state']}",
-            r["reason"],
-            _bytes(r["memory_bytes"]),
-            r["error"] or "",
-        )
-        for r in rows
-    ]
-    return _table(header, body)
-
-
-def format_leases(rows: Sequence[dict[str, Any]]) -> str:
-    header = ("acquired", "released", "held", "model", "outcome", "route", "tokens", "lease")
-    body = []
-    for r in rows:
-        held = (
-            f"{r['released_at'] - r['acquired_at']:.2f}s"
-            if r["released_at"] is not None
-            else "open"
-        )
-        tokens = (
-            f"{r['prompt_tokens'] or 0}+{r['completion_tokens'] or 0}"
-            if r["prompt_tokens"] is not None or r["completion_tokens"] is not None
-            else "-"
-        )
-        body.append(
-            (
-                _local(r["acquired_at"]),
-                _local(r["released_at"]),
-                held,
-                r["model"],
-                r["outcome"] or "-",
-                r["route"] or "-",
-                tokens,
-                r["id"],
-            )
-        )
-    return _table(header, body)
-
-
-def cmd_history(args: argparse.Namespace) -> int:
-    """``mlxd history``: print journal rows; reads the file, never writes."""
-    from mlxd.migrate import journal_path_from_args, open_readonly
-
-    since = parse_since(args.since) if args.since else None
-    limit: int | None = args.limit
-    if limit is not None and limit < 0:
-        raise ConfigError(f"--limit: must be 0 (every row) or more, not {limit}")
-    if limit == 0:
-        limit = None
-    path = journal_path_from_args(args)
-    conn = open_readonly(Path(path))
+    path = Path(journal.path).absolute()
+    if not path.is_file():
+        return {}
     try:
-        if args.leases:
-            rows = read_leases(conn, model=args.model, since=since, limit=limit)
-        else:
-            rows = read_transitions(conn, model=args.model, since=since, limit=limit)
-    except sqlite3.Error as e:
-        raise JournalError(f"journal: cannot read {path}: {e}") from e
-    finally:
-        conn.close()
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    elif not rows:
-        print("no rows")
-    else:
-        print(format_leases(rows) if args.leases else format_transitions(rows))
-    return 0
+        con = open_readonly(path)
+        try:
+            found = read_latest_measurements(con)
+        finally:
+            con.close()
+    except (JournalError, sqlite3.Error) as e:  # not a journal yet, locked, or an older schema
+        log.debug("could not read measurements from %s: %s", path, e)
+        return {}
+    return {model: size for model, size in found.items() if size > 0}

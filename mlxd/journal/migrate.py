@@ -28,7 +28,6 @@ writes; on a missing file it says so.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sqlite3
 import sys
@@ -272,36 +271,5 @@ def status(path: Path, directory: Path | None = None) -> MigrationStatus:
     return MigrationStatus(path, True, current, latest, pending)
 
 
-def journal_path_from_args(args: argparse.Namespace) -> Path:
-    """``--journal PATH``, else ``--config``'s ``journal.path``, else the default path."""
-    if getattr(args, "journal", None):
-        return Path(args.journal).expanduser()
-    if getattr(args, "config", None):
-        from mlxd.config import load_config  # lazy: the config module grows independently
-
-        return Path(load_config(Path(args.config)).journal.path).expanduser()
-    from mlxd.config import JournalConfig
-
-    return Path(JournalConfig().path)
 
 
-def cmd_migrate(args: argparse.Namespace) -> int:
-    """``mlxd migrate [--status] [--journal PATH | --config PATH]``."""
-    path = journal_path_from_args(args)
-    if args.status:
-        print(status(path).describe())
-        return 0
-
-    def announce(m: Migration) -> None:
-        print(f"applying {m.name}", flush=True)
-
-    conn = open_database(path)
-    try:
-        before, after = migrate(conn, on_apply=announce)
-    finally:
-        conn.close()
-    if before == after:
-        print(f"{path}: schema v{after}, up to date")
-    else:
-        print(f"{path}: migrated from v{before} to v{after}")
-    return 0

@@ -5,7 +5,7 @@ each model) and stops at the first error, a :class:`mlxd.errors.ConfigError`
 naming the key path. Along the way it collects warnings (one line each) for
 keys that are accepted but have no effect: the vllm-mlx engine keys, a
 ``preempt_after_s`` that the strategy never uses, an ``image_dir`` on a text
-model. The typed readers it uses are in :mod:`mlxd.config_validation`.
+model. The typed readers it uses are in :mod:`mlxd.config.readers`.
 """
 
 from __future__ import annotations
@@ -16,23 +16,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, cast
 
-from mlxd.config import (
+from mlxd.config.model import (
     DEMO_KINDS,
-    STRATEGIES,
     Config,
-    ContentionPolicy,
     FakeSettings,
     JournalConfig,
     ManagerConfig,
     Measured,
     ModelConfig,
     ServerConfig,
-    Strategy,
     default_state_dir,
     resolve_estimate,
 )
-from mlxd.config_validation import (
-    GIB,
+from mlxd.config.readers import (
     Source,
     Table,
     check_number,
@@ -44,6 +40,8 @@ from mlxd.config_validation import (
     parse_memory_size,
     show,
 )
+from mlxd.residency.policy import STRATEGIES, ContentionPolicy, Strategy
+from mlxd.units import GIB
 
 TOP_KEYS = ("server", "journal", "manager", "models")
 SERVER_KEYS = ("host", "port", "api_key_env", "shutdown_grace_s", "max_body_mb")

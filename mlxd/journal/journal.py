@@ -4,18 +4,18 @@ Theory of operation
 -------------------
 The daemon owns one :class:`Journal` and starts it with
 ``await nursery.start(journal.run)``. ``run()`` starts ONE writer process
-(:mod:`mlxd.journal_writer`), which opens the file (WAL, ``synchronous`` FULL
+(:mod:`mlxd.journal.writer`), which opens the file (WAL, ``synchronous`` FULL
 or NORMAL, foreign keys, ``busy_timeout``), applies the migrations, reads the
 highest sequence number and reports ready; only then does ``run()`` call
 ``task_status.started()``. The process owns the only writing connection.
-Why a process: see :mod:`mlxd.journal_writer` (one GIL per process).
+Why a process: see :mod:`mlxd.journal.writer` (one GIL per process).
 
 Then, once, the daemon calls ``await`` :meth:`Journal.begin_run`: it inserts
 this run's ``runs`` row and repairs what the previous run left behind, in one
 transaction with that row (see :class:`RecoveryReport`), before any record.
 
 From Trio, :meth:`Journal.record` never blocks and does almost nothing: it
-turns the event into a plain tuple (:func:`mlxd.journal_rows.encode`),
+turns the event into a plain tuple (:func:`mlxd.journal.rows.encode`),
 assigns the next journal sequence number and appends it to a list. A flusher
 task pickles the list and sends it down the pipe in one message, at most every
 ``flush_interval`` (10 ms) while records keep coming, at once when somebody
@@ -67,41 +67,29 @@ import math
 import os
 import sqlite3
 import subprocess
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import trio
 
-import mlxd
-from mlxd import history as reads
 from mlxd.errors import JournalError
-from mlxd.events import LeaseAcquired, LeaseReleased, ManagerEvent, TransitionEvent
-from mlxd.journal_rows import ENCODERS, RESIDENT, EndRun, RecoveryReport, Wire
-from mlxd.journal_writer import ERROR_KINDS, Frames, Settings, frame
-from mlxd.migrate import Synchronous, open_readonly
+from mlxd.journal import reads
+from mlxd.journal.migrate import Synchronous, open_readonly
+from mlxd.journal.rows import ENCODERS, RESIDENT, EndRun, RecoveryReport, Wire
+from mlxd.journal.subscription import PUBLISHED_FIELDS, Subscription, payload_of
+from mlxd.journal.writer import ERROR_KINDS, Frames, Settings, frame
+from mlxd.journal.writer import command as writer_command
+from mlxd.residency.events import ManagerEvent
 
 __all__ = ["RESIDENT", "Journal", "RecoveryReport", "Subscription"]
 
-log = logging.getLogger("mlxd.journal")
-
-#: the wire kinds subscribers hear, with their field names (measurements and end_run are not published)
-_PAYLOAD_FIELDS: dict[str, tuple[str, ...]] = {
-    cls.kind: tuple(cls.__dataclass_fields__)
-    for cls in (TransitionEvent, LeaseAcquired, LeaseReleased)
-}
+log = logging.getLogger("mlxd.journal.journal")
 
 
-def _payload(w: Wire) -> dict[str, Any]:
-    """``event.as_dict()`` as JSON gives it back (enums as strings), from the event's wire record."""
-    out: dict[str, Any] = {"kind": w[0]}
-    for name, value in zip(_PAYLOAD_FIELDS[w[0]], w[1:], strict=True):
-        out[name] = value.value if isinstance(value, Enum) else value
-    return out
+
 
 
 #: seconds between two messages to the writer while records keep coming (see ``_flush_loop``)
@@ -110,61 +98,8 @@ FLUSH_INTERVAL = 0.01
 FLUSH_RECORDS = 2000
 
 
-def _writer_command() -> list[str]:
-    """This interpreter running :func:`mlxd.journal_writer.main`, this ``mlxd`` importable.
-
-    The package's folder is appended to ``sys.path`` (not put first: if it is a
-    site-packages folder, it must not shadow the standard library).
-    """
-    root = str(Path(mlxd.__file__).resolve().parent.parent)
-    code = "import sys; sys.path.append(sys.argv[1]); from mlxd.journal_writer import main; main()"
-    return [sys.executable, "-c", code, root]
 
 
-class Subscription:
-    """Committed journal events ``(seq, payload)`` as an async iterator; see the module doc."""
-
-    def __init__(self, journal: Journal, buffer: int) -> None:
-        self._journal = journal
-        self._send, self._receive = trio.open_memory_channel[tuple[int, dict[str, Any]]](buffer)
-        #: True when the journal dropped this subscriber for falling behind.
-        self.dropped = False
-        #: the seq of the last event this iterator returned
-        self.last_seq: int | None = None
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> tuple[int, dict[str, Any]]:
-        try:
-            seq, payload = await self._receive.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
-            raise StopAsyncIteration from None
-        self.last_seq = seq
-        return seq, payload
-
-    def _offer(self, seq: int, payload: dict[str, Any]) -> bool:
-        """Hand over one event; False (and dropped) when the buffer is full."""
-        try:
-            self._send.send_nowait((seq, dict(payload)))
-        except trio.WouldBlock:
-            self.dropped = True
-            self._send.close()
-            return False
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return False
-        return True
-
-    def close(self) -> None:
-        self._journal._subscribers.discard(self)
-        self._send.close()
-        self._receive.close()
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 class Journal:
@@ -287,7 +222,7 @@ class Journal:
         self._started = True
         try:
             self._process = await trio.lowlevel.open_process(
-                _writer_command(),
+                writer_command(),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
             )
@@ -591,7 +526,7 @@ class Journal:
                 published += [
                     (first + i, r)
                     for i, r in enumerate(records)
-                    if r[0] in _PAYLOAD_FIELDS and first + i not in self._rejected
+                    if r[0] in PUBLISHED_FIELDS and first + i not in self._rejected
                 ]
         self._publish(published)
         self._wake()
@@ -599,7 +534,7 @@ class Journal:
     def _publish(self, published: list[tuple[int, Any]]) -> None:
         if not published or not self._subscribers:
             return  # payload dicts are built only for someone to read
-        payloads = [(seq, _payload(w)) for seq, w in published]
+        payloads = [(seq, payload_of(w)) for seq, w in published]
         for sub in list(self._subscribers):
             for seq, payload in payloads:
                 if not sub._offer(seq, payload):

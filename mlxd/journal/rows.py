@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 The daemon's event loop hands each journal event to the writer process
-(:mod:`mlxd.journal_writer`) as a *wire record*: a plain tuple, the event's
+(:mod:`mlxd.journal.writer`) as a *wire record*: a plain tuple, the event's
 ``kind`` followed by its dataclass fields in order (``encode``: one C-level
 ``attrgetter`` per type). Plain tuples pickle an order of magnitude faster than
 the dataclasses (the enum members and repeated strings in them are pickled
@@ -35,15 +35,15 @@ from json.encoder import (  # type: ignore[attr-defined]
 )
 from typing import Any, NamedTuple
 
-from mlxd.events import (
+from mlxd.faults import crash_point
+from mlxd.residency.events import (
     LeaseAcquired,
     LeaseReleased,
     ManagerEvent,
     MeasurementEvent,
     TransitionEvent,
 )
-from mlxd.faults import crash_point
-from mlxd.states import HOLDS_MEMORY, Outcome, Reason, State
+from mlxd.residency.states import HOLDS_MEMORY, Outcome, Reason, State
 
 #: States that count as "resident" for restore_on_start.
 RESIDENT: frozenset[State] = frozenset({State.LOADED, State.DRAINING})
@@ -69,7 +69,7 @@ END_RUN = "UPDATE runs SET stopped_at = ?, clean_stop = ? WHERE id = ?"
 
 @dataclass(frozen=True, slots=True)
 class EndRun:
-    """The record :meth:`mlxd.journal.Journal.end_run` queues: stamp the run's end."""
+    """The record :meth:`mlxd.journal.journal.Journal.end_run` queues: stamp the run's end."""
 
     at: float
     clean: bool
@@ -271,7 +271,7 @@ def plan(items: list[Item]) -> Plan:
 
 @dataclass(frozen=True, slots=True)
 class RecoveryReport:
-    """What :meth:`mlxd.journal.Journal.begin_run` found and repaired.
+    """What :meth:`mlxd.journal.journal.Journal.begin_run` found and repaired.
 
     ``resident``: the models that were resident (state ``loaded`` or
     ``draining``) at the end of the previous run, oldest transition first: for

@@ -22,12 +22,9 @@ on their own MLX thread (demo on first use), the CLI on the main thread.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import shutil
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -259,26 +256,3 @@ def write_demo_model(
     return n
 
 
-def cmd_demo_model(args: argparse.Namespace) -> int:
-    """``mlxd demo-model PATH [--size tiny|small] [--vision] [--force]``."""
-    kind: DemoKind = "vision" if args.vision else args.size
-    if args.vision and args.size not in (None, "tiny"):
-        print(
-            "mlxd: --vision writes a tiny LLaVA; --size small is not available for it",
-            file=sys.stderr,
-        )
-        return 2
-    t0 = time.monotonic()
-
-    def report(msg: str) -> None:
-        print(f"demo-model: {msg} ({time.monotonic() - t0:.1f}s)", file=sys.stderr, flush=True)
-
-    try:
-        write_demo_model(args.path, kind, force=bool(getattr(args, "force", False)), report=report)
-    except DemoModelError as e:
-        print(f"mlxd: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"mlxd: cannot write {args.path}: {e.strerror or e}", file=sys.stderr)
-        return 1
-    return 0

@@ -2,7 +2,7 @@
 
 :class:`Manager` owns one nursery (:meth:`Manager.run`). It turns happenings
 (an acquire, a waiter cancelled, a load finished, a timer firing) into events
-for :class:`mlxd.core.Core`, and carries out the commands the core returns:
+for :class:`mlxd.residency.core.Core`, and carries out the commands the core returns:
 loads and unloads run as tasks in the manager's nursery (never in a request's
 task, so a cancelled request cannot take a shared load down with it), grants
 wake waiters, preemption cancels lease scopes, transitions go to subscribers.
@@ -28,33 +28,60 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
-from mlxd import core as c
 from mlxd.config import Config, MemoryEstimate, ModelConfig, resolve_estimate
 from mlxd.engines.base import Engine, LoadProgress
 from mlxd.errors import (
     EngineError,
     MlxdError,
     ModelNotFound,
-    Preempted,
-    ShuttingDown,
 )
-from mlxd.events import (
+from mlxd.residency import views
+from mlxd.residency.core import Core
+from mlxd.residency.events import (
     LeaseAcquired,
     LeaseReleased,
     ManagerEvent,
     MeasurementEvent,
     TransitionEvent,
 )
-from mlxd.states import Outcome, Reason, State
+from mlxd.residency.lease import Lease
+from mlxd.residency.messages import (
+    Acquire,
+    AdminUnload,
+    CancelLoad,
+    CancelWaiter,
+    Command,
+    Event,
+    Grant,
+    LoadAborted,
+    LoadFinished,
+    ModelSpec,
+    Preempt,
+    Reconfigure,
+    Reject,
+    Release,
+    Satisfy,
+    SetLoadGate,
+    SetSize,
+    Shutdown,
+    ShutdownDeadline,
+    StartLoad,
+    StartUnload,
+    Tick,
+    Transition,
+    UnloadFinished,
+    WaiterKind,
+)
+from mlxd.residency.states import Outcome, Reason, State
 
-log = logging.getLogger("mlxd.manager")
+log = logging.getLogger("mlxd.residency.manager")
 
 EngineFactory = Callable[[ModelConfig], Engine]
 Subscriber = Callable[[ManagerEvent], object]
@@ -68,13 +95,13 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _spec(model: ModelConfig, config: Config, est: MemoryEstimate | None) -> c.ModelSpec:
+def _spec(model: ModelConfig, config: Config, est: MemoryEstimate | None) -> ModelSpec:
     idle = (
         model.idle_unload_seconds
         if model.idle_unload_seconds is not None
         else config.manager.idle_unload_seconds
     )
-    return c.ModelSpec(
+    return ModelSpec(
         name=model.name,
         size_bytes=est.bytes if est is not None else 0,
         pinned=model.pin,
@@ -84,91 +111,6 @@ def _spec(model: ModelConfig, config: Config, est: MemoryEstimate | None) -> c.M
 
 
 
-class Lease:
-    """The right to use one loaded model's engine, for one request."""
-
-    def __init__(
-        self,
-        manager: Manager,
-        lease_id: str,
-        model: str,
-        engine: Engine,
-        request_id: str | None,
-        route: str | None,
-    ) -> None:
-        self.id = lease_id
-        self.model = model
-        self.engine = engine
-        self.request_id = request_id
-        self.route = route
-        self.acquired_at = trio.current_time()
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-        self.preempted = False
-        self.preempted_by_shutdown = False
-        self.released = False
-        self.outcome: Outcome | None = None
-        self._manager = manager
-        self._scopes: set[trio.CancelScope] = set()
-
-    def preempted_error(self) -> MlxdError:
-        if self.preempted_by_shutdown:
-            return ShuttingDown(f"'{self.model}': the request was stopped because mlxd is shutting down")
-        return Preempted(
-            f"'{self.model}' was preempted to make room for another model; retry the request"
-        )
-
-    @contextmanager
-    def scope(self) -> Iterator[trio.CancelScope]:
-        """A region that preemption cancels; raises the preemption error if it did."""
-        with trio.CancelScope() as cs:
-            self._scopes.add(cs)
-            if self.preempted:
-                cs.cancel()
-            try:
-                yield cs
-            finally:
-                self._scopes.discard(cs)
-        if cs.cancelled_caught and self.preempted:
-            raise self.preempted_error()
-
-    def set_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
-        self.prompt_tokens = prompt_tokens
-        self.completion_tokens = completion_tokens
-
-    def _preempt(self, shutdown: bool) -> None:
-        self.preempted = True
-        self.preempted_by_shutdown = shutdown
-        for cs in list(self._scopes):
-            cs.cancel()
-
-    def release(self, outcome: Outcome | None = None) -> None:
-        """Give the lease back (idempotent; safe in ``finally`` and under cancellation)."""
-        if self.released:
-            return
-        self.released = True
-        if outcome is None:
-            outcome = self._preempt_outcome() if self.preempted else Outcome.COMPLETED
-        self.outcome = outcome
-        self._manager._release(self)
-
-    def _preempt_outcome(self) -> Outcome:
-        return Outcome.SHUTDOWN if self.preempted_by_shutdown else Outcome.PREEMPTED
-
-    async def __aenter__(self) -> Lease:
-        return self
-
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc is None:
-            self.release(Outcome.COMPLETED)
-        elif isinstance(exc, (Preempted, ShuttingDown)) and self.preempted:
-            self.release(self._preempt_outcome())
-        elif isinstance(exc, trio.Cancelled) or (
-            isinstance(exc, BaseExceptionGroup) and exc.subgroup(trio.Cancelled) is not None
-        ):
-            self.release(self._preempt_outcome() if self.preempted else Outcome.CANCELLED)
-        else:
-            self.release(Outcome.ERROR)
 
 
 @dataclass
@@ -176,7 +118,7 @@ class _Waiter:
     model: str
     request_id: str | None
     route: str | None
-    kind: c.WaiterKind
+    kind: WaiterKind
     done: trio.Event = field(default_factory=trio.Event)
     lease: Lease | None = None
     error: MlxdError | None = None
@@ -215,7 +157,7 @@ class Manager:
         self._load_gate_probe = load_gate
         #: where each model's memory estimate comes from (config, measured, weights, fake)
         self._memory_source: dict[str, str | None] = {}
-        self.core = c.Core(
+        self.core = Core(
             [self._spec(m, config) for m in config.models],
             config.manager.memory_budget_bytes,
             config.manager.contention_policy,
@@ -234,15 +176,15 @@ class Manager:
         self._changed = trio.Event()
         self._closed = trio.Event()
         self._dispatching = False
-        self.last_transition: dict[str, c.Transition] = {}
+        self.last_transition: dict[str, Transition] = {}
         #: every transition so far is counted; the latest few are kept for waiters
         #: that must not miss a state that came and went within one step
         self._transition_count = 0
-        self._recent_transitions: collections.deque[c.Transition] = collections.deque(maxlen=256)
+        self._recent_transitions: collections.deque[Transition] = collections.deque(maxlen=256)
         self._load_seconds: dict[str, float] = {}
         self.counters: dict[str, int] = {"loads": 0, "evictions": 0, "preemptions": 0}
 
-    def _spec(self, model: ModelConfig, config: Config) -> c.ModelSpec:
+    def _spec(self, model: ModelConfig, config: Config) -> ModelSpec:
         est = resolve_estimate(model, self._measured)  # may walk a model dir: not per request
         self._memory_source[model.name] = est.source if est is not None else None
         return _spec(model, config, est)
@@ -265,7 +207,7 @@ class Manager:
                 self._timer_scope = cs
                 await trio.sleep_forever()
             self._timer_scope = None
-            self._dispatch(c.Tick(trio.current_time()))
+            self._dispatch(Tick(trio.current_time()))
 
     def subscribe(self, callback: Subscriber) -> None:
         """Call ``callback`` synchronously with every transition, lease and measurement."""
@@ -286,18 +228,18 @@ class Manager:
         """
         if not self.has_model(model):
             raise ModelNotFound(model)
-        wid, w = self._new_waiter(model, c.WaiterKind.LEASE, request_id, route)
+        wid, w = self._new_waiter(model, WaiterKind.LEASE, request_id, route)
         # Time-ordered (ns, this manager's random salt, a counter): the journal's leases primary
         # key grows at its end (a random uuid4 dirtied a random index page per lease: 3x the
         # SQLite work), and no syscall per lease (os.urandom was 15% of acquire+release).
         lease_id = f"{time.time_ns():016x}{self._lease_salt}{next(self._lease_counter):08x}"
-        self._dispatch(c.Acquire(wid, model, lease_id, trio.current_time()))
+        self._dispatch(Acquire(wid, model, lease_id, trio.current_time()))
         try:
             await w.done.wait()
         except BaseException:
             if not w.done.is_set():
                 self._waiters.pop(wid, None)
-                self._dispatch(c.CancelWaiter(wid, trio.current_time()))
+                self._dispatch(CancelWaiter(wid, trio.current_time()))
             elif w.lease is not None:
                 w.lease.release(Outcome.CANCELLED)
             raise
@@ -325,9 +267,9 @@ class Manager:
         """Start making ``model`` resident (preload, restore, admin); never abandoned."""
         if not self.has_model(model):
             raise ModelNotFound(model)
-        wid, w = self._new_waiter(model, c.WaiterKind.RESIDENT, None, None)
+        wid, w = self._new_waiter(model, WaiterKind.RESIDENT, None, None)
         self._dispatch(
-            c.Acquire(wid, model, "", trio.current_time(), kind=c.WaiterKind.RESIDENT, reason=reason)
+            Acquire(wid, model, "", trio.current_time(), kind=WaiterKind.RESIDENT, reason=reason)
         )
         return w
 
@@ -340,7 +282,7 @@ class Manager:
         if not self.has_model(model):
             raise ModelNotFound(model)
         mark = self._transition_count
-        self._dispatch(c.AdminUnload(model, trio.current_time(), preempt=preempt))
+        self._dispatch(AdminUnload(model, trio.current_time(), preempt=preempt))
         while True:
             for t in self._transitions_since(mark, model):
                 if t.to_state is State.UNLOADED:
@@ -352,7 +294,7 @@ class Manager:
             mark = self._transition_count
             await self._wait_change()
 
-    def _transitions_since(self, mark: int, model: str) -> list[c.Transition]:
+    def _transitions_since(self, mark: int, model: str) -> list[Transition]:
         newer = self._transition_count - mark
         recent = list(itertools.islice(reversed(self._recent_transitions), newer))
         return [t for t in reversed(recent) if t.model == model]
@@ -364,7 +306,7 @@ class Manager:
         replaced = frozenset(n for n in old.keys() & new.keys() if old[n] != new[n])
         specs = tuple(self._spec(m, config) for m in config.models)
         self._dispatch(
-            c.Reconfigure(
+            Reconfigure(
                 specs,
                 config.manager.memory_budget_bytes,
                 config.manager.contention_policy,
@@ -383,14 +325,14 @@ class Manager:
     def set_load_gate(self, reason: str | None) -> None:
         """Refuse new loads with ``reason`` (e.g. the journal cannot write); None allows them."""
         if reason != self.core.load_gate:
-            self._dispatch(c.SetLoadGate(reason, trio.current_time()))
+            self._dispatch(SetLoadGate(reason, trio.current_time()))
 
     async def shutdown(self, grace_s: float) -> None:
         """Drain for ``grace_s``, then preempt what is left, cancel loads and unload all."""
-        self._dispatch(c.Shutdown(trio.current_time()))
+        self._dispatch(Shutdown(trio.current_time()))
         with trio.move_on_after(grace_s):
             await self._wait_until(lambda: self.core.shutdown_complete)
-        self._dispatch(c.ShutdownDeadline(trio.current_time()))
+        self._dispatch(ShutdownDeadline(trio.current_time()))
         with trio.move_on_after(self._stop_timeout_s):
             await self._wait_until(lambda: self.core.shutdown_complete)
         if not self.core.shutdown_complete:
@@ -415,70 +357,15 @@ class Manager:
         return self._load_seconds.get(model)
 
     def model_status(self, name: str) -> dict[str, Any]:
-        r = self.core.models[name]
-        info = self._loads.get(name)
-        counts = r.state in (State.LOADING, State.LOADED, State.DRAINING, State.UNLOADING)
-        return {
-            "state": r.state.value,
-            "loaded": r.state is State.LOADED,
-            "pinned": r.spec.pinned,
-            "memory_bytes": r.committed_bytes if counts else r.spec.size_bytes,
-            "memory_source": self._memory_source.get(name),
-            "estimated_bytes": r.spec.size_bytes,
-            "last_used_at": self._wall_of(r.last_used),
-            "last_error": r.last_error,
-            "active_leases": len(r.leases),
-            "waiters": len(r.queue),
-            "idle_unload_seconds": r.spec.idle_unload_s,
-            "loading": None
-            if info is None
-            else {
-                "seconds": round(trio.current_time() - info.started, 3),
-                "phase": info.progress.phase,
-                "bytes_done": info.progress.bytes_done,
-                "bytes_total": info.progress.bytes_total,
-            },
-        }
+        """One model's residency as ``/v1/models`` and ``/admin/status`` show it."""
+        return views.model_status(self, name)
 
     def status(self) -> dict[str, Any]:
-        return {
-            "budget_bytes": self.core.budget,
-            "committed_bytes": self.core.committed,
-            "policy": {
-                "strategy": self.core.policy.strategy,
-                "wait_timeout_s": self.core.policy.wait_timeout_s,
-                "preempt_after_s": self.core.policy.preempt_after_s,
-            },
-            "shutting_down": self.core.shutting_down,
-            "load_gate": self.core.load_gate,
-            "models": {name: self.model_status(name) for name in self.core.models},
-            "waiters": [
-                {
-                    "model": w.model,
-                    "kind": w.kind.value,
-                    "reason": w.reason.value,
-                    "waiting_s": round(trio.current_time() - w.since, 3),
-                    "blocked": self.core.models[w.model].blocked,
-                    "deadline_in_s": None
-                    if w.deadline is None
-                    else round(w.deadline - trio.current_time(), 3),
-                }
-                for w in self.core.waiters.values()
-            ],
-            "leases": [
-                {
-                    "id": lease.id,
-                    "model": lease.model,
-                    "request_id": lease.request_id,
-                    "route": lease.route,
-                    "held_s": round(trio.current_time() - lease.acquired_at, 3),
-                    "preempted": lease.preempted,
-                }
-                for lease in self._leases.values()
-            ],
-        }
+        """The whole residency picture (``/admin/status``)."""
+        return views.status(self)
 
-    def _wall_of(self, mono: float | None) -> float | None:
+    def wall_of(self, mono: float | None) -> float | None:
+        """The wall-clock time of a monotonic instant (None stays None)."""
         if mono is None:
             return None
         return self._wall() - (trio.current_time() - mono)
@@ -486,7 +373,7 @@ class Manager:
     # -- internals -------------------------------------------------------------------
 
     def _new_waiter(
-        self, model: str, kind: c.WaiterKind, request_id: str | None, route: str | None
+        self, model: str, kind: WaiterKind, request_id: str | None, route: str | None
     ) -> tuple[int, _Waiter]:
         if self._nursery is None:
             raise RuntimeError("Manager.run() must be started before use")
@@ -517,7 +404,7 @@ class Manager:
                 held_seconds=trio.current_time() - lease.acquired_at,
             )
         )
-        self._dispatch(c.Release(lease.id, trio.current_time()))
+        self._dispatch(Release(lease.id, trio.current_time()))
 
     def _emit(self, event: ManagerEvent) -> None:
         for cb in self._subscribers:
@@ -526,7 +413,7 @@ class Manager:
             except Exception:  # a subscriber must never break residency
                 log.exception("event subscriber %r failed", cb)
 
-    def _dispatch(self, event: c.Event) -> None:
+    def _dispatch(self, event: Event) -> None:
         assert not self._dispatching, "re-entrant dispatch"
         self._dispatching = True
         try:
@@ -539,10 +426,10 @@ class Manager:
             d = self.core.next_deadline()
             self._timer_scope.deadline = d if d is not None else math.inf
 
-    def _execute(self, cmd: c.Command) -> None:
-        if isinstance(cmd, c.Transition):
+    def _execute(self, cmd: Command) -> None:
+        if isinstance(cmd, Transition):
             self._on_transition(cmd)
-        elif isinstance(cmd, c.Grant):
+        elif isinstance(cmd, Grant):
             w = self._waiters.pop(cmd.waiter_id, None)
             engine = self._engines[cmd.model]
             lease = Lease(self, cmd.lease_id, cmd.model, engine, None, None)
@@ -557,15 +444,15 @@ class Manager:
             else:
                 w.lease = lease
                 w.done.set()
-        elif isinstance(cmd, (c.Satisfy, c.Reject)):
+        elif isinstance(cmd, (Satisfy, Reject)):
             w = self._waiters.pop(cmd.waiter_id, None)
             if w is not None:
-                if isinstance(cmd, c.Reject):
+                if isinstance(cmd, Reject):
                     w.error = cmd.error
-                    if w.kind is c.WaiterKind.RESIDENT:
+                    if w.kind is WaiterKind.RESIDENT:
                         log.warning("residency of %s refused: %s", cmd.model, cmd.error.message)
                 w.done.set()
-        elif isinstance(cmd, c.StartLoad):
+        elif isinstance(cmd, StartLoad):
             assert self._nursery is not None
             self.counters["loads"] += 1
             self._loads[cmd.model] = LoadInfo(cmd.model, cmd.load_id, trio.current_time())
@@ -574,21 +461,21 @@ class Manager:
             scope = trio.CancelScope()
             self._load_scopes[cmd.model] = (cmd.load_id, scope)
             self._nursery.start_soon(self._load_task, cmd.model, cmd.load_id, scope)
-        elif isinstance(cmd, c.CancelLoad):
+        elif isinstance(cmd, CancelLoad):
             entry = self._load_scopes.get(cmd.model)
             if entry is not None and entry[0] == cmd.load_id:
                 entry[1].cancel()
-        elif isinstance(cmd, c.StartUnload):
+        elif isinstance(cmd, StartUnload):
             assert self._nursery is not None
             self._nursery.start_soon(self._unload_task, cmd.model)
-        elif isinstance(cmd, c.Preempt):
+        elif isinstance(cmd, Preempt):
             self.counters["preemptions"] += len(cmd.lease_ids)
             for lid in cmd.lease_ids:
                 victim = self._leases.get(lid)
                 if victim is not None:
                     victim._preempt(cmd.shutdown)
 
-    def _on_transition(self, t: c.Transition) -> None:
+    def _on_transition(self, t: Transition) -> None:
         self.last_transition[t.model] = t
         self._transition_count += 1
         self._recent_transitions.append(t)
@@ -654,9 +541,9 @@ class Manager:
             if engine is not None:
                 await self._stop_engine(model, engine)
             if scope.cancel_called:
-                self._dispatch(c.LoadAborted(model, load_id, trio.current_time()))
+                self._dispatch(LoadAborted(model, load_id, trio.current_time()))
             else:
-                self._dispatch(c.LoadFinished(model, load_id, trio.current_time(), error=error))
+                self._dispatch(LoadFinished(model, load_id, trio.current_time(), error=error))
             return
         assert engine is not None
         self._engines[model] = engine
@@ -667,12 +554,12 @@ class Manager:
             self._emit(MeasurementEvent(model, self._wall(), measured, now - t0))
             if mc is not None and mc.estimated_memory_bytes is None:
                 self._memory_source[model] = "measured"
-                self._dispatch(c.SetSize(model, measured, now))
-        self._dispatch(c.LoadFinished(model, load_id, now))
+                self._dispatch(SetSize(model, measured, now))
+        self._dispatch(LoadFinished(model, load_id, now))
 
     async def _unload_task(self, model: str) -> None:
         engine = self._engines.get(model)
         error = None if engine is None else await self._stop_engine(model, engine)
         if error is None:
             self._engines.pop(model, None)
-        self._dispatch(c.UnloadFinished(model, trio.current_time(), error=error))
+        self._dispatch(UnloadFinished(model, trio.current_time(), error=error))

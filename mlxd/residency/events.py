@@ -1,7 +1,7 @@
 """What the manager tells its subscribers: transitions, leases and measurements.
 
 The manager calls every subscriber synchronously, in order, for each of these
-(see :meth:`mlxd.manager.Manager.subscribe`). The journal persists them, the
+(see :meth:`mlxd.residency.manager.Manager.subscribe`). The journal persists them, the
 metrics count them, ``/admin/events`` streams them. Times are wall-clock unix
 seconds from the manager's injected clock.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mlxd.states import Outcome, Reason, State
+from mlxd.residency.states import Outcome, Reason, State
 
 
 @dataclass(frozen=True, slots=True)

@@ -346,13 +346,152 @@ def _generation(summary: str, request: dict[str, Any], kind: str) -> dict[str, A
     }
 
 
-def openapi_document(config: Config | None = None) -> dict[str, Any]:
-    """The document; with ``config``, model ids are an enum of its model names."""
+def _openai_paths(config: Config | None, model_id: dict[str, Any]) -> dict[str, Any]:
     models = list(config.models) if config is not None else []
     names = [m.name for m in models]
     text_models = [m.name for m in models if not m.mllm]
     vision_models = [m.name for m in models if m.mllm]
-    model_id = _model_id(names)
+    return {
+        "/v1/models": {
+            "get": {
+                "summary": "List models with their residency state",
+                "responses": {"200": _json(_MODEL_LIST), **_errors(*_GUARDED)},
+            }
+        },
+        "/v1/models/{model_id}": {
+            "get": {
+                "summary": "One model with its residency state",
+                "parameters": [model_id],
+                "responses": {"200": _json(_MODEL), **_errors(404, *_GUARDED)},
+            }
+        },
+        "/v1/chat/completions": _generation(
+            "Chat completion (whole, or SSE with stream=true)",
+            _chat_request(text_models, vision_models),
+            "chat",
+        ),
+        "/v1/completions": _generation(
+            "Text completion (whole, or SSE with stream=true)",
+            _completion_request(names),
+            "completion",
+        ),
+    }
+
+
+def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "/admin/status": {
+            "get": {
+                "summary": "Budget, committed bytes, every model's state, waiters, leases",
+                "responses": {"200": _json({"type": "object"}), **_errors(401)},
+            }
+        },
+        "/admin/models/{model_id}/load": {
+            "post": {
+                "summary": "Load a model; replies once it is loaded and journaled",
+                "parameters": [model_id],
+                "responses": {"200": _json(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
+            }
+        },
+        "/admin/models/{model_id}/unload": {
+            "post": {
+                "summary": "Unload a model (drains live requests, or preempts them)",
+                "parameters": [
+                    model_id,
+                    {
+                        "name": "preempt",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"enum": ["true", "false", "1", "0", "yes", "no", "on",
+                                            "off", ""]},
+                    },
+                ],
+                "responses": {"200": _json(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
+            }
+        },
+        "/admin/events": {
+            "get": {
+                "summary": "SSE of transitions and lease events; the event id is the journal "
+                "sequence, and Last-Event-ID resumes after it",
+                "parameters": [
+                    {"name": "Last-Event-ID", "in": "header", "required": False,
+                     "schema": {"type": "string", "pattern": "^[0-9]{0,18}$"}},
+                    {"name": "last_event_id", "in": "query", "required": False,
+                     "schema": {"type": "string", "pattern": "^[0-9]{0,18}$"}},
+                ],
+                "responses": {
+                    "200": {"description": "event stream (never ends by itself)",
+                            "content": {"text/event-stream": {"schema": _ADMIN_EVENT}}},
+                    **_errors(400, 401),
+                },
+            }
+        },
+        "/admin/history": {
+            "get": {
+                "summary": "Journal rows as JSON",
+                "parameters": [
+                    {"name": "model", "in": "query", "required": False,
+                     "schema": {"type": "string"}},
+                    {"name": "since", "in": "query", "required": False,
+                     "description": "an ISO time (2026-11-29T10:00) or a duration ago "
+                     "(90s, 15m, 2h, 7d)",
+                     "schema": {"type": "string", "pattern": _SINCE}},
+                    {"name": "limit", "in": "query", "required": False,
+                     "description": "rows to return (empty: 100)",
+                     "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 10000},
+                                          {"type": "string", "maxLength": 0}]}},
+                    {"name": "kind", "in": "query", "required": False,
+                     "schema": {"enum": ["transitions", "leases"]}},
+                ],
+                "responses": {
+                    "200": _json({"type": "array", "items": {"type": "object"}}),
+                    **_errors(400, 401),
+                },
+            }
+        },
+        "/admin/reload": {
+            "post": {
+                "summary": "Re-read the config; add, remove or replace dormant models",
+                "responses": {"200": _json({"type": "object", "required": ["reloaded"]}),
+                              **_errors(400, 409, *_GUARDED)},
+            }
+        },
+    }
+
+
+def _operations_paths() -> dict[str, Any]:
+    return {
+        "/health": {
+            "get": {
+                "summary": "Liveness and readiness (ok / degraded with reasons)",
+                "responses": {
+                    "200": _json({"type": "object", "required": ["status", "ready", "reasons"],
+                                  "properties": {"status": {"enum": ["ok", "degraded"]},
+                                                 "ready": {"type": "boolean"},
+                                                 "reasons": {"type": "array",
+                                                             "items": {"type": "string"}}}}),
+                    "503": _json({"type": "object", "required": ["status"],
+                                  "properties": {"status": {"const": "shutting_down"}}},
+                                 "shutting down"),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {"200": {"description": "Prometheus text format",
+                                      "content": {"text/plain": {"schema": {"type": "string"}}}}},
+            }
+        },
+        "/openapi.json": {
+            "get": {"summary": "This document", "responses": {"200": _json({"type": "object"})}}
+        },
+    }
+
+
+def openapi_document(config: Config | None = None) -> dict[str, Any]:
+    """The document; with ``config``, model ids are an enum of its model names."""
+    model_id = _model_id([m.name for m in config.models] if config is not None else [])
     return {
         "openapi": "3.1.0",
         "info": {
@@ -361,130 +500,9 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
             "description": "OpenAI-compatible MLX model server with journaled residency management.",
         },
         "paths": {
-            "/v1/models": {
-                "get": {
-                    "summary": "List models with their residency state",
-                    "responses": {"200": _json(_MODEL_LIST), **_errors(*_GUARDED)},
-                }
-            },
-            "/v1/models/{model_id}": {
-                "get": {
-                    "summary": "One model with its residency state",
-                    "parameters": [model_id],
-                    "responses": {"200": _json(_MODEL), **_errors(404, *_GUARDED)},
-                }
-            },
-            "/v1/chat/completions": _generation(
-                "Chat completion (whole, or SSE with stream=true)",
-                _chat_request(text_models, vision_models),
-                "chat",
-            ),
-            "/v1/completions": _generation(
-                "Text completion (whole, or SSE with stream=true)",
-                _completion_request(names),
-                "completion",
-            ),
-            "/admin/status": {
-                "get": {
-                    "summary": "Budget, committed bytes, every model's state, waiters, leases",
-                    "responses": {"200": _json({"type": "object"}), **_errors(401)},
-                }
-            },
-            "/admin/models/{model_id}/load": {
-                "post": {
-                    "summary": "Load a model; replies once it is loaded and journaled",
-                    "parameters": [model_id],
-                    "responses": {"200": _json(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
-                }
-            },
-            "/admin/models/{model_id}/unload": {
-                "post": {
-                    "summary": "Unload a model (drains live requests, or preempts them)",
-                    "parameters": [
-                        model_id,
-                        {
-                            "name": "preempt",
-                            "in": "query",
-                            "required": False,
-                            "schema": {"enum": ["true", "false", "1", "0", "yes", "no", "on",
-                                                "off", ""]},
-                        },
-                    ],
-                    "responses": {"200": _json(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
-                }
-            },
-            "/admin/events": {
-                "get": {
-                    "summary": "SSE of transitions and lease events; the event id is the journal "
-                    "sequence, and Last-Event-ID resumes after it",
-                    "parameters": [
-                        {"name": "Last-Event-ID", "in": "header", "required": False,
-                         "schema": {"type": "string", "pattern": "^[0-9]{0,18}$"}},
-                        {"name": "last_event_id", "in": "query", "required": False,
-                         "schema": {"type": "string", "pattern": "^[0-9]{0,18}$"}},
-                    ],
-                    "responses": {
-                        "200": {"description": "event stream (never ends by itself)",
-                                "content": {"text/event-stream": {"schema": _ADMIN_EVENT}}},
-                        **_errors(400, 401),
-                    },
-                }
-            },
-            "/admin/history": {
-                "get": {
-                    "summary": "Journal rows as JSON",
-                    "parameters": [
-                        {"name": "model", "in": "query", "required": False,
-                         "schema": {"type": "string"}},
-                        {"name": "since", "in": "query", "required": False,
-                         "description": "an ISO time (2026-11-29T10:00) or a duration ago "
-                         "(90s, 15m, 2h, 7d)",
-                         "schema": {"type": "string", "pattern": _SINCE}},
-                        {"name": "limit", "in": "query", "required": False,
-                         "description": "rows to return (empty: 100)",
-                         "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 10000},
-                                              {"type": "string", "maxLength": 0}]}},
-                        {"name": "kind", "in": "query", "required": False,
-                         "schema": {"enum": ["transitions", "leases"]}},
-                    ],
-                    "responses": {
-                        "200": _json({"type": "array", "items": {"type": "object"}}),
-                        **_errors(400, 401),
-                    },
-                }
-            },
-            "/admin/reload": {
-                "post": {
-                    "summary": "Re-read the config; add, remove or replace dormant models",
-                    "responses": {"200": _json({"type": "object", "required": ["reloaded"]}),
-                                  **_errors(400, 409, *_GUARDED)},
-                }
-            },
-            "/health": {
-                "get": {
-                    "summary": "Liveness and readiness (ok / degraded with reasons)",
-                    "responses": {
-                        "200": _json({"type": "object", "required": ["status", "ready", "reasons"],
-                                      "properties": {"status": {"enum": ["ok", "degraded"]},
-                                                     "ready": {"type": "boolean"},
-                                                     "reasons": {"type": "array",
-                                                                 "items": {"type": "string"}}}}),
-                        "503": _json({"type": "object", "required": ["status"],
-                                      "properties": {"status": {"const": "shutting_down"}}},
-                                     "shutting down"),
-                    },
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics",
-                    "responses": {"200": {"description": "Prometheus text format",
-                                          "content": {"text/plain": {"schema": {"type": "string"}}}}},
-                }
-            },
-            "/openapi.json": {
-                "get": {"summary": "This document", "responses": {"200": _json({"type": "object"})}}
-            },
+            **_openai_paths(config, model_id),
+            **_admin_paths(model_id),
+            **_operations_paths(),
         },
         "components": {"schemas": {"Error": _ERROR}},
     }

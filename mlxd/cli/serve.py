@@ -1,0 +1,102 @@
+"""`mlxd serve`: read the config, check the bind address, run the daemon until a signal."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import trio
+
+from mlxd.config import Config, JournalConfig, ServerConfig
+from mlxd.daemon import LOOPBACK, Daemon
+from mlxd.engines import EngineFactory
+from mlxd.errors import ConfigError, MlxdError
+
+log = logging.getLogger("mlxd")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("hypercorn.access").setLevel(logging.WARNING)
+
+
+def load_serve_config(args: argparse.Namespace) -> tuple[Config, Path | None]:
+    """The config of ``mlxd serve`` with the CLI overrides applied."""
+    from mlxd.config import builtin_demo_config, load_config
+    from mlxd.journal.reads import journal_measurements
+
+    journal_override = Path(args.journal).expanduser() if args.journal else None
+
+    def measured(jc: JournalConfig) -> dict[str, int]:
+        return journal_measurements(replace(jc, path=journal_override or jc.path))
+
+    if args.config:
+        path = Path(args.config).expanduser()
+        config = load_config(path, measured=measured)
+    else:
+        path = None
+        config = builtin_demo_config(measured)
+    server = config.server
+    if args.host:
+        server = replace(server, host=args.host)
+    if args.port is not None:
+        if not 0 <= args.port <= 65535:
+            raise ConfigError(f"--port: must be between 0 and 65535 (got {args.port})")
+        server = replace(server, port=args.port)
+    journal = config.journal
+    if journal_override is not None:
+        journal = replace(journal, path=journal_override)
+    return replace(config, server=server, journal=journal), path
+
+
+def check_bind(server: ServerConfig, api_key: str | None, insecure: bool) -> None:
+    if server.host not in LOOPBACK and api_key is None and not insecure:
+        raise ConfigError(
+            f"server.host: refusing to listen on {server.host} without an API key; set "
+            f"{server.api_key_env} or pass --insecure"
+        )
+
+
+def cmd_serve(args: argparse.Namespace, *, engines: EngineFactory | None = None) -> int:
+    _setup_logging(args.log_level)
+    config, path = load_serve_config(args)
+    api_key = os.environ.get(config.server.api_key_env) or None
+    check_bind(config.server, api_key, args.insecure)
+    from mlxd.config.budget import log_memory_budget_report
+
+    log_memory_budget_report(config, logger=log)  # budget findings and config warnings
+    config.journal.path.parent.mkdir(parents=True, exist_ok=True)
+    daemon = Daemon(
+        config,
+        config_path=path,
+        engines=engines,
+        api_key=api_key,
+        ready_file=Path(args.ready_file) if args.ready_file else None,
+    )
+    try:
+        trio.run(daemon.run)
+    except BaseExceptionGroup as group:
+        raise _first_cause(group) from None
+    except OSError as e:
+        log.error("cannot serve: %s", e)
+        return 1
+    return 0
+
+
+def _first_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error a user should see from a start-up failure inside the root nursery."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first_cause(exc)
+        if isinstance(exc, OSError):
+            return MlxdError(f"cannot serve: {exc}")
+        return exc
+    return group

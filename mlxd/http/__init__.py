@@ -1,0 +1,12 @@
+"""The HTTP surface: a quart-trio app with the OpenAI routes and the admin routes.
+
+Owns the app and its one error handler (:mod:`.app`), request validation
+(:mod:`.validation`), the OpenAI routes (:mod:`.openai_api`), the admin and
+operations routes (:mod:`.admin_api`), the OpenAPI document (:mod:`.openapi`)
+and the Prometheus metrics (:mod:`.metrics`).
+
+May import: the residency manager and leases, the journal (reads and
+subscriptions), engines' request types, config and errors; never the daemon
+or the CLI. Route handlers raise :class:`mlxd.errors.MlxdError`; they never
+build error bodies or start tasks in the app's nursery.
+"""

@@ -1,0 +1,16 @@
+"""Residency: which models are in memory, who may use them, and who waits.
+
+Owns the state table (:mod:`.states`), the contention policies (:mod:`.policy`),
+the sans-IO core (:mod:`.core` with :mod:`.messages`, :mod:`.records`,
+:mod:`.refusals`): ``step(event) -> commands``, no await, no clock, no I/O;
+and the Trio shell that carries the commands out (:mod:`.manager`, with
+:mod:`.lease`, :mod:`.events` and the read-only :mod:`.views`).
+
+May import: :mod:`mlxd.errors` and :mod:`mlxd.units` everywhere. The core
+modules (states, policy, messages, records, refusals, core, events) import
+nothing else: no config, YAML, Trio, SQLite or MLX (``lint-imports`` checks it).
+The shell also imports Trio, :mod:`mlxd.config` and the
+:class:`~mlxd.engines.base.Engine` protocol.
+
+This ``__init__`` imports nothing, so ``import mlxd.residency.core`` stays light.
+"""

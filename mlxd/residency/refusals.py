@@ -1,0 +1,44 @@
+"""The words of the residency core's refusals: one function per typed error it raises.
+
+Kept apart from :mod:`mlxd.residency.core` so the scheduling code reads as
+decisions, and so every message that names bytes uses :func:`mlxd.units.format_bytes`.
+"""
+
+from __future__ import annotations
+
+from mlxd.errors import CapacityTimeout, Conflict, ModelCapacity, ModelExceedsBudget
+from mlxd.units import format_bytes
+
+
+def exceeds_budget(model: str, need: int, budget: int) -> ModelExceedsBudget:
+    return ModelExceedsBudget(
+        f"'{model}' needs {format_bytes(need)}, more than the whole "
+        f"memory budget of {format_bytes(budget)}",
+        param="model",
+    )
+
+
+def no_room(model: str, need: int, committed: int, budget: int) -> ModelCapacity:
+    return ModelCapacity(
+        f"'{model}' ({format_bytes(need)}) does not fit: {format_bytes(committed)} of "
+        f"{format_bytes(budget)} are committed to models in use"
+    )
+
+
+def waited_too_long(model: str, waited_s: float, wait_timeout_s: float | None) -> CapacityTimeout:
+    return CapacityTimeout(
+        f"waited {waited_s:.0f} s for room to load '{model}' (wait_timeout_s={wait_timeout_s})"
+    )
+
+
+def live_models_in_reload(live: list[tuple[str, str]]) -> Conflict:
+    return Conflict(
+        "cannot remove or replace a live model: " + ", ".join(f"{n} ({s})" for n, s in live)
+    )
+
+
+def budget_below_committed(budget: int, committed: int) -> Conflict:
+    return Conflict(
+        f"the new budget ({format_bytes(budget)}) is below the memory committed now "
+        f"({format_bytes(committed)}); unload models first"
+    )

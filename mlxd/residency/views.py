@@ -1,0 +1,81 @@
+"""Status views of the manager: what ``/admin/status``, ``/v1/models`` and ``mlxd status`` show.
+
+Read-only: these functions look at a :class:`~mlxd.residency.manager.Manager`
+and its core and build plain dicts; they never change anything.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from mlxd.residency.states import State
+
+if TYPE_CHECKING:
+    from mlxd.residency.manager import Manager
+
+
+def model_status(manager: Manager, name: str) -> dict[str, Any]:
+    r = manager.core.models[name]
+    info = manager._loads.get(name)
+    return {
+        "state": r.state.value,
+        "loaded": r.state is State.LOADED,
+        "pinned": r.spec.pinned,
+        "memory_bytes": r.committed_bytes if r.holds_budget else r.spec.size_bytes,
+        "memory_source": manager._memory_source.get(name),
+        "estimated_bytes": r.spec.size_bytes,
+        "last_used_at": manager.wall_of(r.last_used),
+        "last_error": r.last_error,
+        "active_leases": len(r.leases),
+        "waiters": len(r.queue),
+        "idle_unload_seconds": r.spec.idle_unload_s,
+        "loading": None
+        if info is None
+        else {
+            "seconds": round(trio.current_time() - info.started, 3),
+            "phase": info.progress.phase,
+            "bytes_done": info.progress.bytes_done,
+            "bytes_total": info.progress.bytes_total,
+        },
+    }
+
+
+def status(manager: Manager) -> dict[str, Any]:
+    return {
+        "budget_bytes": manager.core.budget,
+        "committed_bytes": manager.core.committed,
+        "policy": {
+            "strategy": manager.core.policy.strategy,
+            "wait_timeout_s": manager.core.policy.wait_timeout_s,
+            "preempt_after_s": manager.core.policy.preempt_after_s,
+        },
+        "shutting_down": manager.core.shutting_down,
+        "load_gate": manager.core.load_gate,
+        "models": {name: model_status(manager, name) for name in manager.core.models},
+        "waiters": [
+            {
+                "model": w.model,
+                "kind": w.kind.value,
+                "reason": w.reason.value,
+                "waiting_s": round(trio.current_time() - w.since, 3),
+                "blocked": manager.core.models[w.model].blocked,
+                "deadline_in_s": None
+                if w.deadline is None
+                else round(w.deadline - trio.current_time(), 3),
+            }
+            for w in manager.core.waiters.values()
+        ],
+        "leases": [
+            {
+                "id": lease.id,
+                "model": lease.model,
+                "request_id": lease.request_id,
+                "route": lease.route,
+                "held_s": round(trio.current_time() - lease.acquired_at, 3),
+                "preempted": lease.preempted,
+            }
+            for lease in manager._leases.values()
+        ],
+    }

@@ -1,0 +1,54 @@
+"""The layout keeps its promises: small modules and functions, a light residency core."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "mlxd"
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_modules_and_functions_stay_small(path: Path) -> None:
+    """No module of mlxd is over 600 lines and no function over 80."""
+    text = path.read_text()
+    assert text.count("\n") <= MAX_MODULE_LINES, f"{path.name}: {text.count(chr(10))} lines"
+    long = [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"{path.name}: {long}"
+
+
+def test_every_subpackage_says_what_it_owns() -> None:
+    """Each subpackage opens with a docstring that says what it owns and what it may import."""
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "import" in doc and len(doc) > 200, f"{init.parent.name}: {doc[:80]!r}"
+
+
+def test_the_residency_core_imports_no_config_yaml_or_trio() -> None:
+    """Importing the residency core loads neither YAML, Trio, SQLite, MLX nor the config."""
+    code = (
+        "import sys, mlxd.residency.core\n"
+        "bad = [m for m in ('yaml', 'trio', 'sqlite3', 'mlx', 'mlxd.config') if m in sys.modules]\n"
+        "print(bad)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
