@@ -1,7 +1,7 @@
 """The HTTP surface: a quart-trio app with the OpenAI routes and the admin routes.
 
 Owns the app and its one error handler (:mod:`.app`), request validation
-(:mod:`.validation`), the OpenAI routes (:mod:`.openai_api`), the admin and
+(:mod:`.validation`), server-sent events (:mod:`.sse`), the OpenAI routes (:mod:`.openai_api`), the admin and
 operations routes (:mod:`.admin_api`), the OpenAPI document (:mod:`.openapi`)
 and the Prometheus metrics (:mod:`.metrics`).
 

@@ -14,6 +14,7 @@ from quart import Blueprint, Response, request
 from mlxd import __version__
 from mlxd.errors import ConfigError, InvalidRequest, ModelNotFound
 from mlxd.faults import crash_point
+from mlxd.http import sse
 from mlxd.http.context import AppState, state
 from mlxd.http.metrics import CONTENT_TYPE
 from mlxd.http.openai_api import model_object
@@ -191,8 +192,7 @@ async def metrics() -> Any:
 
 
 def _sse_event(seq: int, payload: dict[str, Any]) -> bytes:
-    kind = payload.get("kind", "event")
-    return f"id: {seq}\nevent: {kind}\ndata: {json.dumps(payload)}\n\n".encode()
+    return sse.event(payload, id=seq, name=payload.get("kind", "event"))
 
 
 @bp.get("/admin/events")
@@ -207,10 +207,7 @@ async def admin_events() -> Any:
         raise InvalidRequest(f"Last-Event-ID: must be a sequence number (got {raw[:64]!r})",
                              param="Last-Event-ID")
     last = int(text) if text else st.journal.committed_seq
-    resp = Response(event_stream(st, last), mimetype="text/event-stream")
-    resp.headers["Cache-Control"] = "no-cache"
-    resp.timeout = None
-    return resp
+    return sse.response(event_stream(st, last))
 
 
 async def _backlog(st: AppState, last: int) -> AsyncIterator[tuple[int, dict[str, Any]]]:
@@ -234,7 +231,7 @@ async def event_stream(st: AppState, last: int) -> AsyncIterator[bytes]:
     """
     journal = st.journal
     assert journal is not None
-    yield b": mlxd events\n\n"
+    yield sse.comment("mlxd events")
     while True:
         sub = journal.subscribe()  # subscribe first, then read the backlog: nothing falls between
         try:
@@ -252,7 +249,7 @@ async def event_stream(st: AppState, last: int) -> AsyncIterator[bytes]:
                         st.event_waits.discard(wait)
                 if wait.cancelled_caught:
                     if not st.closing:
-                        yield b": keepalive\n\n"
+                        yield sse.comment("keepalive")
                     continue
                 if seq > last:
                     last = seq

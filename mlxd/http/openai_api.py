@@ -26,6 +26,7 @@ from quart import Blueprint, Response, request
 
 from mlxd.engines.base import Finished, GenerationEvent, TextDelta
 from mlxd.errors import InvalidRequest, MlxdError, ModelNotFound, Overloaded, ShuttingDown
+from mlxd.http import sse
 from mlxd.http.context import AppState, state
 from mlxd.http.validation import ParsedRequest, parse_request
 from mlxd.residency.lease import Lease
@@ -126,8 +127,8 @@ def _outcome_for_cancel(st: AppState, lease: Lease) -> Outcome:
     return Outcome.SHUTDOWN if st.draining else Outcome.DISCONNECTED
 
 
-class Shape:
-    """Builds the OpenAI response objects of one generation."""
+class ResponseBuilder:
+    """Builds the OpenAI response objects of one generation: stream chunks or the whole reply."""
 
     def __init__(self, kind: str, model: str, include_usage: bool) -> None:
         self.kind = kind
@@ -140,7 +141,7 @@ class Shape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": None}
 
-    def chunk(self, text: str | None, finish: str | None = None, *, first: bool = False) -> str:
+    def chunk(self, text: str | None, finish: str | None = None, *, first: bool = False) -> bytes:
         if self.kind == "chat":
             delta: dict[str, Any] = {}
             if first:
@@ -155,13 +156,13 @@ class Shape:
         obj["choices"] = [choice]
         if self.include_usage:
             obj["usage"] = None
-        return sse(obj)
+        return sse.data(obj)
 
-    def usage_chunk(self, fin: Finished) -> str:
+    def usage_chunk(self, fin: Finished) -> bytes:
         obj = self._base("chat.completion.chunk" if self.kind == "chat" else "text_completion")
         obj["choices"] = []
         obj["usage"] = usage(fin)
-        return sse(obj)
+        return sse.data(obj)
 
     def whole(self, text: str, fin: Finished) -> dict[str, Any]:
         if self.kind == "chat":
@@ -185,14 +186,6 @@ def usage(fin: Finished) -> dict[str, int]:
     }
 
 
-def sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
-
-
-def sse_error(error: MlxdError) -> str:
-    return sse(error.body())
-
-
 async def generate(kind: str) -> Any:
     st = state()
     if st.draining:
@@ -207,19 +200,16 @@ async def generate(kind: str) -> Any:
     except MlxdError:
         lease.release(Outcome.ERROR)
         raise
-    shape = Shape(kind, parsed.model, parsed.include_usage)
+    builder = ResponseBuilder(kind, parsed.model, parsed.include_usage)
     if parsed.stream:
-        body = stream_body(st, lease, parsed, shape, t_request)
+        body = stream_body(st, lease, parsed, builder, t_request)
         # Start the body now, up to its first chunk: a started generator always runs
         # its ``finally`` (Quart closes it, or Trio's finalizer does when it is dropped),
         # so the lease is released even if the client leaves before the body is sent.
         first = await body.__anext__()
-        resp = Response(_prepend(first, body), mimetype="text/event-stream")
-        resp.headers["Cache-Control"] = "no-cache"
-        resp.headers["X-Accel-Buffering"] = "no"
-        resp.headers["X-Request-Id"] = parsed.generation.request_id or ""
-        resp.timeout = None  # never cut a long stream (Quart's RESPONSE_TIMEOUT)
-        return resp
+        return sse.response(
+            _prepend(first, body), {"X-Request-Id": parsed.generation.request_id or ""}
+        )
     try:
         text: list[str] = []
         fin: Finished | None = None
@@ -247,7 +237,7 @@ async def generate(kind: str) -> Any:
     lease.release(Outcome.COMPLETED)
     _observe(st, parsed.model, t_request, t_first, fin)
     return Response(
-        json.dumps(shape.whole("".join(text), fin)),
+        json.dumps(builder.whole("".join(text), fin)),
         mimetype="application/json",
         headers={"X-Request-Id": parsed.generation.request_id or ""},
     )
@@ -273,14 +263,14 @@ async def _prepend(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIter
 
 
 async def stream_body(
-    st: AppState, lease: Lease, parsed: ParsedRequest, shape: Shape, t_request: float
+    st: AppState, lease: Lease, parsed: ParsedRequest, builder: ResponseBuilder, t_request: float
 ) -> AsyncGenerator[bytes, None]:
     outcome = Outcome.ERROR
     t_first: float | None = None
     events = lease.engine.generate(parsed.generation)
     try:
         # The first chunk needs no await (see generate()): the role delta, or a comment.
-        yield shape.chunk(None, first=True).encode() if shape.kind == "chat" else b": mlxd\n\n"
+        yield builder.chunk(None, first=True) if builder.kind == "chat" else sse.comment("mlxd")
         while True:
             with lease.scope():  # preemption cancels this wait and raises Preempted
                 ev: GenerationEvent = await events.__anext__()
@@ -288,29 +278,29 @@ async def stream_body(
                 if t_first is None:
                     t_first = trio.current_time()
                 if ev.text:
-                    yield shape.chunk(ev.text).encode()
+                    yield builder.chunk(ev.text)
                 continue
             lease.set_usage(ev.prompt_tokens, ev.completion_tokens)
-            yield shape.chunk(None, ev.finish_reason).encode()
+            yield builder.chunk(None, ev.finish_reason)
             if parsed.include_usage:
-                yield shape.usage_chunk(ev).encode()
-            yield b"data: [DONE]\n\n"
+                yield builder.usage_chunk(ev)
+            yield sse.DONE
             outcome = Outcome.COMPLETED
-            _observe(st, shape.model, t_request, t_first, ev)
+            _observe(st, builder.model, t_request, t_first, ev)
             return
     except StopAsyncIteration:
         log.error("engine for %s ended without a Finished event", lease.model)
-        yield sse_error(MlxdError("the engine ended the generation unexpectedly")).encode()
+        yield sse.data(MlxdError("the engine ended the generation unexpectedly").body())
     except MlxdError as e:
         outcome = _outcome_for_cancel(st, lease) if lease.preempted else Outcome.ERROR
-        yield sse_error(e).encode()
+        yield sse.data(e.body())
     except trio.Cancelled:
         outcome = _outcome_for_cancel(st, lease)
         raise
     except Exception as e:
         ref = uuid.uuid4().hex[:12]
         log.exception("generation failed (error id %s)", ref)
-        yield sse_error(MlxdError(f"the engine failed: {type(e).__name__} (error id {ref})")).encode()
+        yield sse.data(MlxdError(f"the engine failed: {type(e).__name__} (error id {ref})").body())
     finally:
         # Closing the engine's iterator sets its stop flag; bounded, as every shield is.
         with trio.CancelScope(shield=True), trio.move_on_after(5):

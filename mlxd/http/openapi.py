@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd import __version__
 from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT, ROLES
+from mlxd.residency.states import State
 
 if TYPE_CHECKING:
     from mlxd.config import Config
@@ -48,7 +49,7 @@ _ERROR = {
     },
 }
 
-_STATES = ["unloaded", "loading", "loaded", "draining", "unloading", "failed"]
+_STATES = [state.value for state in State]
 
 _MODEL = {
     "type": "object",

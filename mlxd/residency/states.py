@@ -84,20 +84,18 @@ class Outcome(StrEnum):
     INTERRUPTED = "interrupted"
 
 
-S = State
-
 #: The one table of legal moves. Anything not listed raises and changes nothing.
 TRANSITIONS: dict[State, frozenset[State]] = {
-    S.UNLOADED: frozenset({S.LOADING}),
-    S.LOADING: frozenset({S.LOADED, S.FAILED, S.UNLOADED}),
-    S.LOADED: frozenset({S.DRAINING, S.UNLOADING}),
-    S.DRAINING: frozenset({S.UNLOADING, S.LOADED}),
-    S.UNLOADING: frozenset({S.UNLOADED, S.LOADED}),
-    S.FAILED: frozenset({S.LOADING, S.UNLOADED}),
+    State.UNLOADED: frozenset({State.LOADING}),
+    State.LOADING: frozenset({State.LOADED, State.FAILED, State.UNLOADED}),
+    State.LOADED: frozenset({State.DRAINING, State.UNLOADING}),
+    State.DRAINING: frozenset({State.UNLOADING, State.LOADED}),
+    State.UNLOADING: frozenset({State.UNLOADED, State.LOADED}),
+    State.FAILED: frozenset({State.LOADING, State.UNLOADED}),
 }
 
 #: States whose bytes count against the memory budget.
-COMMITTED: frozenset[State] = frozenset({S.LOADING, S.LOADED, S.DRAINING, S.UNLOADING})
+COMMITTED: frozenset[State] = frozenset({State.LOADING, State.LOADED, State.DRAINING, State.UNLOADING})
 
 #: States that hold (or may hold) engine memory; a crash leaves these to recover.
 HOLDS_MEMORY = COMMITTED
@@ -120,7 +118,7 @@ def is_legal(from_state: str, to_state: str, reason: str | None = None) -> bool:
     except ValueError:
         return False
     if reason == Reason.CRASH_RECOVERY:
-        return a in HOLDS_MEMORY and b is S.UNLOADED
+        return a in HOLDS_MEMORY and b is State.UNLOADED
     return b in TRANSITIONS[a]
 
 

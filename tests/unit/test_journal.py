@@ -24,7 +24,6 @@ from mlxd.residency.events import LeaseAcquired, LeaseReleased, MeasurementEvent
 from mlxd.residency.states import Outcome, Reason, State
 
 REPO = Path(__file__).resolve().parents[2]
-S, R = State, Reason
 
 
 class FakeWall:
@@ -50,15 +49,15 @@ async def running(path: Path, *, begin: bool = True, **kw: Any) -> AsyncIterator
 
 
 def tr(
-    model: str, a: State, b: State, reason: Reason = R.REQUEST, at: float = 1.0, **kw: Any
+    model: str, a: State, b: State, reason: Reason = Reason.REQUEST, at: float = 1.0, **kw: Any
 ) -> TransitionEvent:
     return TransitionEvent(model, a, b, reason, at, **kw)
 
 
 def load_path(model: str, at: float = 1.0) -> list[TransitionEvent]:
     return [
-        tr(model, S.UNLOADED, S.LOADING, at=at),
-        tr(model, S.LOADING, S.LOADED, at=at, memory_bytes=10),
+        tr(model, State.UNLOADED, State.LOADING, at=at),
+        tr(model, State.LOADING, State.LOADED, at=at, memory_bytes=10),
     ]
 
 
@@ -104,7 +103,7 @@ async def test_each_event_lands_in_its_table_with_one_sequence(tmp_path: Path) -
 async def test_event_payloads_are_the_events_as_dict(tmp_path: Path) -> None:
     """Each events row's payload is exactly the manager event's as_dict() in JSON."""
     events: list[Any] = [
-        tr("m", S.UNLOADED, S.LOADING, R.PRELOAD, at=1.5, memory_bytes=7, error="x"),
+        tr("m", State.UNLOADED, State.LOADING, Reason.PRELOAD, at=1.5, memory_bytes=7, error="x"),
         LeaseAcquired("L", "m", "rq", "/v1/completions", 2.5),
         LeaseReleased("L", "m", Outcome.PREEMPTED, 3.5, 1, 2, 0.25),
     ]
@@ -217,7 +216,7 @@ async def test_subscribers_hear_only_committed_events(tmp_path: Path) -> None:
         with j.subscribe() as sub:
             blocker = sqlite3.connect(path, isolation_level=None)
             blocker.execute("BEGIN EXCLUSIVE")
-            seq = j.record(tr("m", S.UNLOADED, S.LOADING))
+            seq = j.record(tr("m", State.UNLOADED, State.LOADING))
             with pytest.raises(JournalError):
                 await j.wait_committed(seq)
             with pytest.raises(trio.WouldBlock):
@@ -255,7 +254,7 @@ async def test_events_after_resumes_in_order_with_limit(tmp_path: Path) -> None:
         for e in load_path("a") + load_path("b"):
             j.record(e)
         j.record(MeasurementEvent("a", 1.0, 5, 1.0))  # takes seq 5, no events row
-        j.record(tr("a", S.LOADED, S.UNLOADING, R.IDLE_TIMEOUT))
+        j.record(tr("a", State.LOADED, State.UNLOADING, Reason.IDLE_TIMEOUT))
         await j.wait_committed()
         assert [e["seq"] for e in j.events_after(0)] == [1, 2, 3, 4, 6]
         page = j.events_after(2, limit=2)
@@ -271,12 +270,12 @@ async def test_recovery_after_a_run_that_died(tmp_path: Path) -> None:
     async with running(path) as j:
         for e in [
             *load_path("loaded"),
-            *load_path("draining"), tr("draining", S.LOADED, S.DRAINING, R.EVICTED),
-            *load_path("unloading"), tr("unloading", S.LOADED, S.UNLOADING, R.IDLE_TIMEOUT),
-            tr("loading", S.UNLOADED, S.LOADING),
-            tr("failed", S.UNLOADED, S.LOADING), tr("failed", S.LOADING, S.FAILED, R.LOAD_FAILED),
-            *load_path("gone"), tr("gone", S.LOADED, S.UNLOADING, R.ADMIN),
-            tr("gone", S.UNLOADING, S.UNLOADED, R.ADMIN),
+            *load_path("draining"), tr("draining", State.LOADED, State.DRAINING, Reason.EVICTED),
+            *load_path("unloading"), tr("unloading", State.LOADED, State.UNLOADING, Reason.IDLE_TIMEOUT),
+            tr("loading", State.UNLOADED, State.LOADING),
+            tr("failed", State.UNLOADED, State.LOADING), tr("failed", State.LOADING, State.FAILED, Reason.LOAD_FAILED),
+            *load_path("gone"), tr("gone", State.LOADED, State.UNLOADING, Reason.ADMIN),
+            tr("gone", State.UNLOADING, State.UNLOADED, Reason.ADMIN),
             LeaseAcquired("open-1", "loaded", "r1", "/v1/completions", 5.0),
             LeaseAcquired("done", "loaded", "r2", "/v1/completions", 5.0),
             LeaseReleased("done", "loaded", Outcome.COMPLETED, 6.0),
@@ -292,7 +291,7 @@ async def test_recovery_after_a_run_that_died(tmp_path: Path) -> None:
         assert report.run_id == 2 and report.previous_run_id == 1 and report.crashed
         assert report.resident == ("loaded", "draining")
         assert dict(report.recovered) == {
-            "loaded": S.LOADED, "draining": S.DRAINING, "unloading": S.UNLOADING, "loading": S.LOADING,
+            "loaded": State.LOADED, "draining": State.DRAINING, "unloading": State.UNLOADING, "loading": State.LOADING,
         }  # fmt: skip
         assert report.interrupted_leases == ("open-1", "open-2")
         recovery = j.history(since=wall.t)
@@ -307,15 +306,15 @@ async def test_recovery_after_a_run_that_died(tmp_path: Path) -> None:
         assert [s for s, _ in [await sub.__anext__() for _ in range(6)]] == list(
             range(j.last_seq - 5, j.last_seq + 1)
         )
-        seq = j.record(tr("loaded", S.UNLOADED, S.LOADING, R.RESTORE))
+        seq = j.record(tr("loaded", State.UNLOADED, State.LOADING, Reason.RESTORE))
         await j.wait_committed(seq)
         assert seq == j.last_seq
     conn = open_readonly(path)
     assert check_journal(conn) == []
     everything = conn.execute("SELECT * FROM transitions ORDER BY seq").fetchall()
     assert replay(everything) == {
-        "loaded": S.LOADING, "draining": S.UNLOADED, "unloading": S.UNLOADED,
-        "loading": S.UNLOADED, "failed": S.FAILED, "gone": S.UNLOADED,
+        "loaded": State.LOADING, "draining": State.UNLOADED, "unloading": State.UNLOADED,
+        "loading": State.UNLOADED, "failed": State.FAILED, "gone": State.UNLOADED,
     }  # fmt: skip
 
 
@@ -325,12 +324,12 @@ async def test_clean_stop_reports_what_was_resident_before_shutdown(tmp_path: Pa
     wall = FakeWall()
     async with running(path, wall_clock=wall) as j:
         for e in [
-            *load_path("a"), *load_path("b"), *load_path("c"), tr("c", S.LOADED, S.UNLOADING, R.ADMIN),
-            tr("c", S.UNLOADING, S.UNLOADED, R.ADMIN), tr("d", S.UNLOADED, S.LOADING),
+            *load_path("a"), *load_path("b"), *load_path("c"), tr("c", State.LOADED, State.UNLOADING, Reason.ADMIN),
+            tr("c", State.UNLOADING, State.UNLOADED, Reason.ADMIN), tr("d", State.UNLOADED, State.LOADING),
             # shutdown: a busy model drains, an idle one unloads, a load in flight is abandoned
-            tr("a", S.LOADED, S.DRAINING, R.SHUTDOWN), tr("a", S.DRAINING, S.UNLOADING, R.SHUTDOWN),
-            tr("a", S.UNLOADING, S.UNLOADED, R.SHUTDOWN), tr("b", S.LOADED, S.UNLOADING, R.SHUTDOWN),
-            tr("b", S.UNLOADING, S.UNLOADED, R.SHUTDOWN), tr("d", S.LOADING, S.UNLOADED, R.SHUTDOWN),
+            tr("a", State.LOADED, State.DRAINING, Reason.SHUTDOWN), tr("a", State.DRAINING, State.UNLOADING, Reason.SHUTDOWN),
+            tr("a", State.UNLOADING, State.UNLOADED, Reason.SHUTDOWN), tr("b", State.LOADED, State.UNLOADING, Reason.SHUTDOWN),
+            tr("b", State.UNLOADING, State.UNLOADED, Reason.SHUTDOWN), tr("d", State.LOADING, State.UNLOADED, Reason.SHUTDOWN),
         ]:  # fmt: skip
             j.record(e)
         wall.t += 60
@@ -429,10 +428,10 @@ _WRITER = """
 import os, sys, trio
 from mlxd.journal.journal import Journal
 from mlxd.residency.events import TransitionEvent, LeaseAcquired, LeaseReleased
-from mlxd.residency.states import State as S, Reason as R, Outcome
+from mlxd.residency.states import State, Reason, Outcome
 
-CYCLE = [(S.UNLOADED, S.LOADING), (S.LOADING, S.LOADED), (S.LOADED, S.UNLOADING),
-         (S.UNLOADING, S.UNLOADED)]
+CYCLE = [(State.UNLOADED, State.LOADING), (State.LOADING, State.LOADED), (State.LOADED, State.UNLOADING),
+         (State.UNLOADING, State.UNLOADED)]
 
 async def main():
     j = Journal(sys.argv[1], synchronous=sys.argv[2])
@@ -442,10 +441,10 @@ async def main():
         i = 0
         while True:
             a, b = CYCLE[i % 4]
-            j.record(TransitionEvent("m", a, b, R.REQUEST, float(i)))
-            if b is S.LOADED:
+            j.record(TransitionEvent("m", a, b, Reason.REQUEST, float(i)))
+            if b is State.LOADED:
                 j.record(LeaseAcquired(f"L{i}", "m", None, None, float(i)))
-            if a is S.LOADED:
+            if a is State.LOADED:
                 j.record(LeaseReleased(f"L{i - 1}", "m", Outcome.COMPLETED, float(i)))
             await j.wait_committed()
             print(j.committed_seq, flush=True)

@@ -13,8 +13,6 @@ from mlxd.journal.migrate import migrate, open_database
 from mlxd.journal.replay import check_history, check_journal, replay
 from mlxd.residency.states import HOLDS_MEMORY, TRANSITIONS, Reason, State
 
-S = State
-
 
 def rows(*steps: tuple[str, str, str, str]) -> list[dict[str, Any]]:
     """Transition rows (model, from, to, reason) numbered from seq 1."""
@@ -45,7 +43,7 @@ LEGAL = rows(
 
 def test_replay_gives_each_models_last_state() -> None:
     """Replaying a history gives each model the state its last row moved it to."""
-    assert replay(LEGAL) == {"a": S.LOADED, "b": S.LOADING, "c": S.UNLOADED}
+    assert replay(LEGAL) == {"a": State.LOADED, "b": State.LOADING, "c": State.UNLOADED}
     assert replay([]) == {}
 
 
@@ -114,14 +112,14 @@ def test_rows_without_seq_and_sqlite_rows_work() -> None:
 @st.composite
 def walks(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, State]]:
     """Random legal histories of a few models through the table (crash recovery included)."""
-    state = {m: S.UNLOADED for m in ("a", "b", "c")}
+    state = {m: State.UNLOADED for m in ("a", "b", "c")}
     steps = []
     for _ in range(draw(st.integers(0, 40))):
         m = draw(st.sampled_from(sorted(state)))
         a = state[m]
         moves = [(b, "request") for b in sorted(TRANSITIONS[a])]
         if a in HOLDS_MEMORY:
-            moves.append((S.UNLOADED, Reason.CRASH_RECOVERY.value))
+            moves.append((State.UNLOADED, Reason.CRASH_RECOVERY.value))
         b, reason = draw(st.sampled_from(moves))
         steps.append((m, a.value, b.value, reason))
         state[m] = b
@@ -141,7 +139,7 @@ def test_random_legal_walks_pass_and_any_corruption_is_caught(
     if history:
         i = data.draw(st.integers(0, len(history) - 1))
         wrong = data.draw(
-            st.sampled_from([s.value for s in S if s.value != history[i]["from_state"]])
+            st.sampled_from([s.value for s in State if s.value != history[i]["from_state"]])
         )
         corrupted = [dict(r) for r in history]
         corrupted[i]["from_state"] = wrong
