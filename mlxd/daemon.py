@@ -89,7 +89,7 @@ class Daemon:
                 self.config, self.engines, measured=measured, load_gate=self._journal_gate
             )
             self.manager = manager
-            metrics = Metrics(manager.status)
+            metrics = Metrics(manager)
             manager.subscribe(self.journal.record)
             manager.subscribe(metrics.on_event)
             await root.start(manager.run)

@@ -80,6 +80,7 @@ from mlxd.residency.messages import (
     WaiterKind,
 )
 from mlxd.residency.states import Outcome, Reason, State
+from mlxd.residency.stats import ModelStats, totals
 
 log = logging.getLogger("mlxd.residency.manager")
 
@@ -182,7 +183,8 @@ class Manager:
         self._transition_count = 0
         self._recent_transitions: collections.deque[Transition] = collections.deque(maxlen=256)
         self._load_seconds: dict[str, float] = {}
-        self.counters: dict[str, int] = {"loads": 0, "evictions": 0, "preemptions": 0}
+        #: what happened to each configured model in this run (read by /metrics)
+        self.stats: dict[str, ModelStats] = {m.name: ModelStats() for m in config.models}
 
     def _spec(self, model: ModelConfig, config: Config) -> ModelSpec:
         est = resolve_estimate(model, self._measured)  # may walk a model dir: not per request
@@ -315,6 +317,7 @@ class Manager:
             )
         )
         self.config = config
+        self.stats = {name: self.stats.get(name) or ModelStats() for name in new}
         return {
             "added": sorted(new.keys() - old.keys()),
             "removed": sorted(old.keys() - new.keys()),
@@ -344,6 +347,11 @@ class Manager:
         return self.core.shutting_down
 
     # -- status ----------------------------------------------------------------------
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Run-wide loads, load failures, evictions and preemptions (sums of :attr:`stats`)."""
+        return totals(self.stats)
 
     def loads_in_flight(self) -> list[LoadInfo]:
         return list(self._loads.values())
@@ -454,7 +462,6 @@ class Manager:
                 w.done.set()
         elif isinstance(cmd, StartLoad):
             assert self._nursery is not None
-            self.counters["loads"] += 1
             self._loads[cmd.model] = LoadInfo(cmd.model, cmd.load_id, trio.current_time())
             # The scope exists before the task runs, so a CancelLoad that comes first
             # (the only waiter left at once) still cancels this very load.
@@ -469,7 +476,8 @@ class Manager:
             assert self._nursery is not None
             self._nursery.start_soon(self._unload_task, cmd.model)
         elif isinstance(cmd, Preempt):
-            self.counters["preemptions"] += len(cmd.lease_ids)
+            if not cmd.shutdown:
+                self.stats.setdefault(cmd.model, ModelStats()).preemptions += len(cmd.lease_ids)
             for lid in cmd.lease_ids:
                 victim = self._leases.get(lid)
                 if victim is not None:
@@ -479,8 +487,7 @@ class Manager:
         self.last_transition[t.model] = t
         self._transition_count += 1
         self._recent_transitions.append(t)
-        if t.to_state is State.UNLOADING and t.reason in (Reason.EVICTED, Reason.PREEMPTED):
-            self.counters["evictions"] += 1
+        self.stats.setdefault(t.model, ModelStats()).count_transition(t.to_state, t.reason)
         self._emit(
             TransitionEvent(
                 model=t.model,

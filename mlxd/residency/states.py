@@ -122,6 +122,21 @@ def is_legal(from_state: str, to_state: str, reason: str | None = None) -> bool:
     return b in TRANSITIONS[a]
 
 
+#: Reasons that send a model out of memory to make room for another.
+EVICTION_REASONS: frozenset[Reason] = frozenset({Reason.EVICTED, Reason.PREEMPTED})
+
+
+def is_eviction(to_state: State, reason: Reason) -> bool:
+    """Whether a transition is an eviction: the one definition metrics and status count.
+
+    A model is evicted when it starts unloading to make room for another
+    (``loaded -> unloading`` for an idle victim, ``draining -> unloading`` once
+    a busy victim's last lease ended). Entering ``draining`` is not yet an
+    eviction: the drain may be called off (``draining -> loaded``).
+    """
+    return to_state is State.UNLOADING and reason in EVICTION_REASONS
+
+
 def check_transition(model: str, from_state: State, to_state: State) -> None:
     """Raise :class:`IllegalTransition` unless the table allows the move."""
     if to_state not in TRANSITIONS[from_state]:
