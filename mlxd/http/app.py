@@ -31,7 +31,7 @@ from mlxd.errors import (
     NotFound,
     ShuttingDown,
 )
-from mlxd.http import admin_api, openai_api
+from mlxd.http import admin_api, dashboard, openai_api
 from mlxd.http.context import AppState, state
 from mlxd.http.openapi import openapi_document
 
@@ -74,6 +74,7 @@ def create_app(app_state: AppState) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     app.register_blueprint(openai_api.bp)
     app.register_blueprint(admin_api.bp)
+    app.register_blueprint(dashboard.bp)
     app.asgi_app = CompleteRequestBodies(app.asgi_app)  # type: ignore[method-assign]
 
     @app.before_request
