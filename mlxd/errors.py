@@ -65,6 +65,12 @@ class ModelExceedsBudget(InvalidRequest):
     code = "model_exceeds_budget"
 
 
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt (plus ``max_tokens``) does not fit the model's context or prompt limit."""
+
+    code = "context_length_exceeded"
+
+
 class AuthenticationFailed(MlxdError):
     http_status = 401
     type = "authentication_error"

@@ -82,6 +82,8 @@ class ModelConfig:
     engine: Literal["mlx", "fake"] = "mlx"
     max_queue: int = 64
     max_batch_size: int = 8
+    #: prompts longer than this many tokens are a 400 (None: the model's context)
+    max_prompt_tokens: int | None = None
     fake: FakeSettings | None = None
     #: directory from which ``file://`` image URLs may be read (None: no local files)
     image_dir: Path | None = None

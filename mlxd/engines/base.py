@@ -53,6 +53,8 @@ class GenerationRequest:
     #: decoded images (PIL images or raw bytes) for ``mllm`` models
     images: tuple[Any, ...] = ()
     request_id: str | None = None
+    #: the prompt's token ids, once the engine's ``prepare`` has tokenized it
+    prompt_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +107,18 @@ class Engine(Protocol):
 
     def measured_bytes(self) -> int | None:
         """The footprint measured by the last load, or None if it was not measured."""
+        ...
+
+    async def prepare(self, request: GenerationRequest) -> GenerationRequest:
+        """Check ``request`` against this model before generating (cancellable).
+
+        Validates it, tokenizes it where the engine can (never on the model's
+        MLX thread) and raises :class:`mlxd.errors.ContextLengthExceeded` when
+        the prompt is over the model's limits; returns the request with
+        ``prompt_ids`` filled in. The HTTP layer calls it before a response
+        starts, so these errors are plain 400s; ``generate`` calls it itself
+        for a request that was not prepared.
+        """
         ...
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:

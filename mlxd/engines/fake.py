@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import trio
 
 from mlxd.config import FakeSettings, ModelConfig, resolve_estimate
+from mlxd.engines import prompt_limits
 from mlxd.engines.base import (
     Finished,
     GenerationEvent,
@@ -63,6 +64,8 @@ class FakeModel:
     tokens_per_second: float = 1000.0
     reply: str = "This is mlxd's fake engine speaking. "
     max_queue: int = 64
+    #: prompts of more words than this are refused (None: no limit)
+    max_prompt_tokens: int | None = None
     #: 1-based indices of load / unload attempts that raise ScriptedFailure
     fail_loads: set[int] = field(default_factory=set)
     fail_unloads: set[int] = field(default_factory=set)
@@ -104,6 +107,7 @@ class FakeModel:
             tokens_per_second=s.tokens_per_second,
             reply=s.reply,
             max_queue=model.max_queue,
+            max_prompt_tokens=model.max_prompt_tokens,
             fail_loads=set(s.fail_loads),
             fail_unloads=set(s.fail_unloads),
         )
@@ -181,8 +185,17 @@ class FakeEngine:
     def queue_depth(self) -> int:
         return self._queued
 
+    async def prepare(self, request: GenerationRequest) -> GenerationRequest:
+        """Check the prompt (a word is a token) against the model's prompt cap."""
+        cap = self.model.max_prompt_tokens or prompt_limits.DEFAULT_MAX_PROMPT_TOKENS
+        limits = prompt_limits.PromptLimits(context=None, max_prompt_tokens=cap)
+        prompt_limits.check_prompt_chars(self.name, request, limits)
+        prompt_limits.check_prompt_tokens(self.name, request, _count_words(request), limits)
+        return request
+
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         m = self.model
+        request = await self.prepare(request)
         if self._queued >= m.max_queue:
             raise Overloaded(
                 f"{m.name}: {self._queued} requests are already queued (max_queue={m.max_queue})"

@@ -8,7 +8,11 @@ MLX call runs on that thread: each generation (``mlx_lm.stream_generate``) and
 the unload. ``stop`` cancels what runs, unloads, releases the memory and ends
 the thread (``mx.synchronize(); mx.clear_streams()``).
 
-``generate`` validates the request on the Trio side, hands a
+``prepare`` validates the request, tokenizes it (a long prompt on a Trio
+worker thread, never on the MLX thread: it does not hold up the model's other
+requests, and a client that leaves stops waiting at once) and checks it against the model's
+prompt limits (:mod:`mlxd.engines.prompt_limits`). ``generate`` prepares a
+request that was not prepared yet, hands a
 :class:`~mlxd.engines.mlx_thread.Job` to the scheduler (arrival order, one at a
 time, ``max_queue`` admission: :class:`~mlxd.errors.Overloaded` before anything
 is yielded) and relays what the MLX thread emits. When the consumer leaves
@@ -28,13 +32,15 @@ import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 import trio
 
 from mlxd.config import ModelConfig
-from mlxd.engines import memory, sources
+from mlxd.engines import memory, prompt_limits, sources
 from mlxd.engines.base import (
     ChatMessage,
     Finished,
@@ -64,6 +70,10 @@ PREFILL_STEP_ENV = "MLXD_PREFILL_STEP"
 #: prefill at 45-50 tok/s, 2048-token chunks at 37); on Metal larger chunks pay.
 DEFAULT_PREFILL_STEP_GPU = 512
 DEFAULT_PREFILL_STEP_CPU = 64
+
+#: prompts up to this many characters are tokenized on the Trio thread (in about a
+#: millisecond), longer ones on a worker thread; so short requests keep their arrival order
+INLINE_TOKENIZE_CHARS = 1024
 
 #: observer(event, stats): called on the Trio thread for "prefill", "token" and "end"
 Observer = Callable[[str, GenerationStats], None]
@@ -171,6 +181,8 @@ class MlxTextEngine:
         self.load_seconds: float | None = None
         self.memory_source: str | None = None
         self._measured: int | None = None
+        #: the model's context and prompt cap (known once the load found its config.json)
+        self.limits = prompt_limits.limits_of(model, None)
         self._thread: MlxThread | None = None
         self._scheduler: SerialScheduler | None = None
         self._ready = False
@@ -195,6 +207,7 @@ class MlxTextEngine:
             raise LoadFailed(f"{self.name}: {describe_load_error(e)}") from e
         self.path = path
         self._thread = MlxThread(name=f"mlx-{self.name}")
+        self.limits = prompt_limits.limits_of(self.config, prompt_limits.context_length(path))
         self._scheduler = SerialScheduler(
             self._thread, self._run_one, max_queue=self.config.max_queue, name=self.name
         )
@@ -332,17 +345,35 @@ class MlxTextEngine:
                 param="messages",
             )
 
-    async def _prepare(self, request: GenerationRequest) -> Any:
+    async def _job_data(self, request: GenerationRequest) -> Any:
         """Engine-specific input prepared off the MLX thread (the vision engine decodes images)."""
         return None
+
+    async def prepare(self, request: GenerationRequest) -> GenerationRequest:
+        """Validate, tokenize off the MLX thread, check the prompt limits (see the module docstring)."""
+        if not self._ready:
+            raise EngineError(f"{self.name}: the model is not loaded", retry_after=1.0)
+        self._validate(request)
+        if request.prompt_ids is not None:
+            ids: list[int] | tuple[int, ...] = request.prompt_ids
+        elif prompt_limits.prompt_chars(request) <= INLINE_TOKENIZE_CHARS:
+            ids = encode_prompt(self._tokenizer, request)  # about a millisecond: not worth a thread
+        else:
+            prompt_limits.check_prompt_chars(self.name, request, self.limits)
+            # the tokenizer is read-only once loaded; the work is bounded by the check above
+            ids = await trio.to_thread.run_sync(
+                partial(encode_prompt, self._tokenizer, request), abandon_on_cancel=True
+            )
+        prompt_limits.check_prompt_tokens(self.name, request, len(ids), self.limits)
+        return replace(request, prompt_ids=tuple(ids))
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         scheduler = self._scheduler
         if not self._ready or scheduler is None:
             raise EngineError(f"{self.name}: the model is not loaded", retry_after=1.0)
-        self._validate(request)
+        request = await self.prepare(request)
         scheduler.check_capacity()
-        data = await self._prepare(request)
+        data = await self._job_data(request)
         job = Job(request=request, sink=Sink(), data=data)
         job.stats.request_id = request.request_id
         scheduler.submit(job)
@@ -380,30 +411,6 @@ class MlxTextEngine:
 
     # ---- on the MLX thread --------------------------------------------------------------------
 
-    def _encode(self, request: GenerationRequest) -> list[int]:
-        """The prompt token ids, exactly as ``mlx_lm.stream_generate`` encodes a string prompt."""
-        tok = self._tokenizer
-        if request.kind == "chat":
-            messages = [{"role": m.role, "content": message_text(m)} for m in request.messages]
-            try:
-                prompt = tok.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=False
-                )
-            except Exception as e:  # jinja errors: roles out of order, unsupported role, ...
-                raise InvalidRequest(
-                    f"the chat template rejected the messages: {e}", param="messages"
-                ) from e
-        else:
-            prompt = request.prompt or ""
-        add_special = tok.bos_token is None or not prompt.startswith(tok.bos_token)
-        ids = list(tok.encode(prompt, add_special_tokens=add_special))
-        if not ids:
-            raise InvalidRequest(
-                "the prompt is empty",
-                param="prompt" if request.kind == "completion" else "messages",
-            )
-        return ids
-
     def _run_one(self, job: Job) -> None:
         st = job.stats
         st.started_at = time.monotonic()
@@ -414,13 +421,14 @@ class MlxTextEngine:
             self._generate_on_thread(job)
         finally:
             st.ended_at = time.monotonic()
+            memory.after_generation(st.prompt_tokens + st.completion_tokens)
 
     def _generate_on_thread(self, job: Job) -> None:
         from mlx_lm import stream_generate
         from mlx_lm.sample_utils import make_sampler
 
         req, st = job.request, job.stats
-        ids = self._encode(req)
+        ids = list(req.prompt_ids or ())  # generate() prepared it
         st.prompt_tokens = len(ids)
         seed_rng(req.seed)
         top_p = req.top_p if 0.0 < req.top_p < 1.0 else 0.0
@@ -481,6 +489,33 @@ class MlxTextEngine:
             return True
         job.emit(TextDelta(piece) if piece else TOKEN_TICK)
         return False
+
+
+def encode_prompt(tokenizer: Any, request: GenerationRequest) -> list[int]:
+    """The prompt token ids, exactly as ``mlx_lm.stream_generate`` encodes a string prompt.
+
+    Pure (no MLX): runs on a worker thread, see :meth:`MlxTextEngine.prepare`.
+    """
+    if request.kind == "chat":
+        messages = [{"role": m.role, "content": message_text(m)} for m in request.messages]
+        try:
+            prompt = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as e:  # jinja errors: roles out of order, unsupported role, ...
+            raise InvalidRequest(
+                f"the chat template rejected the messages: {e}", param="messages"
+            ) from e
+    else:
+        prompt = request.prompt or ""
+    add_special = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
+    ids = list(tokenizer.encode(prompt, add_special_tokens=add_special))
+    if not ids:
+        raise InvalidRequest(
+            "the prompt is empty",
+            param="prompt" if request.kind == "completion" else "messages",
+        )
+    return ids
 
 
 def seed_rng(seed: int | None) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import trio
 
 from mlxd.config import ModelConfig
-from mlxd.engines import sources
+from mlxd.engines import prompt_limits, sources
 from mlxd.engines.base import GenerationRequest
 from mlxd.engines.mlx_text import (
     MlxTextEngine,
@@ -39,7 +39,7 @@ from mlxd.engines.mlx_text import (
     seed_rng,
 )
 from mlxd.engines.mlx_thread import Job
-from mlxd.errors import InvalidRequest, LoadFailed
+from mlxd.errors import EngineError, InvalidRequest, LoadFailed
 
 _TOKENIZER_KWARGS = ("padding", "padding_side", "add_special_tokens", "truncation", "max_length")
 
@@ -105,7 +105,15 @@ class MlxVisionEngine(MlxTextEngine):
                 "images need a chat request (image_url content parts)", param="prompt"
             )
 
-    async def _prepare(self, request: GenerationRequest) -> Any:
+    async def prepare(self, request: GenerationRequest) -> GenerationRequest:
+        """Validate, and bound the prompt by its length; mlx-vlm tokenizes it with its images."""
+        if not self._ready:
+            raise EngineError(f"{self.name}: the model is not loaded", retry_after=1.0)
+        self._validate(request)
+        prompt_limits.check_prompt_chars(self.name, request, self.limits)
+        return request
+
+    async def _job_data(self, request: GenerationRequest) -> Any:
         if not request.images and not count_image_parts(request.messages):
             return []
         from mlxd.engines.images import decode_request_images

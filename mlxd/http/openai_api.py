@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -25,8 +26,9 @@ import trio
 from quart import Blueprint, Response, request
 
 from mlxd.engines.base import Finished, GenerationEvent, TextDelta
+from mlxd.engines.prompt_limits import check_chars, check_prompt_chars, limits_for
 from mlxd.errors import InvalidRequest, MlxdError, ModelNotFound, Overloaded, ShuttingDown
-from mlxd.http import sse
+from mlxd.http import bodyscan, sse
 from mlxd.http.context import AppState, state
 from mlxd.http.validation import ParsedRequest, parse_request
 from mlxd.residency.lease import Lease
@@ -78,12 +80,41 @@ async def read_json_body() -> object:
     raw = await request.get_data(as_text=False)
     if not raw:
         raise InvalidRequest("the request body is empty; send a JSON object")
+    param = GENERATION_ROUTES.get(request.path)
+    if param is not None and isinstance(raw, bytes) and len(raw) > bodyscan.INLINE_BYTES:
+        await _check_large_body(raw, param)
     try:
         return json.loads(raw)
     except ValueError as e:  # bad UTF-8, bad JSON, or an integer past Python's 4300 digits
         raise InvalidRequest(f"the request body is not valid JSON: {e}") from None
     except RecursionError:
         raise InvalidRequest("the request body is nested too deeply") from None
+
+
+#: the routes whose bodies carry a prompt, and the field it is in
+GENERATION_ROUTES = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}
+#: child processes reading large bodies at once (each holds a copy of its body)
+_LARGE_BODY_READERS = trio.CapacityLimiter(2)
+
+
+async def _check_large_body(raw: bytes, param: str) -> None:
+    """Refuse a large body whose prompt cannot fit its model, from facts read in a child process."""
+    async with _LARGE_BODY_READERS:
+        done = await trio.run_process(
+            [sys.executable, "-I", "-S", bodyscan.__file__],
+            stdin=raw, capture_stdout=True, capture_stderr=True, check=False,
+        )
+    try:
+        found = json.loads(done.stdout)
+    except ValueError:
+        log.warning("reading a large request body failed (exit %s): %s", done.returncode,
+                    done.stderr.decode(errors="replace")[-300:])
+        return  # the daemon parses it itself
+    if "error" in found:
+        raise InvalidRequest(found["error"])
+    mc = state().config.model(found["model"]) if found["model"] is not None else None
+    if mc is not None:
+        check_chars(mc.name, found["prompt_chars"], limits_for(mc), param)
 
 
 async def parse(kind: str) -> ParsedRequest:
@@ -96,6 +127,8 @@ async def parse(kind: str) -> ParsedRequest:
     )
     if not st.manager.has_model(parsed.model):
         raise ModelNotFound(parsed.model)
+    if mc is not None:  # before the lease: no model is loaded for a prompt that cannot fit
+        check_prompt_chars(parsed.model, parsed.generation, limits_for(mc))
     if mc is not None and mc.mllm and parsed.generation.kind == "chat":
         from mlxd.engines.images import decode_request_images, image_parts
 
@@ -119,6 +152,28 @@ def _check_queue(st: AppState, lease: Lease) -> None:
     limit = mc.max_queue if mc is not None else 64
     if lease.engine.queue_depth() >= limit:
         raise Overloaded(f"'{lease.model}' already has {limit} requests queued; retry shortly")
+
+
+async def _prepare(st: AppState, lease: Lease, parsed: ParsedRequest) -> ParsedRequest:
+    """After the lease, before any response: the queue bound and the engine's prompt checks.
+
+    A refusal here is a plain HTTP error (400 ``context_length_exceeded``, 503
+    ``overloaded``), also for a stream, and releases the lease.
+    """
+    try:
+        _check_queue(st, lease)
+        with lease.scope():  # tokenizing a long prompt is cancellable, and preemptible
+            generation = await lease.engine.prepare(parsed.generation)
+    except trio.Cancelled:
+        lease.release(_outcome_for_cancel(st, lease))
+        raise
+    except MlxdError:
+        lease.release(_outcome_for_cancel(st, lease) if lease.preempted else Outcome.ERROR)
+        raise
+    except Exception:
+        lease.release(Outcome.ERROR)
+        raise
+    return replace(parsed, generation=generation)
 
 
 def _outcome_for_cancel(st: AppState, lease: Lease) -> Outcome:
@@ -195,11 +250,7 @@ async def generate(kind: str) -> Any:
     lease = await st.manager.acquire(
         parsed.model, request_id=parsed.generation.request_id, route=request.path
     )
-    try:
-        _check_queue(st, lease)
-    except MlxdError:
-        lease.release(Outcome.ERROR)
-        raise
+    parsed = await _prepare(st, lease, parsed)
     builder = ResponseBuilder(kind, parsed.model, parsed.include_usage)
     if parsed.stream:
         body = stream_body(st, lease, parsed, builder, t_request)

@@ -285,7 +285,8 @@ def _completion(kind: str) -> dict[str, Any]:
 
 
 _DESCRIPTIONS = {
-    400: "invalid request (param names the field), or model_exceeds_budget (x-should-retry: false)",
+    400: "invalid request (param names the field), context_length_exceeded, or "
+    "model_exceeds_budget (x-should-retry: false)",
     401: "missing or wrong API key (only when an API key is set)",
     404: "model_not_found (param: model)",
     409: "conflict: the change needs a model that is live",

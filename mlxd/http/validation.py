@@ -6,6 +6,11 @@ to fix. Fields of the OpenAI API that mlxd does not use (``user``,
 ``presence_penalty``, ``tools``, ...) are accepted and ignored, as OpenAI-
 compatible servers commonly do; ``n`` other than 1 is refused.
 
+Text must be valid Unicode: JSON lets a body carry a lone UTF-16 surrogate
+(``"\\ud800"``), which no tokenizer can encode, so any such string is a 400
+naming its field. ``top_p: 0`` keeps only the most likely token: the request is
+greedy (temperature 0), whatever its ``temperature``.
+
 Every optional field may be ``null`` (it then takes its default). Integer
 fields accept a number with no fractional part (``16.0``), as JSON Schema's
 ``integer`` does; booleans are never numbers. ``mlxd/openapi.py`` describes
@@ -50,6 +55,20 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _text(v: str, param: str) -> str:
+    """``v`` if it is valid Unicode (no lone surrogate), else a 400 naming ``param``."""
+    if v.isascii():
+        return v
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _bad(
+            param,
+            f"is not valid Unicode: a lone surrogate (\\u{ord(v[e.start]):04x}) at character {e.start}",
+        ) from None
+    return v
+
+
 def _model(body: dict[str, Any]) -> str:
     model = body.get("model")
     if model is None:
@@ -58,7 +77,7 @@ def _model(body: dict[str, Any]) -> str:
         raise _bad("model", "must be a non-empty string")
     if len(model) > 256:
         raise _bad("model", "is too long")
-    return model
+    return _text(model, "model")
 
 
 def _optional_number(body: dict[str, Any], key: str, lo: float, hi: float, default: float) -> float:
@@ -100,6 +119,7 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
             raise _bad(f"stop[{i}]", "must be a non-empty string")
         if len(s) > 256:
             raise _bad(f"stop[{i}]", "is too long (at most 256 characters)")
+        _text(s, "stop" if isinstance(body.get("stop"), str) else f"stop[{i}]")
     return tuple(v)
 
 
@@ -144,7 +164,7 @@ def _n(body: dict[str, Any]) -> None:
 
 def _content(v: object, param: str, *, allow_images: bool) -> str | list[dict[str, Any]]:
     if isinstance(v, str):
-        return v
+        return _text(v, param)
     if not isinstance(v, list) or not v:
         raise _bad(param, "must be a string or a non-empty list of content parts")
     parts: list[dict[str, Any]] = []
@@ -156,6 +176,7 @@ def _content(v: object, param: str, *, allow_images: bool) -> str | list[dict[st
         if kind == "text":
             if not isinstance(part.get("text"), str):
                 raise _bad(f"{p}.text", "must be a string")
+            _text(part["text"], f"{p}.text")
             parts.append({"type": "text", "text": part["text"]})
         elif kind == "image_url":
             if not allow_images:
@@ -201,7 +222,7 @@ def _prompt(body: dict[str, Any]) -> str:
         v = v[0]
     if not isinstance(v, str):
         raise _bad("prompt", "must be a string")
-    return v
+    return _text(v, "prompt")
 
 
 def parse_request(
@@ -214,13 +235,17 @@ def parse_request(
     _n(body)
     stream, include_usage = _stream(body)
     chat = kind == "chat"
+    top_p = _optional_number(body, "top_p", 0.0, 1.0, 1.0)
+    temperature = _optional_number(body, "temperature", 0.0, 2.0, 1.0)
+    if top_p == 0.0:
+        temperature = 0.0  # the nucleus holds only the most likely token: greedy
     gen = GenerationRequest(
         kind="chat" if chat else "completion",
         messages=_messages(body, allow_images=allow_images) if chat else (),
         prompt=None if chat else _prompt(body),
         max_tokens=_max_tokens(body),
-        temperature=_optional_number(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=_optional_number(body, "top_p", 0.0, 1.0, 1.0),
+        temperature=temperature,
+        top_p=top_p,
         stop=_stop(body),
         seed=_seed(body),
         request_id=request_id,
