@@ -64,6 +64,7 @@ def _journal_status(st: AppState) -> dict[str, Any]:
         "run_id": st.journal.run_id,
         "last_seq": st.journal.last_seq,
         "committed_seq": st.journal.committed_seq,
+        "rejected_rows": len(st.journal.rejected),
     }
 
 
@@ -157,6 +158,12 @@ def health_report(st: AppState) -> dict[str, Any]:
     reasons: list[str] = []
     if st.journal is not None and not st.journal.healthy:
         reasons.append(f"journal cannot write: {st.journal.last_error}")
+    if st.journal is not None and st.journal.rejected:
+        seq, why = max(st.journal.rejected.items())
+        reasons.append(
+            f"journal rejected {len(st.journal.rejected)} row(s) this run, which are lost "
+            f"(last: seq {seq}: {why})"
+        )
     for info in st.manager.loads_in_flight():
         took = trio.current_time() - info.started
         expected = st.manager.expected_load_seconds(info.model)

@@ -185,6 +185,11 @@ class Journal:
         return self._healthy
 
     @property
+    def rejected(self) -> dict[int, str]:
+        """Rows the database refused for good this run (seq -> why); they are not in the file."""
+        return self._rejected
+
+    @property
     def last_error(self) -> str | None:
         """The last write failure (kept after recovery, for the record)."""
         return self._last_error

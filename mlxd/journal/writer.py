@@ -33,12 +33,14 @@ child a TLB-shootdown interrupt to the core the event loop runs on). It reads
 its stdin without blocking (on Linux the pipe holds 1 MiB, so the daemon's
 writes do not wait for an fsync), and:
 
-1. opens the file (:func:`mlxd.journal.migrate.open_database`), holding an exclusive
-   ``flock`` on ``<journal>.lock`` so a second daemon on the same file fails
-   at once instead of interleaving sequence numbers (the lock file holds the
-   daemon's pid; if that daemon is dead, its writer is finishing its last
-   batch, and the new one waits for the lock up to ``lock_wait`` seconds);
-   migrates; reports the highest seq;
+1. opens the file (:func:`mlxd.journal.migrate.open_database`), holding two
+   exclusive ``flock`` locks so that a second daemon on the same file fails at
+   once instead of interleaving sequence numbers: one on ``<real
+   path>.lock`` (the symlinks and ``..`` of the path resolved; it holds the
+   daemon's pid: if that daemon is dead, its writer is finishing its last
+   batch, and the new one waits for the lock up to ``lock_wait`` seconds),
+   and one on the journal file itself, which a hard link (another name for
+   the same inode) cannot escape; migrates; reports the highest seq;
 2. waits for records, then takes everything that has arrived (up to
    :data:`MAX_BATCH` records) into ONE ``BEGIN IMMEDIATE ... COMMIT``: a burst
    of N records costs one commit, written with the batch's
@@ -230,6 +232,8 @@ class Writer:
         self.path = Path(settings.path)
         self._send = send
         self._lock_file: IO[str] | None = None
+        #: an open descriptor of the journal file, flocked (see _take_lock)
+        self._file_lock: int | None = None
         self._pending: deque[Chunk | Call] = deque()
         self._stopping = False
         #: the daemon is gone without saying stop: write what came once, no retries
@@ -270,7 +274,7 @@ class Writer:
     def _open(self) -> sqlite3.Connection:
         s = self.settings
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_file = _take_lock(self.path, s.daemon_pid, s.lock_wait)
+        self._lock_file, self._file_lock = _take_lock(self.path, s.daemon_pid, s.lock_wait)
         conn = open_database(
             self.path, synchronous=s.synchronous, busy_timeout_ms=s.busy_timeout_ms
         )
@@ -282,6 +286,11 @@ class Writer:
         return conn
 
     def _release_lock(self) -> None:
+        """Drop both locks; only once the database connection is closed (see _take_lock)."""
+        if self._file_lock is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._file_lock)
+            self._file_lock = None
         if self._lock_file is not None:
             with contextlib.suppress(OSError):
                 self._lock_file.close()  # closing the file drops the flock
@@ -430,14 +439,27 @@ class Writer:
                 conn.execute("ROLLBACK")
 
 
-def _take_lock(path: Path, daemon_pid: int, wait: float) -> IO[str]:
-    """The exclusive ``flock`` on ``<journal>.lock``, with the daemon's pid written in it.
+#: how long the journal file's own lock is awaited after the lock file was (see _take_lock)
+FILE_LOCK_GRACE_S = 1.0
 
-    Refused at once while the daemon named in the file lives; if it is dead,
-    its writer process is finishing, and the lock is awaited up to ``wait`` s.
+
+def _take_lock(path: Path, daemon_pid: int, wait: float) -> tuple[IO[str], int]:
+    """Exclusive ``flock`` locks on ``<real path>.lock`` and on the journal file itself.
+
+    The lock file is named after the resolved path, so a symlink or a relative
+    path to the journal finds the same one; it holds the daemon's pid. It is
+    refused at once while the daemon named in it lives; if that one is dead, its
+    writer process is finishing, and the lock is awaited up to ``wait`` s. The
+    second lock is on the journal file's own inode (created empty if missing),
+    which every name of the file shares, hard links included. SQLite's POSIX
+    locks do not mix with ``flock`` ones; the descriptor stays open until the
+    database is closed (closing any descriptor of a file drops the POSIX locks
+    the process holds on it).
     """
-    lock = open(path.with_name(path.name + ".lock"), "a+")  # noqa: SIM115
+    real = path.resolve()
+    lock = open(real.with_name(real.name + ".lock"), "a+")  # noqa: SIM115
     deadline = time.monotonic() + wait
+    waited = False
     while True:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -450,12 +472,32 @@ def _take_lock(path: Path, daemon_pid: int, wait: float) -> IO[str]:
                 raise JournalError(
                     f"journal: {path} is in use by another mlxd (pid {holder or 'unknown'})"
                 ) from None
+            waited = True
+            time.sleep(0.02)
+    try:
+        fd = os.open(real, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        lock.close()
+        raise
+    # a dead daemon's writer we waited for drops this lock as it exits, just after the other
+    file_deadline = time.monotonic() + (FILE_LOCK_GRACE_S if waited else 0.0)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if time.monotonic() > file_deadline:
+                os.close(fd)
+                lock.close()
+                raise JournalError(
+                    f"journal: {path} is in use by another mlxd (under another name: a hard link)"
+                ) from None
             time.sleep(0.02)
     lock.seek(0)
     lock.truncate()
     lock.write(str(daemon_pid))
     lock.flush()
-    return lock
+    return lock, fd
 
 
 def _alive(pid_text: str) -> bool:

@@ -175,9 +175,10 @@ def test_the_lock_of_a_dead_daemons_writer_is_awaited(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     holder = _holding(path.with_name("j.db.lock"), _dead_pid(), 0.5)
     t0 = time.monotonic()
-    lock = _take_lock(path, os.getpid(), wait=10.0)
+    lock, fd = _take_lock(path, os.getpid(), wait=10.0)
     waited = time.monotonic() - t0
     lock.close()
+    os.close(fd)
     holder.wait()
     assert 0.2 < waited < 5.0
 
