@@ -150,6 +150,10 @@ class CompleteRequestBodies:
     answer waits (briefly) for Quart to finish swallowing the body, which keeps
     the connection reusable; a body still arriving after that gets
     ``Connection: close`` and an uncancellable send, so the connection is closed.
+
+    And every response's last send is shielded (bounded): without it an idle
+    keep-alive connection that had served a request was never closed (see
+    :meth:`_last_send`), and idle clients could use up the daemon's descriptors.
     """
 
     #: how long an early answer waits for the rest of the request body
@@ -175,6 +179,9 @@ class CompleteRequestBodies:
 
         async def careful_send(message: Any) -> None:
             nonlocal closing
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                await self._last_send(send, message)
+                return
             if message["type"] == "http.response.start" and not body_done.is_set():
                 with trio.move_on_after(self.BODY_WAIT_S):
                     await body_done.wait()  # Quart's receive loop swallows it meanwhile
@@ -190,6 +197,19 @@ class CompleteRequestBodies:
                 await send(message)
 
         await self.app(scope, watched_receive, careful_send)
+
+    async def _last_send(self, send: Any, message: Any) -> None:
+        """The response's last send, shielded (bounded) so that the keep-alive timer starts.
+
+        In that send hypercorn 0.18 closes the stream (quart-trio then sees
+        ``http.disconnect`` and cancels this very task), recycles the
+        connection and starts its keep-alive timer with ``nursery.start`` from
+        this task: the cancellation killed the timer before it started, so a
+        connection that had served a request was never closed when idle.
+        """
+        with trio.move_on_after(self.CLOSE_SEND_S) as bounded:
+            bounded.shield = True
+            await send(message)
 
 
 def _first(group: BaseExceptionGroup[MlxdError]) -> MlxdError:
