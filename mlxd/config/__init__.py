@@ -38,7 +38,7 @@ from mlxd.config.model import (
     resolve_estimate,
     weights_bytes,
 )
-from mlxd.config.readers import Source, parse_memory_size, read_yaml
+from mlxd.config.readers import Source, SourceKind, classify_source, parse_memory_size, read_yaml
 from mlxd.config.rules import Parser
 from mlxd.residency.policy import DEFAULT_WAIT_TIMEOUT_S, STRATEGIES, ContentionPolicy, Strategy
 
@@ -55,8 +55,10 @@ __all__ = [
     "MemoryEstimate",
     "ModelConfig",
     "ServerConfig",
+    "SourceKind",
     "Strategy",
     "builtin_demo_config",
+    "classify_source",
     "default_state_dir",
     "load_config",
     "parse_config",

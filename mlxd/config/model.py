@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from mlxd.config.readers import classify_source
 from mlxd.errors import ConfigError
 from mlxd.residency.policy import ContentionPolicy
 from mlxd.units import GIB
@@ -105,7 +106,10 @@ class ModelConfig:
             return True
         if self.source_kind is not None:
             return self.source_kind == "local"
-        return Path(self.source).expanduser().exists()
+        try:
+            return classify_source(self.source, Path.cwd()) == "local"
+        except ValueError:
+            return False
 
 
 @dataclass(frozen=True, slots=True)

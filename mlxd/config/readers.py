@@ -8,7 +8,8 @@ machinery it reads with:
 * :class:`Table` reads one mapping of the config: it rejects unknown keys with
   a hint for the nearest known key, and reads values with strict types (a bool
   is a YAML bool, a number is an int or float and never a bool, finite, in range).
-* :func:`parse_memory_size`, :func:`expand_path_text`, :func:`is_hub_repo_id`:
+* :func:`parse_memory_size`, :func:`expand_path_text`, :func:`classify_source`
+  (a local directory or a Hugging Face repo id: the rule the engines use too):
   the value grammars shared by several keys.
 
 Every failure is a :class:`mlxd.errors.ConfigError` whose message is one line
@@ -25,7 +26,7 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import yaml
 
@@ -40,9 +41,10 @@ STATE_DIR_VAR = "MLXD_STATE_DIR"
 _MAX_DEPTH = 32
 _VAR = re.compile(r"\$(?:\{(?P<braced>[^}]*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Hugging Face repo ids: "org/name"; each part alphanumeric plus "-", "_", ".",
-# not starting or ending with "-" or ".", no "--" or "..", at most 96 characters.
-_HUB_PART = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?$")
+# A part of a Hugging Face repo id, as huggingface_hub.utils.validate_repo_id
+# checks it: 1 to 96 ASCII letters, digits, "_", "-" or ".", starting and ending
+# with a letter, digit or "_".
+_HUB_PART = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?$")
 
 
 def show(value: object) -> str:
@@ -397,13 +399,45 @@ def is_env_name(text: str) -> bool:
 
 
 def is_hub_repo_id(text: str) -> bool:
-    """True if ``text`` has the shape of a Hugging Face repo id, ``org/name``."""
+    """True if ``text`` is a Hugging Face repo id with its namespace, ``org/name``.
+
+    The Hub's own rule (``huggingface_hub.utils.validate_repo_id``) for each
+    part, plus: exactly one ``/`` (a bare ``name`` is more likely a mistyped
+    path than one of the Hub's few namespace-less repos), no ``--`` or ``..``,
+    not ending in ``.git``.
+    """
     parts = text.split("/")
-    return len(parts) == 2 and all(
-        _HUB_PART.match(p) and "--" not in p and ".." not in p for p in parts
+    return (
+        len(parts) == 2
+        and all(_HUB_PART.match(p) for p in parts)
+        and "--" not in text
+        and ".." not in text
+        and not text.endswith(".git")
     )
 
 
 def looks_local(text: str) -> bool:
-    """True if a source is written as a filesystem path (not a repo id)."""
+    """True if a source is written as a filesystem path (``/``, ``./``, ``../``, ``~``, ``$VAR``)."""
     return text.startswith(("/", "./", "../", "~", "$")) or text in {".", ".."}
+
+
+SourceKind = Literal["local", "hub"]
+
+
+def classify_source(text: str, base_dir: Path) -> SourceKind:
+    """Whether a model source names a local directory or a Hugging Face repo: the one rule.
+
+    In order: written as a path (:func:`looks_local`) is local; something that
+    exists relative to ``base_dir`` (the config file's folder) is local, even
+    when it is also shaped like ``org/name``; a repo id (:func:`is_hub_repo_id`)
+    is fetched from the Hub. Anything else raises :class:`ValueError`: a typo
+    in a path must not become a download.
+    """
+    if text and (looks_local(text) or (base_dir / text).exists()):
+        return "local"
+    if is_hub_repo_id(text):
+        return "hub"
+    raise ValueError(
+        f"{show(text)} is neither an existing local path (start a path with / or ./) "
+        "nor a Hugging Face repo id (org/name)"
+    )

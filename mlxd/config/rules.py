@@ -32,11 +32,10 @@ from mlxd.config.readers import (
     Source,
     Table,
     check_number,
+    classify_source,
     expand_path_text,
     is_env_name,
-    is_hub_repo_id,
     join,
-    looks_local,
     parse_memory_size,
     show,
 )
@@ -322,19 +321,17 @@ class Parser:
     ) -> tuple[str, Literal["local", "hub"]]:
         if "\0" in text:
             raise t.error(key, f"must not contain NUL characters (got {show(text)})")
-        if looks_local(text) or (self.source.base_dir / text).exists():
+        try:
+            kind = classify_source(text, self.source.base_dir)
+        except ValueError as e:
+            raise t.error(key, str(e)) from None
+        if kind == "local":
             path = self._local_path(t, key, text)
             if engine == "mlx" and demo is None and not path.exists():
                 raise t.error(key, f"local path '{path}' does not exist")
             if engine == "mlx" and path.exists() and not path.is_dir():
                 raise t.error(key, f"'{path}' is a file; a model source is a directory")
             return str(path), "local"
-        if not is_hub_repo_id(text):
-            raise t.error(
-                key,
-                f"{show(text)} is neither an existing local path (start a path with / or ./) "
-                "nor a Hugging Face repo id (org/name)",
-            )
         if demo is not None:
             raise t.error(
                 "demo",

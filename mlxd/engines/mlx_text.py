@@ -234,7 +234,10 @@ class MlxTextEngine:
         if self.config.demo:
             return demo_path(self.config.source)  # written on the MLX thread if missing
         path = await sources.resolve_source(
-            self.config.source, progress, allow_patterns=self._allow_patterns()
+            self.config.source,
+            progress,
+            kind=self.config.source_kind,
+            allow_patterns=self._allow_patterns(),
         )
         if not (path / "config.json").is_file():
             raise LoadFailed(f"{self.name}: {path} holds no config.json (not a model directory)")

@@ -1,8 +1,10 @@
 """Where a model's files come from: a local directory, or a Hugging Face repo id.
 
 Theory of operation. :func:`resolve_source` turns a config ``source`` into a
-local directory. An existing path is used as it is. Anything else that is a
-valid repo id (``org/name``) is fetched with ``huggingface_hub.snapshot_download``
+local directory. Whether a source is a path or a repo id is decided by one rule,
+:func:`mlxd.config.classify_source` (the config reader applies it; this module
+only when a config was built in code). A path is used as it is; a repo id
+(``org/name``) is fetched with ``huggingface_hub.snapshot_download``
 into the normal Hugging Face cache (``HF_HOME``/``HF_HUB_CACHE``), so a model
 downloaded once is found again offline.
 
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from typing import Any
 
 import trio
 
+from mlxd.config import SourceKind, classify_source
 from mlxd.engines.base import LoadProgress, ProgressCallback
 from mlxd.errors import LoadFailed
 
@@ -66,7 +68,6 @@ VISION_PATTERNS = (
     "*.jinja",
 )
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 #: seconds between two progress reports forwarded into Trio (the bar itself draws as tqdm does)
 _REPORT_EVERY_S = 0.1
 
@@ -102,47 +103,41 @@ def hub_offline() -> bool:
         return False
 
 
-def is_repo_id(source: str) -> bool:
-    """True for strings shaped like a Hugging Face repo id (``org/name``)."""
-    return bool(_REPO_ID.match(source)) and ".." not in source
-
-
-def _looks_like_path(source: str) -> bool:
-    return source.startswith(("/", "./", "../", "~", "\\")) or (
-        len(source) > 1 and source[1] == ":"
-    )
-
-
-def local_path(source: str) -> Path | None:
+def local_path(source: str, kind: SourceKind | None = None) -> Path | None:
     """The local directory a source names, or None if it is to be fetched from the Hub.
 
-    Raises :class:`LoadFailed` for a source that is neither an existing
-    directory nor a valid repo id (a typo in a path must not become a download).
+    ``kind`` is what the config decided (:func:`mlxd.config.classify_source`, the
+    one rule); a config built in code leaves it None and the rule is applied here,
+    relative to the working directory. Raises :class:`LoadFailed` for a source
+    that is neither (a typo in a path must not become a download), and for a
+    local path that is missing or is a file.
     """
+    if kind is None:
+        try:
+            kind = classify_source(source, Path.cwd())
+        except ValueError as e:
+            raise LoadFailed(str(e)) from None
+    if kind == "hub":
+        return None
     path = Path(source).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise LoadFailed(
-                f"{source}: is a file; a model source is a directory or a Hugging Face repo id"
-            )
-        return path
-    if _looks_like_path(source) or not is_repo_id(source):
-        raise LoadFailed(
-            f"{source}: no such directory (and not a Hugging Face repo id like org/name)"
-        )
-    return None
+    if not path.exists():
+        raise LoadFailed(f"{source}: no such directory")
+    if not path.is_dir():
+        raise LoadFailed(f"{source}: is a file; a model source is a directory or a Hugging Face repo id")
+    return path
 
 
 async def resolve_source(
     source: str,
     progress: ProgressCallback,
     *,
+    kind: SourceKind | None = None,
     allow_patterns: tuple[str, ...] = TEXT_PATTERNS,
     stall_timeout_s: float | None = None,
     endpoint: str | None = None,
 ) -> Path:
     """The local directory of ``source``, downloading it into the Hugging Face cache if needed."""
-    path = local_path(source)
+    path = local_path(source, kind)
     if path is not None:
         return path
     return await download(

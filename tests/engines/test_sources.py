@@ -66,8 +66,11 @@ def test_local_paths_and_repo_ids_are_told_apart(tmp_path: Path) -> None:
     """An existing directory is local, org/name is a repo id, and anything else fails at once."""
     assert sources.local_path(str(tmp_path)) == tmp_path
     assert sources.local_path("mlx-community/Qwen2.5-0.5B-Instruct-4bit") is None
-    for bad in ["/no/such/dir", "./relative/missing", "~/missing-model", "just-a-name", "a/b/c"]:
+    for bad in ["/no/such/dir", "./relative/missing", "~/missing-model"]:
         with pytest.raises(LoadFailed, match="no such directory"):
+            sources.local_path(bad)
+    for bad in ["just-a-name", "a/b/c"]:
+        with pytest.raises(LoadFailed, match="neither an existing local path"):
             sources.local_path(bad)
     f = tmp_path / "file.bin"
     f.write_bytes(b"x")
