@@ -29,12 +29,13 @@ import trio
 
 from mlxd.engines.fake import FakeFleet, FakeModel
 from mlxd.residency.manager import Manager
-from tests.support.harness import GB, make_config
+from mlxd.units import GIB
+from tests.support.harness import make_config
 
 
 def _manager() -> Manager:
     fleet = FakeFleet()
-    fleet.add(FakeModel("a", GB, load_seconds=0.0))
+    fleet.add(FakeModel("a", GIB, load_seconds=0.0))
     return Manager(make_config({"a": 1}, 4, load_seconds=0.0), fleet)
 
 

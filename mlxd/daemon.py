@@ -30,6 +30,7 @@ from mlxd.http.metrics import Metrics
 from mlxd.journal.journal import Journal, RecoveryReport
 from mlxd.residency.manager import Manager
 from mlxd.residency.states import Reason
+from mlxd.units import format_bytes
 
 log = logging.getLogger("mlxd")
 
@@ -231,10 +232,9 @@ class Daemon:
 
     def _announce(self) -> None:
         assert self.manager is not None
-        gib = 1024**3
         log.info("mlxd %s listening on %s", __version__, ", ".join(self.urls))
-        log.info("budget %.2f GiB, policy %s; models: %s",
-                 self.manager.core.budget / gib, self.manager.core.policy.strategy,
+        log.info("budget %s, policy %s; models: %s",
+                 format_bytes(self.manager.core.budget), self.manager.core.policy.strategy,
                  ", ".join(f"{m.name} ({m.engine})" for m in self.config.models))
         if self.ready_file is not None:
             self.ready_file.write_text(self.urls[0] + "\n")

@@ -47,9 +47,9 @@ import httpx
 from mlxd.cli.common import DaemonUnreachable
 from mlxd.config import ServerConfig, load_config
 from mlxd.errors import ConfigError, MlxdError
+from mlxd.units import format_bytes
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-GB = 1024**3
 #: the daemon sends a keepalive comment every 15 s; three missed ones mean the stream is dead
 EVENTS_READ_TIMEOUT_S = 45.0
 #: reconnect delays after a dropped event stream: 0.25 s doubling up to this
@@ -159,10 +159,6 @@ def call(target: Target, method: str, path: str, **kw: Any) -> Any:
 # ---- formatting ----------------------------------------------------------------------------
 
 
-def gb(n: int | float | None) -> str:
-    return "-" if n is None else f"{n / GB:.2f} GB"
-
-
 def seconds(s: float) -> str:
     """A duration for people: ``0.3 s``, ``42 s``, ``3m12s``, ``2h05m``, ``3d04h``."""
     if s < 10:
@@ -204,7 +200,7 @@ def load_phase(loading: dict[str, Any]) -> str:
     phase = str(loading.get("phase") or "starting")
     total = loading.get("bytes_total")
     if phase == "downloading" and total:
-        phase += f" {100 * loading.get('bytes_done', 0) / total:.0f}% of {gb(total)}"
+        phase += f" {100 * loading.get('bytes_done', 0) / total:.0f}% of {format_bytes(total)}"
     return phase
 
 
@@ -234,12 +230,12 @@ def render_status(st: dict[str, Any], now: float) -> str:
         out.append(f"new loads refused: {st['load_gate']}")
     budget, committed = st["budget_bytes"], st["committed_bytes"]
     share = f" ({100 * committed / budget:.0f}%)" if budget else ""
-    out.append(f"memory: {gb(committed)} of {gb(budget)} committed{share}; "
+    out.append(f"memory: {format_bytes(committed)} of {format_bytes(budget)} committed{share}; "
                f"policy {_policy(st['policy'])}")
     out.append("")
     rows = [
         [name, _state_cell(m), "yes" if m["pinned"] else "no",
-         f"{gb(m['memory_bytes'])} ({m.get('memory_source') or 'unknown'})",
+         f"{format_bytes(m['memory_bytes'])} ({m.get('memory_source') or 'unknown'})",
          str(m["active_leases"]), str(m["waiters"]), ago(m.get("last_used_at"), now),
          m.get("last_error") or "-"]
         for name, m in st["models"].items()
@@ -281,7 +277,7 @@ def format_event(seq: int | None, payload: dict[str, Any]) -> str:
     if kind == "transition":
         line = f"{payload['from_state']} -> {payload['to_state']} ({payload['reason']})"
         if payload.get("memory_bytes") is not None:
-            line += f" {gb(payload['memory_bytes'])}"
+            line += f" {format_bytes(payload['memory_bytes'])}"
         if payload.get("error"):
             line += f": {payload['error']}"
         return head + line
@@ -429,7 +425,7 @@ def cmd_load(args: argparse.Namespace) -> int:
               "(see `mlxd status`)", file=sys.stderr)
         return 130
     took = time.monotonic() - t0
-    print(f"{args.name} {model.get('status', 'loaded')} ({gb(model.get('memory_bytes'))}, "
+    print(f"{args.name} {model.get('status', 'loaded')} ({format_bytes(model.get('memory_bytes'))}, "
           f"{took:.1f} s)")
     return 0
 

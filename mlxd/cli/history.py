@@ -22,20 +22,13 @@ from mlxd.cli.common import journal_path_from_args
 from mlxd.errors import ConfigError, JournalError
 from mlxd.journal.migrate import open_readonly
 from mlxd.journal.reads import parse_since, read_leases, read_transitions
+from mlxd.units import format_bytes
 
 
 def _local(at: float | None) -> str:
     if at is None:
         return "-"
     return datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    if n >= 1024**3:
-        return f"{n / 1024**3:.2f} GiB"
-    return f"{n / 1024**2:.1f} MiB"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -56,7 +49,7 @@ def format_transitions(rows: Sequence[dict[str, Any]]) -> str:
             r["model"],
             f"{r['from_state']} -> {r['to_state']}",
             r["reason"],
-            _bytes(r["memory_bytes"]),
+            format_bytes(r["memory_bytes"]),
             r["error"] or "",
         )
         for r in rows

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import EllipsisType
 
 from mlxd.config import Config, ContentionPolicy, ModelConfig
-from mlxd.units import GIB
+from mlxd.units import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +146,6 @@ def build_memory_budget_report(
     )
 
 
-def gb(n: int) -> str:
-    """Bytes in GB for people: ``4.00 GB``; three decimals below 0.1 GB (``0.010 GB``)."""
-    return f"{n / GIB:.2f} GB" if n >= GIB // 10 else f"{n / GIB:.3f} GB"
-
-
 def _seconds(s: float) -> str:
     return f"{s:g} s"
 
@@ -192,7 +187,7 @@ def describe_policy(policy: ContentionPolicy) -> str:
 def describe_ceiling(report: MemoryBudgetReport) -> list[tuple[int, str]]:
     """The seed's reconciliation sentences, as ``(logging level, sentence)`` pairs."""
     out: list[tuple[int, str]] = []
-    budget = gb(report.budget_bytes)
+    budget = format_bytes(report.budget_bytes)
     ceiling = report.allocation_ceiling_bytes
     if ceiling is None:
         out.append(
@@ -203,7 +198,7 @@ def describe_ceiling(report: MemoryBudgetReport) -> list[tuple[int, str]]:
             )
         )
     else:
-        working_set = gb(report.device_working_set_bytes or 0)
+        working_set = format_bytes(report.device_working_set_bytes or 0)
         if report.gpu_memory_utilization is not None:
             origin = (
                 f"{report.gpu_memory_utilization * 100:.0f}% of the {working_set} device working "
@@ -216,7 +211,7 @@ def describe_ceiling(report: MemoryBudgetReport) -> list[tuple[int, str]]:
         out.append(
             (
                 logging.INFO,
-                f"Memory budget: {budget} of model weights; allocation ceiling {gb(ceiling)} "
+                f"Memory budget: {budget} of model weights; allocation ceiling {format_bytes(ceiling)} "
                 f"({origin}).",
             )
         )
@@ -226,10 +221,10 @@ def describe_ceiling(report: MemoryBudgetReport) -> list[tuple[int, str]]:
                 (
                     logging.WARNING,
                     f"The memory budget ({budget}) exceeds the allocation ceiling "
-                    f"({gb(ceiling)}). The budget counts model weights only, so mlxd will keep "
+                    f"({format_bytes(ceiling)}). The budget counts model weights only, so mlxd will keep "
                     "models resident that MLX cannot allocate, and a load can fail with an "
                     f"out-of-memory error instead of evicting. Lower the budget below "
-                    f"{gb(ceiling)} (further still, since the KV cache and activations also come "
+                    f"{format_bytes(ceiling)} (further still, since the KV cache and activations also come "
                     f"out of the ceiling){raise_hint}.",
                 )
             )
@@ -243,19 +238,19 @@ def describe_ceiling(report: MemoryBudgetReport) -> list[tuple[int, str]]:
         )
     if report.host_memory_bytes is not None:
         available = (
-            f", {gb(report.host_available_bytes)} available now"
+            f", {format_bytes(report.host_available_bytes)} available now"
             if report.host_available_bytes is not None
             else ""
         )
         out.append(
-            (logging.INFO, f"This host has {gb(report.host_memory_bytes)} of RAM{available}.")
+            (logging.INFO, f"This host has {format_bytes(report.host_memory_bytes)} of RAM{available}.")
         )
         if report.exceeds_host_memory:
             out.append(
                 (
                     logging.WARNING,
                     f"The memory budget ({budget}) is larger than this host's RAM "
-                    f"({gb(report.host_memory_bytes)}): models that fit the budget may not fit "
+                    f"({format_bytes(report.host_memory_bytes)}): models that fit the budget may not fit "
                     "in memory; lower the budget.",
                 )
             )
@@ -279,7 +274,7 @@ def describe_budget(
         out.append(
             (
                 info,
-                f"The estimates add up to {gb(total)} of the {gb(budget)} budget: "
+                f"The estimates add up to {format_bytes(total)} of the {format_bytes(budget)} budget: "
                 "all models fit at once.",
             )
         )
@@ -287,7 +282,7 @@ def describe_budget(
         out.append(
             (
                 info,
-                f"The estimates add up to {gb(total)}, more than the {gb(budget)} budget: not "
+                f"The estimates add up to {format_bytes(total)}, more than the {format_bytes(budget)} budget: not "
                 "all models fit at once; idle models are evicted, least recently used first "
                 "(pinned ones never).",
             )
@@ -297,7 +292,7 @@ def describe_budget(
             out.append(
                 (
                     warn,
-                    f"{m.name} can never fit ({gb(sizes[m.name])} > the {gb(budget)} budget): "
+                    f"{m.name} can never fit ({format_bytes(sizes[m.name])} > the {format_bytes(budget)} budget): "
                     "requests for it fail at once with 400 model_exceeds_budget.",
                 )
             )
@@ -313,8 +308,8 @@ def describe_budget(
                 out.append(
                     (
                         warn,
-                        f"{m.name} ({gb(sizes[m.name])}) cannot load while every pinned model "
-                        f"is resident (they leave {gb(room)}).",
+                        f"{m.name} ({format_bytes(sizes[m.name])}) cannot load while every pinned model "
+                        f"is resident (they leave {format_bytes(room)}).",
                     )
                 )
     out.append((info, f"Contention policy: {describe_policy(config.manager.contention_policy)}."))
@@ -346,7 +341,7 @@ def _describe_group(
     budget = config.manager.memory_budget_bytes
     names = ", ".join(m.name for m in group)
     if total <= budget:
-        return [(logging.INFO, f"{label}: {names}, {gb(total)} in all; that fits the budget.")]
+        return [(logging.INFO, f"{label}: {names}, {format_bytes(total)} in all; that fits the budget.")]
     consequence = (
         "they can never all be resident; the loads beyond the budget fail"
         if attr == "pin"
@@ -355,7 +350,7 @@ def _describe_group(
     return [
         (
             logging.WARNING,
-            f"{label}: {names}, {gb(total)} in all, more than the {gb(budget)} budget: "
+            f"{label}: {names}, {format_bytes(total)} in all, more than the {format_bytes(budget)} budget: "
             f"{consequence}.",
         )
     ]
@@ -385,7 +380,7 @@ def describe_model(
     lines = [
         f"{model.name}: {where}",
         f"    engine {engine}; max_queue {model.max_queue}, max_batch_size {model.max_batch_size}",
-        f"    estimate {gb(est.bytes)} ({_ESTIMATE_SOURCES.get(est.source, est.source)})",
+        f"    estimate {format_bytes(est.bytes)} ({_ESTIMATE_SOURCES.get(est.source, est.source)})",
         f"    {'; '.join(residency)}",
     ]
     if model.ignored_keys:
@@ -400,7 +395,7 @@ def render_report(config: Config, report: MemoryBudgetReport) -> str:
         f"Config: {config.path or '(built in code)'}: valid.",
         f"Server: {s.host}:{s.port}; an API key is required when ${s.api_key_env} is set.",
         f"Journal: {config.journal.path} (synchronous {config.journal.synchronous}).",
-        f"Memory budget: {gb(config.manager.memory_budget_bytes)} "
+        f"Memory budget: {format_bytes(config.manager.memory_budget_bytes)} "
         f"({config.manager.memory_budget_bytes} bytes).",
         "",
         f"Models ({len(config.models)}):",

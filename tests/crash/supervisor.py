@@ -61,7 +61,6 @@ from mlxd.residency.states import HOLDS_MEMORY
 from mlxd.resources import migrations_dir
 from tests.support.daemon import MLXD, REPO, write_config
 
-GB = 1024**3
 BUDGET_GB = 3
 #: name -> (GB, load s, unload s, preload, pin, idle unload s)
 MODELS: dict[str, tuple[int, float, float, bool, bool, float]] = {

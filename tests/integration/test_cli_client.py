@@ -121,14 +121,14 @@ def test_load_then_status_shows_loaded(daemon: DaemonProcess) -> None:
     """`mlxd load` returns once the model is loaded and says so; `mlxd status` then shows it `loaded`."""
     r = mlxd("load", "alpha", "--url", daemon.url)
     assert r.returncode == 0, r.stderr
-    assert re.fullmatch(r"alpha loaded \(0\.30 GB, \d+\.\d s\)\n", r.stdout)
+    assert re.fullmatch(r"alpha loaded \(307\.2 MiB, \d+\.\d s\)\n", r.stdout)
     r = mlxd("status", "--url", daemon.url)
     assert r.returncode == 0, r.stderr
     state, pinned, memory, leases, waiters, last_used, last_error = row_of(r.stdout, "alpha")[1:]
     assert (state, pinned, memory, leases, waiters, last_error) == (
-        "loaded", "no", "0.30 GB (config)", "0", "0", "-")
+        "loaded", "no", "307.2 MiB (config)", "0", "0", "-")
     assert re.fullmatch(r"\d+s ago", last_used)
-    assert re.search(r"^memory: \d\.\d\d GB of 4\.00 GB committed \(\d+%\); policy wait_then_fail",
+    assert re.search(r"^memory: 307\.2 MiB of 4\.00 GiB committed \(\d+%\); policy wait_then_fail",
                      r.stdout, re.M)
     assert re.search(r"^journal: healthy \(run 1, ", r.stdout, re.M)
 
@@ -159,7 +159,7 @@ def test_load_shows_progress_on_stderr(daemon: DaemonProcess) -> None:
     r = mlxd("load", "slow", "--url", daemon.url)
     assert r.returncode == 0, r.stderr
     assert re.search(r"^loading slow… 1\.\d s", r.stderr, re.M), r.stderr
-    assert re.fullmatch(r"slow loaded \(0\.20 GB, 1\.\d s\)\n", r.stdout)
+    assert re.fullmatch(r"slow loaded \(204\.8 MiB, 1\.\d s\)\n", r.stdout)
 
 
 def test_events_json_backlog_then_live_in_order(daemon: DaemonProcess) -> None:
@@ -194,7 +194,7 @@ def test_events_readable_lines_and_ctrl_c_exits_0(daemon: DaemonProcess) -> None
         follower.proc.send_signal(signal.SIGINT)
         assert follower.proc.wait(10) == 0
     assert re.fullmatch(
-        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}  #\d+  delta  loading -> loaded \(admin\) 0\.20 GB",
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}  #\d+  delta  loading -> loaded \(admin\) 204\.8 MiB",
         lines[-1],
     )
     assert any(re.search(r"#\d+  delta  unloaded -> loading \(admin\)", line) for line in lines)
@@ -318,13 +318,13 @@ def test_status_table_shows_loads_waiters_and_leases() -> None:
     text = render_status(status, now=1042.0)
     assert text.splitlines()[:2] == [
         "mlxd 9.9, up 3m12s",
-        "memory: 1.20 GB of 1.00 GB committed (120%); policy wait_then_preempt "
+        "memory: 1.20 GiB of 1.00 GiB committed (120%); policy wait_then_preempt "
         "(preempt after 2 s, wait up to 30 s)",
     ]
-    assert row_of(text, "a")[1:] == ["draining", "yes", "0.60 GB (measured)", "1", "0",
+    assert row_of(text, "a")[1:] == ["draining", "yes", "614.4 MiB (measured)", "1", "0",
                                      "42s ago", "-"]
-    assert row_of(text, "b")[1:4] == ["loading (2.5 s, downloading 25% of 1.00 GB)", "no",
-                                      "0.60 GB (measured)"]
+    assert row_of(text, "b")[1:4] == ["loading (2.5 s, downloading 25% of 1.00 GiB)", "no",
+                                      "614.4 MiB (measured)"]
     assert "  b  resident (admin) waiting 3.0 s, blocked on memory, gives up in 27 s" in text
     assert ("  a  /v1/chat/completions  held 1m15s  request req-1  lease L1  PREEMPTED"
             in text)

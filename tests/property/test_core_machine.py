@@ -50,8 +50,8 @@ from mlxd.residency.messages import (
     WaiterKind,
 )
 from mlxd.residency.states import TRANSITIONS, State
+from mlxd.units import GIB
 
-GB = 1024**3
 NAMES = ["a", "b", "c", "d"]
 
 
@@ -91,10 +91,10 @@ class CoreMachine(RuleBasedStateMachine):
         idle: float,
     ) -> None:
         specs = [
-            ModelSpec(name, size * GB, pinned=name in pinned, idle_unload_s=idle)
+            ModelSpec(name, size * GIB, pinned=name in pinned, idle_unload_s=idle)
             for name, size in zip(NAMES, sizes, strict=True)
         ]
-        self.core = Core(specs, budget * GB, ContentionPolicy(strategy, timeout, preempt_after))
+        self.core = Core(specs, budget * GIB, ContentionPolicy(strategy, timeout, preempt_after))
         self.shadow = {name: State.UNLOADED for name in NAMES}
 
     # -- carrying out commands --------------------------------------------------------

@@ -55,8 +55,8 @@ from mlxd.residency.events import (
 )
 from mlxd.residency.manager import Manager
 from mlxd.residency.states import State
+from mlxd.units import GIB
 
-GB = 1024**3
 NAMES = ("a", "b", "c", "d")
 STRATEGIES = ("fail", "wait", "wait_then_fail", "preempt", "wait_then_preempt")
 #: how long (virtual seconds) the operations may take before what is still waiting is cancelled
@@ -70,7 +70,7 @@ SETTLE = 60.0
 
 @dataclass(frozen=True)
 class Setup:
-    sizes: dict[str, int]  # GB
+    sizes: dict[str, int]  # GIB
     budget_gb: int
     strategy: str
     wait_timeout_s: float | None
@@ -85,7 +85,7 @@ class Setup:
         sizes = {**self.sizes, **(sizes or {})}
         return Config(
             manager=ManagerConfig(
-                memory_budget_bytes=self.budget_gb * GB,
+                memory_budget_bytes=self.budget_gb * GIB,
                 idle_unload_seconds=0.0,
                 contention_policy=ContentionPolicy(
                     self.strategy,  # type: ignore[arg-type]
@@ -98,7 +98,7 @@ class Setup:
                     name=m,
                     source=f"fake/{m}",
                     engine="fake",
-                    estimated_memory_bytes=sizes[m] * GB,
+                    estimated_memory_bytes=sizes[m] * GIB,
                     pin=m in self.pinned,
                     idle_unload_seconds=self.idle_s[m] * scale,
                     fake=FakeSettings(

@@ -20,8 +20,7 @@ from mlxd.errors import MlxdError
 from mlxd.residency.events import ManagerEvent, TransitionEvent
 from mlxd.residency.lease import Lease
 from mlxd.residency.manager import Manager
-
-GB = 1024**3
+from mlxd.units import GIB
 
 
 def make_config(
@@ -45,7 +44,7 @@ def make_config(
             name=name,
             source=f"fake/{name}",
             engine="fake",
-            estimated_memory_bytes=int(gb * GB),
+            estimated_memory_bytes=int(gb * GIB),
             pin=name in pinned,
             idle_unload_seconds=model_idle.get(name),
             fake=FakeSettings(load_seconds=load_seconds, tokens_per_second=tokens_per_second),
@@ -54,7 +53,7 @@ def make_config(
     )
     return Config(
         manager=ManagerConfig(
-            memory_budget_bytes=int(budget_gb * GB),
+            memory_budget_bytes=int(budget_gb * GIB),
             idle_unload_seconds=idle_unload_seconds,
             contention_policy=ContentionPolicy(strategy, wait_timeout_s, preempt_after_s),  # type: ignore[arg-type]
         ),

@@ -18,13 +18,12 @@ from mlxd.config.budget import (
     describe_budget,
     describe_ceiling,
     describe_policy,
-    gb,
     log_memory_budget_report,
     render_report,
 )
 from mlxd.journal.reads import journal_measurements
 from mlxd.resources import migrations_dir
-from mlxd.units import GIB
+from mlxd.units import GIB, format_bytes
 
 ETC = Path(__file__).resolve().parents[2] / "etc"
 NO_HOST = (None, None)
@@ -61,16 +60,16 @@ def test_check_config_prints_budget_and_every_model(capsys: pytest.CaptureFixtur
     out, err = capsys.readouterr()
     assert rc == 0 and err == ""
     assert f"Config: {(ETC / 'models.yaml').absolute()}: valid." in out
-    assert "Memory budget: 4.00 GB (4294967296 bytes)." in out
+    assert "Memory budget: 4.00 GiB (4294967296 bytes)." in out
     for name, source, estimate in [
-        ("qwen", "mlx-community/Qwen2.5-0.5B-Instruct-4bit", "0.50 GB"),
-        ("llama", "mlx-community/Llama-3.2-1B-Instruct-4bit", "1.00 GB"),
-        ("qwen-vl", "mlx-community/Qwen2-VL-2B-Instruct-4bit", "2.00 GB"),
+        ("qwen", "mlx-community/Qwen2.5-0.5B-Instruct-4bit", "512.0 MiB"),
+        ("llama", "mlx-community/Llama-3.2-1B-Instruct-4bit", "1.00 GiB"),
+        ("qwen-vl", "mlx-community/Qwen2-VL-2B-Instruct-4bit", "2.00 GiB"),
     ]:
         assert f"  {name}: {source} (Hugging Face Hub" in out
         assert f"estimate {estimate} (from estimated_memory_gb)" in out
     assert "engine mlx (vision, mlx-vlm)" in out
-    assert "The estimates add up to 3.50 GB of the 4.00 GB budget: all models fit at once." in out
+    assert "The estimates add up to 3.50 GiB of the 4.00 GiB budget: all models fit at once." in out
     assert (
         "Contention policy: wait_then_fail: a request that does not fit waits up to 30 s for "
         "room, then gets 503 capacity_timeout" in out
@@ -96,7 +95,7 @@ def test_check_config_demo_shows_fakes_and_eviction(capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     assert "fake-a: no weights (fake engine)" in out
     assert "local demo model, written on first load" in out
-    assert "more than the 0.50 GB budget: not all models fit at once" in out
+    assert "more than the 512.0 MiB budget: not all models fit at once" in out
 
 
 def test_check_config_uses_journal_measurements(
@@ -113,7 +112,7 @@ def test_check_config_uses_journal_measurements(
     path.write_text(text)
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "estimate 3.00 GB (measured after its last load, from the journal)" in out
+    assert "estimate 3.00 GiB (measured after its last load, from the journal)" in out
 
 
 def test_check_config_never_writes_the_journal(tmp_path: Path) -> None:
@@ -183,7 +182,7 @@ def test_model_larger_than_budget_can_never_fit() -> None:
     )
     pairs = describe_budget(config)
     assert warnings_of(pairs) == [
-        "big can never fit (10.00 GB > the 8.00 GB budget): requests for it fail at once "
+        "big can never fit (10.00 GiB > the 8.00 GiB budget): requests for it fail at once "
         "with 400 model_exceeds_budget."
     ]
 
@@ -208,9 +207,9 @@ def test_pinned_over_budget_and_room_left_by_pins() -> None:
     )
     text = sentences(describe_budget(room))
     assert (
-        "b (3.00 GB) cannot load while every pinned model is resident (they leave 2.00 GB)." in text
+        "b (3.00 GiB) cannot load while every pinned model is resident (they leave 2.00 GiB)." in text
     )
-    assert "Preloaded at start-up: a, 6.00 GB in all; that fits the budget." in text
+    assert "Preloaded at start-up: a, 6.00 GiB in all; that fits the budget." in text
 
 
 def test_preloads_over_budget_warn() -> None:
@@ -222,7 +221,7 @@ def test_preloads_over_budget_warn() -> None:
         )
     )
     assert any(
-        w.startswith("Preloaded at start-up: a, b, 10.00 GB in all, more than")
+        w.startswith("Preloaded at start-up: a, b, 10.00 GiB in all, more than")
         for w in warnings_of(describe_budget(config))
     )
 
@@ -273,7 +272,7 @@ def test_no_ceiling_on_cpu_host_shows_ram() -> None:
     assert report.allocation_ceiling_bytes is None and not report.exceeds_ceiling
     text = sentences(describe_ceiling(report))
     assert "no Metal allocation ceiling to reconcile it with" in text
-    assert "This host has 32.00 GB of RAM, 20.00 GB available now." in text
+    assert "This host has 32.00 GiB of RAM, 20.00 GiB available now." in text
     assert warnings_of(describe_ceiling(report)) == []
 
 
@@ -287,7 +286,7 @@ def test_budget_above_host_ram_warns() -> None:
     )
     assert report.exceeds_host_memory
     assert warnings_of(describe_ceiling(report))[0].startswith(
-        "The memory budget (64.00 GB) is larger than this host's RAM (16.00 GB)"
+        "The memory budget (64.00 GiB) is larger than this host's RAM (16.00 GiB)"
     )
 
 
@@ -308,7 +307,7 @@ def test_ceiling_is_lowest_utilization_of_batching_entries() -> None:
     assert report.allocation_ceiling_bytes == 10 * GIB
     assert not report.exceeds_ceiling
     text = sentences(describe_ceiling(report))
-    assert "allocation ceiling 10.00 GB (50% of the 20.00 GB device working set" in text
+    assert "allocation ceiling 10.00 GiB (50% of the 20.00 GiB device working set" in text
     assert "The budget covers model weights only" in text
 
 
@@ -322,9 +321,9 @@ def test_budget_above_ceiling_warns_with_the_seed_advice() -> None:
     warnings = warnings_of(describe_ceiling(report))
     assert len(warnings) == 1
     assert warnings[0].startswith(
-        "The memory budget (12.00 GB) exceeds the allocation ceiling (10.00 GB)."
+        "The memory budget (12.00 GiB) exceeds the allocation ceiling (10.00 GiB)."
     )
-    assert "Lower the budget below 10.00 GB" in warnings[0]
+    assert "Lower the budget below 10.00 GiB" in warnings[0]
     assert "The budget covers model weights only" not in sentences(describe_ceiling(report))
 
 
@@ -365,8 +364,9 @@ def test_log_memory_budget_report_logs_warnings(caplog: pytest.LogCaptureFixture
     assert any(m.startswith("config: models[0].enable_mtp (big)") for m in warned)
 
 
-def test_gb_formatting() -> None:
-    """Sizes print in GB with two decimals, three below 0.1 GB."""
-    assert gb(4 * GIB) == "4.00 GB"
-    assert gb(GIB // 2) == "0.50 GB"
-    assert gb(GIB // 100) == "0.010 GB"
+def test_sizes_print_in_binary_units() -> None:
+    """The report writes sizes as every other place does: GiB with two decimals, MiB below 1 GiB."""
+    assert format_bytes(4 * GIB) == "4.00 GiB"
+    assert format_bytes(GIB // 2) == "512.0 MiB"
+    assert format_bytes(GIB // 100) == "10.2 MiB"
+    assert format_bytes(512) == "512 B" and format_bytes(None) == "-"

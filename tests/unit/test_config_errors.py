@@ -292,4 +292,4 @@ def test_real_subprocess_accepts_valid_config(workdir: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "qwen" in proc.stdout
-    assert "8.00 GB" in proc.stdout
+    assert "8.00 GiB" in proc.stdout

@@ -19,7 +19,8 @@ from mlxd.errors import (
 )
 from mlxd.residency.lease import Lease
 from mlxd.residency.states import Outcome
-from tests.support.harness import GB, Results, make_config, running
+from mlxd.units import GIB
+from tests.support.harness import Results, make_config, running
 
 
 async def test_concurrent_acquires_share_one_load(autojump_clock: trio.abc.Clock) -> None:
@@ -58,7 +59,7 @@ async def test_lru_eviction_loads_third_by_evicting_least_recent(autojump_clock:
             assert h.state("a") == "loaded"
             assert h.state("c") == "loaded"
         assert ("b", "loaded", "unloading", "evicted") in h.transitions("b")
-        assert h.manager.core.committed == 9 * GB
+        assert h.manager.core.committed == 9 * GIB
 
 
 async def test_fail_strategy_errors_at_once(autojump_clock: trio.abc.Clock) -> None:
@@ -215,15 +216,15 @@ async def test_cancelled_leader_leaks_nothing_and_others_get_the_model(
         assert h.fleet["a"].loads_started == 1
         for o in others:
             o.release()  # type: ignore[union-attr]
-        assert h.manager.core.committed == 3 * GB  # a's residency only, no leaked reservation
+        assert h.manager.core.committed == 3 * GIB  # a's residency only, no leaked reservation
         async with h.manager.lease("b"):
-            assert h.manager.core.committed == 6 * GB
+            assert h.manager.core.committed == 6 * GIB
 
 
 async def test_late_joiner_of_abandoned_load_starts_a_fresh_one(autojump_clock: trio.abc.Clock) -> None:
     """A request arriving while an abandoned load tears down starts a fresh load rather than inheriting the cancellation."""
     fleet = FakeFleet()
-    fleet.add(FakeModel("a", GB, load_seconds=10, unload_seconds=2))
+    fleet.add(FakeModel("a", GIB, load_seconds=10, unload_seconds=2))
     async with running(make_config({"a": 1}, 4), fleet) as h:
         first = Results()
         scope = h.spawn_acquire("a", first)
@@ -246,7 +247,7 @@ async def test_late_joiner_of_abandoned_load_starts_a_fresh_one(autojump_clock: 
 async def test_load_failure_gives_failed_and_next_acquire_retries(autojump_clock: trio.abc.Clock) -> None:
     """A failed load leaves the model `failed` with last_error; the next acquire retries and succeeds."""
     fleet = FakeFleet()
-    fleet.add(FakeModel("a", GB, load_seconds=1, fail_loads={1}))
+    fleet.add(FakeModel("a", GIB, load_seconds=1, fail_loads={1}))
     async with running(make_config({"a": 1}, 4), fleet) as h:
         with pytest.raises(LoadFailed) as exc:
             await h.manager.acquire("a")
@@ -263,14 +264,14 @@ async def test_load_failure_gives_failed_and_next_acquire_retries(autojump_clock
 async def test_unload_failure_keeps_engine_tracked_as_loaded(autojump_clock: trio.abc.Clock) -> None:
     """When stopping an engine fails, the model stays `loaded` with last_error and its engine still serves."""
     fleet = FakeFleet()
-    fleet.add(FakeModel("a", GB, load_seconds=1, fail_unloads={1}))
+    fleet.add(FakeModel("a", GIB, load_seconds=1, fail_unloads={1}))
     async with running(make_config({"a": 1}, 4), fleet) as h:
         await h.manager.load("a")
         with pytest.raises(Exception, match="scripted failure of unload 1"):
             await h.manager.unload("a")
         assert h.state("a") == "loaded"
         assert "unload 1" in (h.manager.core.models["a"].last_error or "")
-        assert h.manager.core.committed == GB
+        assert h.manager.core.committed == GIB
         async with h.manager.lease("a") as lease:
             assert lease.engine is not None
         await h.manager.unload("a")  # the second stop works
@@ -357,9 +358,9 @@ async def test_unknown_model_is_not_found(autojump_clock: trio.abc.Clock) -> Non
 async def test_shutdown_unloads_everything(autojump_clock: trio.abc.Clock) -> None:
     """Shutdown with a live lease, a load in flight and an idle model ends with every model unloaded and the lease preempted."""
     fleet = FakeFleet()
-    fleet.add(FakeModel("busy", GB, load_seconds=1))
-    fleet.add(FakeModel("idle", GB, load_seconds=1))
-    fleet.add(FakeModel("slow", GB, load_seconds=100))
+    fleet.add(FakeModel("busy", GIB, load_seconds=1))
+    fleet.add(FakeModel("idle", GIB, load_seconds=1))
+    fleet.add(FakeModel("slow", GIB, load_seconds=100))
     cfg = make_config({"busy": 1, "idle": 1, "slow": 1}, 8)
     async with running(cfg, fleet) as h:
         held = await h.hold("busy")
@@ -530,7 +531,7 @@ async def test_wait_checks_committed_never_exceeds_budget(autojump_clock: trio.a
         async with trio.open_nursery() as n:
             for i in range(12):
                 n.start_soon(user, i)
-        assert 0 < peak <= 6 * GB
+        assert 0 < peak <= 6 * GIB
         await trio.testing.wait_all_tasks_blocked()
 
 
