@@ -117,6 +117,8 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
     p.add_argument("--leases", action="store_true", help="show leases instead of transitions")
     p.add_argument("--json", action="store_true", help="print a JSON array with the journal's columns")
+    p.add_argument("--verify", action="store_true",
+                   help="check the whole journal (integrity, legal paths, open leases); exit 1 on a problem")
     p.set_defaults(handler="mlxd.cli.history:cmd_history")
 
     p = sub.add_parser("demo-model", help="write a small random-weight model that mlx-lm loads")

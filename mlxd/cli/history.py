@@ -6,6 +6,12 @@ it works with the daemon up or down. ``--journal PATH``, else the
 ISO time (local when it has no offset) or a duration ago (``90s``, ``15m``,
 ``2h``, ``7d``); ``--limit 0`` means every row. A bad ``--since`` or ``--limit``
 exits 2, a missing journal file exits 1, each with one line on stderr.
+
+``--verify`` checks the whole file instead of printing rows
+(:func:`mlxd.journal.replay.check_journal`: SQLite's integrity and foreign-key
+checks, an ``events`` row for each transition, every model's path legal in the
+state table, no lease left open by a run that is over). It prints one line per
+problem and exits 1 if there is any, 0 if the journal is sound.
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mlxd.cli.common import journal_path_from_args
+from mlxd.cli.common import EXIT_FAILURE, EXIT_OK, journal_path_from_args
 from mlxd.errors import ConfigError, JournalError
 from mlxd.journal.migrate import open_readonly
 from mlxd.journal.reads import parse_since, read_leases, read_transitions
+from mlxd.journal.replay import check_journal
 from mlxd.units import format_bytes
 
 
@@ -86,8 +93,34 @@ def format_leases(rows: Sequence[dict[str, Any]]) -> str:
     return _table(header, body)
 
 
+def verify(conn: sqlite3.Connection, path: str, as_json: bool) -> int:
+    """``mlxd history --verify``: 0 if the journal is sound, 1 with one line per problem."""
+    try:
+        problems = check_journal(conn)
+        (transitions,) = conn.execute("SELECT count(*) FROM transitions").fetchone()
+        (runs,) = conn.execute("SELECT count(*) FROM runs").fetchone()
+    except sqlite3.Error as e:
+        raise JournalError(f"journal: cannot read {path}: {e}") from e
+    if as_json:
+        print(json.dumps({"ok": not problems, "transitions": transitions, "runs": runs,
+                          "problems": problems}, indent=2))
+    elif problems:
+        for line in problems:
+            print(f"{path}: {line}")
+    else:
+        print(f"{path}: sound: {transitions} transitions over {runs} runs, every path legal")
+    return EXIT_FAILURE if problems else EXIT_OK
+
+
 def cmd_history(args: argparse.Namespace) -> int:
-    """``mlxd history``: print journal rows; reads the file, never writes."""
+    """``mlxd history``: print journal rows (or ``--verify`` them); reads the file, never writes."""
+    if args.verify:
+        path = journal_path_from_args(args)
+        conn = open_readonly(Path(path))
+        try:
+            return verify(conn, str(path), args.json)
+        finally:
+            conn.close()
     since = parse_since(args.since) if args.since else None
     limit: int | None = args.limit
     if limit is not None and limit < 0:

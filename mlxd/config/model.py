@@ -133,18 +133,22 @@ class Config:
     #: the measured sizes the config was checked with (model name -> bytes)
     measured: Mapping[str, int] = field(default_factory=dict, compare=False)
 
+    #: the models by name (built once: a lookup per request must not scan 10,000 models)
+    _by_name: dict[str, ModelConfig] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {m.name: m for m in self.models})
+
     def model(self, name: str) -> ModelConfig | None:
-        for m in self.models:
-            if m.name == name:
-                return m
-        return None
+        return self._by_name.get(name)
 
     def estimate(self, name: str, measured: Mapping[str, int] | None = None) -> MemoryEstimate:
-        """The memory estimate of model ``name`` (DESIGN.md order).
+        """The memory estimate of model ``name``: what the manager budgets and check-config prints.
 
-        ``measured`` (model -> bytes, from the journal) replaces the sizes the
-        config was loaded with. Raises ``KeyError`` for an unknown model and
-        :class:`ConfigError` if no estimate applies (a config built in code).
+        :func:`resolve_estimate` gives DESIGN.md's order. ``measured`` (model ->
+        bytes, from the journal) replaces the sizes the config was loaded with.
+        Raises ``KeyError`` for an unknown model and :class:`ConfigError` if no
+        estimate applies (possible only for a config built in code).
         """
         model = self.model(name)
         if model is None:
@@ -155,7 +159,11 @@ class Config:
         return est
 
     def idle_unload_for(self, name: str) -> float:
-        """Seconds without a lease after which ``name`` unloads (0: never)."""
+        """Seconds without a lease after which ``name`` unloads (0: never; pinned models never do).
+
+        The model's ``idle_unload_seconds`` if set, else ``manager.idle_unload_seconds``;
+        the manager schedules idle unloads with exactly this figure.
+        """
         model = self.model(name)
         if model is None:
             raise KeyError(name)

@@ -35,7 +35,7 @@ from typing import Any
 
 import trio
 
-from mlxd.config import Config, MemoryEstimate, ModelConfig, resolve_estimate
+from mlxd.config import Config, ModelConfig
 from mlxd.engines.base import Engine, LoadProgress
 from mlxd.errors import (
     EngineError,
@@ -94,24 +94,6 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, MlxdError):
         return exc.message
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _spec(model: ModelConfig, config: Config, est: MemoryEstimate | None) -> ModelSpec:
-    idle = (
-        model.idle_unload_seconds
-        if model.idle_unload_seconds is not None
-        else config.manager.idle_unload_seconds
-    )
-    return ModelSpec(
-        name=model.name,
-        size_bytes=est.bytes if est is not None else 0,
-        pinned=model.pin,
-        idle_unload_s=float(idle or 0.0),
-    )
-
-
-
-
 
 
 @dataclass
@@ -187,9 +169,15 @@ class Manager:
         self.stats: dict[str, ModelStats] = {m.name: ModelStats() for m in config.models}
 
     def _spec(self, model: ModelConfig, config: Config) -> ModelSpec:
-        est = resolve_estimate(model, self._measured)  # may walk a model dir: not per request
-        self._memory_source[model.name] = est.source if est is not None else None
-        return _spec(model, config, est)
+        """The core's view of a model: the config's own estimate and idle rule, nothing re-derived."""
+        est = config.estimate(model.name, self._measured)  # may walk a model dir: not per request
+        self._memory_source[model.name] = est.source
+        return ModelSpec(
+            name=model.name,
+            size_bytes=est.bytes,
+            pinned=model.pin,
+            idle_unload_s=config.idle_unload_for(model.name),
+        )
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sqlite3
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,13 +22,12 @@ from mlxd.journal.reads import LEASE_COLUMNS, TRANSITION_COLUMNS, parse_since
 from mlxd.journal.replay import check_journal
 from mlxd.residency.events import LeaseAcquired, LeaseReleased, MeasurementEvent, TransitionEvent
 from mlxd.residency.states import Outcome, Reason, State
+from mlxd.units import MIB
 
 REPO = Path(__file__).resolve().parents[2]
-S, R = State, Reason
 
 DAY1 = datetime(2026, 11, 27, 10, 0).timestamp()  # local 10:00
 DAY2 = DAY1 + 86400
-MIB = 1024 * 1024
 
 
 def local_day(at: float) -> str:
@@ -35,18 +35,18 @@ def local_day(at: float) -> str:
 
 
 def load(
-    model: str, at: float, reason: Reason = R.REQUEST, mib: int = 500
+    model: str, at: float, reason: Reason = Reason.REQUEST, mib: int = 500
 ) -> list[TransitionEvent]:
     return [
-        TransitionEvent(model, S.UNLOADED, S.LOADING, reason, at),
-        TransitionEvent(model, S.LOADING, S.LOADED, reason, at + 2, memory_bytes=mib * MIB),
+        TransitionEvent(model, State.UNLOADED, State.LOADING, reason, at),
+        TransitionEvent(model, State.LOADING, State.LOADED, reason, at + 2, memory_bytes=mib * MIB),
     ]
 
 
 def evict_idle(model: str, at: float) -> list[TransitionEvent]:
     return [
-        TransitionEvent(model, S.LOADED, S.UNLOADING, R.EVICTED, at),
-        TransitionEvent(model, S.UNLOADING, S.UNLOADED, R.EVICTED, at + 1),
+        TransitionEvent(model, State.LOADED, State.UNLOADING, Reason.EVICTED, at),
+        TransitionEvent(model, State.UNLOADING, State.UNLOADED, Reason.EVICTED, at + 1),
     ]
 
 
@@ -83,7 +83,7 @@ async def _fill(path: Path) -> None:
     # run 2: restore, evictions, preemptions, an open lease
     await run(
         [
-            *load("qwen", DAY1, R.RESTORE, mib=600),
+            *load("qwen", DAY1, Reason.RESTORE, mib=600),
             MeasurementEvent("qwen", DAY1 + 2, 600 * MIB, 4.0),
             *load("llama", DAY1 + 100),
             MeasurementEvent("llama", DAY1 + 102, 300 * MIB, 1.0),
@@ -91,9 +91,9 @@ async def _fill(path: Path) -> None:
             *lease("p2", "llama", DAY1 + 300, 4.0, Outcome.PREEMPTED, 20),
             *lease("ok", "qwen", DAY1 + 400, 1.0, Outcome.COMPLETED, 50),
             *evict_idle("qwen", DAY1 + 500),
-            TransitionEvent("llama", S.LOADED, S.DRAINING, R.EVICTED, DAY1 + 600),
-            TransitionEvent("llama", S.DRAINING, S.UNLOADING, R.EVICTED, DAY1 + 601),
-            TransitionEvent("llama", S.UNLOADING, S.UNLOADED, R.EVICTED, DAY1 + 602),
+            TransitionEvent("llama", State.LOADED, State.DRAINING, Reason.EVICTED, DAY1 + 600),
+            TransitionEvent("llama", State.DRAINING, State.UNLOADING, Reason.EVICTED, DAY1 + 601),
+            TransitionEvent("llama", State.UNLOADING, State.UNLOADED, Reason.EVICTED, DAY1 + 602),
             *load("qwen", DAY2),
             MeasurementEvent("qwen", DAY2 + 2, 550 * MIB, 3.0),
             *lease("p3", "qwen", DAY2 + 100, 3.0, Outcome.PREEMPTED, 7),
@@ -250,6 +250,39 @@ def test_errors_are_one_line_with_the_right_exit(
     assert code == 2 and err.count("\n") == 1 and "--since" in err
     code, _, err = history(capsys, "--journal", str(missing), "--limit", "-1")
     assert code == 2 and err.count("\n") == 1 and "--limit" in err
+
+
+async def test_verify_passes_a_sound_journal(
+    journal: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--verify exits 0 on a journal whose every path is legal, and says how much it checked."""
+    digest = _digest(journal)
+    code, out, err = history(capsys, "--journal", str(journal), "--verify")
+    assert (code, err) == (0, "")
+    assert out == f"{journal}: sound: 18 transitions over 2 runs, every path legal\n"
+    code, out, _ = history(capsys, "--journal", str(journal), "--verify", "--json")
+    assert code == 0 and json.loads(out) == {"ok": True, "transitions": 18, "runs": 2, "problems": []}
+    assert _digest(journal) == digest  # verifying never writes
+
+
+async def test_verify_fails_on_an_illegal_path(
+    journal: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--verify exits 1 and names the row when a model's journal is not a path through the table."""
+    conn = sqlite3.connect(journal)
+    with conn:
+        (seq,) = conn.execute("SELECT max(seq) + 1 FROM events").fetchone()
+        conn.execute("INSERT INTO events VALUES (?, 2, 0, 'transition', 'llama', '{}')", (seq,))
+        conn.execute(
+            "INSERT INTO transitions VALUES (?, 2, 0, 'llama', 'unloaded', 'loaded', 'request', NULL, NULL)",
+            (seq,),
+        )
+    conn.close()
+    code, out, _ = history(capsys, "--journal", str(journal), "--verify")
+    assert code == 1
+    assert out == f"{journal}: seq {seq} llama: unloaded -> loaded (request) is not a legal move\n"
+    code, out, _ = history(capsys, "--journal", str(journal), "--verify", "--json")
+    assert code == 1 and json.loads(out)["ok"] is False
 
 
 # ---- docs/journal.md: every query runs on a real journal ----------------------------------

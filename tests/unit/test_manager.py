@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import trio
 import trio.testing
 
+from mlxd.config import parse_config
 from mlxd.engines.fake import FakeFleet, FakeModel
 from mlxd.errors import (
     CapacityTimeout,
@@ -18,6 +21,7 @@ from mlxd.errors import (
     ShuttingDown,
 )
 from mlxd.residency.lease import Lease
+from mlxd.residency.manager import Manager
 from mlxd.residency.states import Outcome
 from mlxd.units import GIB
 from tests.support.harness import Results, make_config, running
@@ -571,3 +575,25 @@ async def test_admin_unload_returns_even_if_the_model_is_reloaded_at_once(
         assert isinstance(queued[0], Lease)
         assert [t[2] for t in h.transitions("a")][-4:] == ["unloading", "unloaded", "loading", "loaded"]
         queued[0].release()  # type: ignore[union-attr]
+
+
+def test_the_manager_budgets_with_the_configs_own_rules(tmp_path: Path) -> None:
+    """Each model's budgeted size and idle timeout are Config.estimate and Config.idle_unload_for (measured sizes included)."""
+    raw = {
+        "manager": {"memory_budget_gb": 8, "idle_unload_seconds": 30},
+        "models": [
+            {"name": "set", "engine": "fake", "estimated_memory_gb": 1, "idle_unload_seconds": 5},
+            {"name": "measured", "engine": "fake", "fake": {"memory_gb": 2}},
+            {"name": "pinned", "engine": "fake", "estimated_memory_gb": 1, "pin": True,
+             "idle_unload_seconds": 9},
+        ],
+    }
+    measured = {"measured": 3 * GIB}
+    config = parse_config(raw, path=tmp_path / "models.yaml")
+    manager = Manager(config, FakeFleet(), measured=measured)
+    for model in config.models:
+        spec = manager.core.models[model.name].spec
+        assert spec.size_bytes == config.estimate(model.name, measured).bytes
+        assert spec.idle_unload_s == config.idle_unload_for(model.name)
+    assert [manager.core.models[n].spec.idle_unload_s for n in ("set", "measured", "pinned")] == [5, 30, 0]
+    assert manager.core.models["measured"].spec.size_bytes == 3 * GIB
