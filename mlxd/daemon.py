@@ -35,7 +35,8 @@ from mlxd.units import format_bytes
 log = logging.getLogger("mlxd")
 
 #: hypercorn's own graceful timeout after the manager has shut down; idle
-#: keep-alive connections hold exit for this long (TECH-NOTES §0.4)
+#: keep-alive connections hold exit for this long (docs/platform-facts.md,
+#: "Hypercorn holds exit for idle keep-alive connections")
 HTTP_GRACE_S = 3.0
 JOURNAL_WATCH_S = 0.5
 #: how long shutdown waits for the journal to commit its last rows

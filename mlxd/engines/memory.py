@@ -12,7 +12,8 @@ on Apple silicon the weights live in unified memory that RSS does not show.
 Unloading on Linux needs one more step than ``del`` + ``gc.collect()`` +
 ``mx.clear_cache()``: glibc keeps the freed model memory in its arenas, so RSS
 stays high from the second load/unload cycle on. ``malloc_trim(0)`` gives it
-back (TECH-NOTES §0.5 and §4). :func:`release_memory` does all of it.
+back (docs/platform-facts.md, "glibc keeps freed model memory").
+:func:`release_memory` does all of it.
 
 Each residency has its own MLX thread, and glibc gives every new thread its
 own malloc arena (up to 8 per core); memory a finished thread left in its arena

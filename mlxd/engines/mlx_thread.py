@@ -1,6 +1,8 @@
 """The dedicated MLX thread of an engine, and the scheduler that feeds it generations.
 
-Theory of operation (TECH-NOTES §0.1, §0.2, §2):
+Theory of operation (the facts behind it are in docs/platform-facts.md: "MLX streams
+belong to a thread", "An MLX thread must clear its streams before it ends", "Prefill is
+interruptible only between chunks"):
 
 * MLX streams belong to the thread that made them, and an array still lazy
   on one thread fails on another. So every MLX call of one engine (demo write,
@@ -102,7 +104,7 @@ class MlxThread:
                 import mlx.core as mx
 
                 mx.synchronize()
-                mx.clear_streams()  # without it the process can abort at exit (TECH-NOTES §0.1)
+                mx.clear_streams()  # else the process can abort at exit (docs/platform-facts.md)
             finally:
                 self.exited.set()
 

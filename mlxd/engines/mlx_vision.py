@@ -12,7 +12,8 @@ streaming, stop strings and cancellation rules are inherited unchanged.
   a 400 naming the field and never reaches the MLX thread.
 * mlx-vlm's LLaVA processor forwards tokenizer kwargs (``padding``...) to the
   image processor, which transformers 5 rejects (mlx-vlm#870); the loaded
-  processor gets the small workaround of TECH-NOTES §3.
+  processor drops those keywords (docs/platform-facts.md, "mlx-vlm's LLaVA
+  processor passes tokenizer arguments to the image processor").
 * Cancellation is checked between tokens. mlx-vlm's ``stream_generate`` has no
   prefill progress callback, so a cancel during the prefill of an image prompt
   is noticed at the first token (image prompts are short; text prompts on text

@@ -4,10 +4,11 @@ Owns the state table (:mod:`.states`), the contention policies (:mod:`.policy`),
 the sans-IO core (:mod:`.core` with :mod:`.messages`, :mod:`.records`,
 :mod:`.refusals`): ``step(event) -> commands``, no await, no clock, no I/O;
 and the Trio shell that carries the commands out (:mod:`.manager`, with
-:mod:`.lease`, :mod:`.events` and the read-only :mod:`.views`).
+:mod:`.lease`, :mod:`.events`, the per-model counts of :mod:`.stats` and the
+read-only :mod:`.views`).
 
 May import: :mod:`mlxd.errors` and :mod:`mlxd.units` everywhere. The core
-modules (states, policy, messages, records, refusals, core, events) import
+modules (states, policy, messages, records, refusals, core, events, stats) import
 nothing else: no config, YAML, Trio, SQLite or MLX (``lint-imports`` checks it).
 The shell also imports Trio, :mod:`mlxd.config` and the
 :class:`~mlxd.engines.base.Engine` protocol.

@@ -35,6 +35,9 @@ After each restart reaches ready (``/health`` says ``ready: true``):
 * ``/v1/models`` shows loaded exactly the models restore loaded in this run,
   and those are the previous run's resident set (``loaded``/``draining``) plus
   the preload model, pinned and preload first, within the budget.
+
+The read-only view of the journal lives in :mod:`tests.crash.journal_view`,
+the client threads in :mod:`tests.crash.traffic`.
 """
 
 from __future__ import annotations
@@ -46,7 +49,6 @@ import shutil
 import signal
 import statistics
 import subprocess
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -56,9 +58,11 @@ from typing import Any
 import httpx
 
 from mlxd.journal.migrate import open_readonly, split_statements
-from mlxd.journal.replay import check_history, check_journal
+from mlxd.journal.replay import check_journal
 from mlxd.residency.states import HOLDS_MEMORY
 from mlxd.resources import migrations_dir
+from tests.crash.journal_view import Ack, Snapshot, ack_is_journaled, snapshot
+from tests.crash.traffic import Traffic
 from tests.support.daemon import MLXD, REPO, write_config
 
 BUDGET_GB = 3
@@ -69,7 +73,6 @@ MODELS: dict[str, tuple[int, float, float, bool, bool, float]] = {
     "gamma": (2, 0.30, 0.10, False, False, 0.0),
     "delta": (1, 0.15, 0.08, False, False, 4.0),
 }
-RESIDENT = ("loaded", "draining")
 
 #: each named point and the range its N is drawn from
 POINTS: dict[str, tuple[int, int]] = {
@@ -145,179 +148,6 @@ def expected_restore(resident: list[str]) -> set[str]:
             room -= MODELS[m][0]
             out.add(m)
     return out
-
-
-# ---- the journal as the supervisor sees it -------------------------------------------------
-
-
-@dataclass
-class Snapshot:
-    """What the file says (read-only) at one moment."""
-
-    exists: bool
-    version: int = 0
-    tables: tuple[str, ...] = ()
-    integrity: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    illegal: int = 0
-    #: (seq, run_id, at, model, from, to, reason), in seq order
-    transitions: list[tuple[Any, ...]] = field(default_factory=list)
-    #: id -> (run_id, released_at, outcome)
-    leases: dict[str, tuple[int, float | None, str | None]] = field(default_factory=dict)
-    max_run: int = 0
-    #: the column the test migration adds to ``runs`` is there
-    probe_column: bool = False
-
-    def last_states(self) -> dict[str, tuple[int, str]]:
-        """Each model's (seq, state) after its last row."""
-        return {r[3]: (r[0], r[5]) for r in self.transitions}
-
-    def resident(self) -> list[str]:
-        """Models whose last state is loaded or draining, oldest last row first (as recovery orders them)."""
-        last = sorted(self.last_states().items(), key=lambda kv: kv[1][0])
-        return [m for m, (_, state) in last if state in RESIDENT]
-
-    def rows_of_run(self, run_id: int) -> list[tuple[Any, ...]]:
-        return [r for r in self.transitions if r[1] == run_id]
-
-
-def snapshot(path: Path) -> Snapshot:
-    if not path.exists():
-        return Snapshot(exists=False)
-    conn = open_readonly(path)
-    try:
-        snap = Snapshot(exists=True)
-        snap.version = conn.execute("PRAGMA user_version").fetchone()[0]
-        snap.tables = tuple(
-            r[0] for r in conn.execute("SELECT name FROM sqlite_master ORDER BY name")
-        )
-        snap.integrity = [r[0] for r in conn.execute("PRAGMA integrity_check")]
-        if snap.version == 0:
-            return snap
-        snap.probe_column = any(
-            r[1] == "crash_probe_note" for r in conn.execute("PRAGMA table_info(runs)")
-        )
-        snap.problems = check_journal(conn)
-        snap.transitions = [
-            tuple(r)
-            for r in conn.execute(
-                "SELECT seq, run_id, at, model, from_state, to_state, reason FROM transitions"
-                " ORDER BY seq"
-            )
-        ]
-        snap.illegal = len(
-            check_history(
-                dict(
-                    zip(
-                        ("seq", "model", "from_state", "to_state", "reason"),
-                        r[:1] + r[3:],
-                        strict=True,
-                    )
-                )
-                for r in snap.transitions
-            )
-        )
-        snap.leases = {
-            r[0]: (r[1], r[2], r[3])
-            for r in conn.execute("SELECT id, run_id, released_at, outcome FROM leases")
-        }
-        snap.max_run = conn.execute("SELECT coalesce(max(id), 0) FROM runs").fetchone()[0]
-        return snap
-    finally:
-        conn.close()
-
-
-@dataclass(frozen=True)
-class Ack:
-    """An admin reply 200: ``model`` was ``state`` at some moment in [sent, received]."""
-
-    model: str
-    state: str
-    sent: float
-    received: float
-
-
-def ack_is_journaled(snap: Snapshot, ack: Ack) -> bool:
-    """The journaled state of the model is the acknowledged one at the send time or in a row before the reply."""
-    state = "unloaded"
-    for _seq, _run, at, model, _from, to, _reason in snap.transitions:
-        if model != ack.model:
-            continue
-        if at <= ack.sent:
-            state = to
-        elif at <= ack.received and to == ack.state:
-            return True
-    return state == ack.state
-
-
-# ---- traffic --------------------------------------------------------------------------------
-
-
-class Traffic:
-    """A few threads sending a random mix of admin loads/unloads and chat requests."""
-
-    def __init__(self, url: str, rng: random.Random, threads: int = 3) -> None:
-        self.url = url
-        self.acks: list[Ack] = []
-        self.sent = Counter[str]()
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._worker, args=(random.Random(rng.random()),), daemon=True)
-            for _ in range(threads)
-        ]
-
-    def start(self) -> None:
-        for t in self._threads:
-            t.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(15)
-
-    def _worker(self, rng: random.Random) -> None:
-        with httpx.Client(base_url=self.url, timeout=10) as client:
-            while not self._stop.is_set():
-                try:
-                    self._one(client, rng)
-                except httpx.HTTPError:
-                    if self._stop.wait(0.05):
-                        return
-
-    def _one(self, client: httpx.Client, rng: random.Random) -> None:
-        model = rng.choice(list(MODELS))
-        x = rng.random()
-        if x < 0.3:
-            self.sent["admin load"] += 1
-            sent = time.time()
-            r = client.post(f"/admin/models/{model}/load")
-            if r.status_code == 200:
-                self.acks.append(Ack(model, "loaded", sent, time.time()))
-        elif x < 0.5:
-            self.sent["admin unload"] += 1
-            preempt = "true" if rng.random() < 0.3 else "false"
-            sent = time.time()
-            r = client.post(f"/admin/models/{model}/unload", params={"preempt": preempt})
-            if r.status_code == 200:
-                self.acks.append(Ack(model, "unloaded", sent, time.time()))
-        elif x < 0.9:
-            body = {
-                "model": model,
-                "messages": [{"role": "user", "content": "hello"}],
-                "max_tokens": rng.randint(3, 20),
-            }
-            if rng.random() < 0.5:
-                self.sent["chat stream"] += 1
-                with client.stream(
-                    "POST", "/v1/chat/completions", json={**body, "stream": True}
-                ) as r:
-                    for _ in r.iter_lines():
-                        pass
-            else:
-                self.sent["chat"] += 1
-                client.post("/v1/chat/completions", json=body)
-        else:
-            self._stop.wait(rng.uniform(0, 0.1))
 
 
 # ---- the loop -------------------------------------------------------------------------------
@@ -506,7 +336,7 @@ class CrashLoop:
                 pass  # a named point fired while the start was checked: it is counted below
             assert self.proc is not None
             if self.proc.poll() is None:
-                traffic = Traffic(url, self.rng)
+                traffic = Traffic(url, self.rng, list(MODELS))
                 traffic.start()
                 if armed is not None:
                     try:

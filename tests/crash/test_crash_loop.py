@@ -17,15 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.crash.supervisor import (
-    POINTS,
-    Ack,
-    CrashLoop,
-    Snapshot,
-    Summary,
-    ack_is_journaled,
-    schedule,
-)
+from tests.crash.journal_view import Ack, Snapshot, ack_is_journaled
+from tests.crash.supervisor import POINTS, CrashLoop, Summary, schedule
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "crash.md"
 

@@ -20,7 +20,8 @@ import pytest
 from mlxd.journal.migrate import open_readonly
 from mlxd.journal.replay import check_journal
 from mlxd.resources import migrations_dir
-from tests.crash.supervisor import INIT_STATEMENTS, TEST_MIGRATION, config, snapshot
+from tests.crash.journal_view import snapshot
+from tests.crash.supervisor import INIT_STATEMENTS, TEST_MIGRATION, config
 from tests.support.daemon import DaemonProcess, write_config
 
 PROBE_STATEMENTS = TEST_MIGRATION.count(";")
