@@ -209,6 +209,11 @@ class Journal:
         return self._last_seq
 
     @property
+    def sent_seq(self) -> int:
+        """The last sequence number sent to the writer process (``committed_seq <= sent_seq <= last_seq``)."""
+        return self._sent
+
+    @property
     def committed_seq(self) -> int:
         """The watermark: every sequence number up to it is written (or was rejected)."""
         return self._committed

@@ -43,6 +43,13 @@ def stream_until_end(url: str, model: str, results: list[str], started: threadin
         results.append("cut")
 
 
+def wait_until_draining(url: str, timeout: float = 30.0) -> None:
+    """Wait until /health answers 503 shutting_down (what operators poll; no event crosses processes)."""
+    deadline = time.monotonic() + timeout
+    while httpx.get(url + "/health", timeout=5).status_code != 503:
+        assert time.monotonic() < deadline, "the daemon never started its graceful shutdown"
+
+
 def test_sigterm_with_ten_live_streams_exits_cleanly(tmp_path: Path) -> None:
     """SIGTERM with 10 live streams: exit 0 within shutdown_grace_s + 5 s, every stream ends with an error event, the run row is clean."""
     raw = fake_models_config({"a": 0.2}, 2, tokens_per_second=20)
@@ -88,7 +95,7 @@ def test_second_signal_exits_at_once(tmp_path: Path) -> None:
         barrier.wait(30)
         assert d.proc is not None
         d.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        wait_until_draining(d.url)  # the first signal was handled: a graceful shutdown runs
         t0 = time.monotonic()
         d.proc.send_signal(signal.SIGTERM)
         code = d.proc.wait(5)

@@ -202,6 +202,7 @@ async def test_events_resume_without_loss_or_duplicates(tmp_path: Path) -> None:
         all_ids = [r[0] for r in rows(s, "SELECT seq FROM events ORDER BY seq")]
         assert len(all_ids) == 4
         seen: list[tuple[int, str]] = []
+        backlog_sent = trio.Event()
 
         async def follow() -> None:
             async with c.stream("GET", "/admin/events", headers={"Last-Event-ID": str(all_ids[1])}) as r:
@@ -211,15 +212,22 @@ async def test_events_resume_without_loss_or_duplicates(tmp_path: Path) -> None:
                         event_id = int(line[4:])
                     elif line.startswith("data: ") and event_id is not None:
                         seen.append((event_id, json.loads(line[6:])["kind"]))
+                        if len(seen) == 2:
+                            backlog_sent.set()
                         if len(seen) == 4:
                             return
 
         async with trio.open_nursery() as n:
             n.start_soon(follow)
-            await trio.sleep(0.2)
+            # b is loaded only once the stream has sent its backlog, so b's events
+            # cannot be in it: they can only arrive live.
+            with trio.fail_after(30):
+                await backlog_sent.wait()
+            assert [i for i, _ in seen] == all_ids[2:]
             await c.post("/admin/models/b/load")
-        ids = [i for i, _ in seen]
-        assert ids == sorted(set(ids)) and ids[:2] == all_ids[2:]
+        b_ids = [r[0] for r in rows(s, "SELECT seq FROM events WHERE model = 'b' ORDER BY seq")]
+        assert len(b_ids) == 2 and min(b_ids) > all_ids[-1]
+        assert [i for i, _ in seen] == all_ids[2:] + b_ids
         assert all(kind == "transition" for _, kind in seen)
 
 

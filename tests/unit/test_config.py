@@ -21,7 +21,9 @@ from mlxd.config import (
     parse_memory_size,
     resolve_estimate,
 )
+from mlxd.engines.fake import FakeFleet
 from mlxd.errors import ConfigError
+from mlxd.residency.manager import Manager
 from mlxd.resources import demo_config_path
 from mlxd.units import GIB, MIB
 
@@ -164,11 +166,19 @@ def test_yaml_1_1_booleans_are_booleans() -> None:
     assert config.models[0].preload is True and config.models[0].pin is True
 
 
-def test_config_is_frozen() -> None:
-    """A loaded config cannot be mutated by accident."""
-    config = parse_config(one_model())
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        config.models[0].name = "other"  # type: ignore[misc]
+def test_every_config_section_is_frozen() -> None:
+    """Every dataclass a Config is made of is frozen (a reload swaps whole configs; nothing edits one in place)."""
+    from mlxd.config import model as config_model
+
+    sections = [
+        obj for obj in vars(config_model).values()
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj)
+    ]
+    assert {c.__name__ for c in sections} >= {
+        "Config", "ServerConfig", "JournalConfig", "ManagerConfig", "ModelConfig",
+        "FakeSettings", "MemoryEstimate", "ContentionPolicy",
+    }
+    assert [c.__name__ for c in sections if not c.__dataclass_params__.frozen] == []
 
 
 def test_idle_unload_per_model_overrides_manager() -> None:
@@ -514,3 +524,25 @@ def test_multiple_yaml_documents_are_rejected(tmp_path: Path) -> None:
         match=r"models\.yaml:2:1: invalid YAML: expected a single document in the stream, but found another",
     ):
         load_config(path)
+
+
+def test_the_manager_budgets_with_the_configs_own_rules(tmp_path: Path) -> None:
+    """Each model's budgeted size and idle timeout are Config.estimate and Config.idle_unload_for (measured sizes included)."""
+    raw = {
+        "manager": {"memory_budget_gb": 8, "idle_unload_seconds": 30},
+        "models": [
+            {"name": "set", "engine": "fake", "estimated_memory_gb": 1, "idle_unload_seconds": 5},
+            {"name": "measured", "engine": "fake", "fake": {"memory_gb": 2}},
+            {"name": "pinned", "engine": "fake", "estimated_memory_gb": 1, "pin": True,
+             "idle_unload_seconds": 9},
+        ],
+    }
+    measured = {"measured": 3 * GIB}
+    config = parse_config(raw, path=tmp_path / "models.yaml")
+    manager = Manager(config, FakeFleet(), measured=measured)
+    for model in config.models:
+        spec = manager.core.models[model.name].spec
+        assert spec.size_bytes == config.estimate(model.name, measured).bytes
+        assert spec.idle_unload_s == config.idle_unload_for(model.name)
+    assert [manager.core.models[n].spec.idle_unload_s for n in ("set", "measured", "pinned")] == [5, 30, 0]
+    assert manager.core.models["measured"].spec.size_bytes == 3 * GIB

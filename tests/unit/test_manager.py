@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import re
 
 import pytest
 import trio
 import trio.testing
 
-from mlxd.config import parse_config
 from mlxd.engines.fake import FakeFleet, FakeModel
 from mlxd.errors import (
     CapacityTimeout,
@@ -21,7 +20,6 @@ from mlxd.errors import (
     ShuttingDown,
 )
 from mlxd.residency.lease import Lease
-from mlxd.residency.manager import Manager
 from mlxd.residency.states import Outcome
 from mlxd.units import GIB
 from tests.support.harness import Results, make_config, running
@@ -517,14 +515,10 @@ async def test_wait_checks_committed_never_exceeds_budget(autojump_clock: trio.a
     """Under a burst of requests for many models the committed bytes never exceed the budget."""
     cfg = make_config({f"m{i}": 1 + i % 3 for i in range(8)}, 6, strategy="wait", wait_timeout_s=None)
     async with running(cfg) as h:
-        peak = 0
-
-        def watch(_event: object) -> None:
-            nonlocal peak
-            peak = max(peak, h.manager.core.committed)
-            assert h.manager.core.committed <= h.manager.core.budget
-
-        h.manager.subscribe(watch)
+        # Recorded, not asserted, in the subscriber: the manager logs and swallows
+        # a subscriber's exceptions, so an assert there could never fail the test.
+        committed: list[int] = []
+        h.manager.subscribe(lambda _event: committed.append(h.manager.core.committed))
 
         async def user(i: int) -> None:
             for k in range(5):
@@ -535,8 +529,9 @@ async def test_wait_checks_committed_never_exceeds_budget(autojump_clock: trio.a
         async with trio.open_nursery() as n:
             for i in range(12):
                 n.start_soon(user, i)
-        assert 0 < peak <= 6 * GIB
         await trio.testing.wait_all_tasks_blocked()
+        assert len(committed) > 100  # every transition and lease event was watched
+        assert 0 < max(committed) <= 6 * GIB == h.manager.core.budget
 
 
 async def test_lease_ids_are_unique_and_time_ordered(autojump_clock: trio.abc.Clock) -> None:
@@ -547,7 +542,7 @@ async def test_lease_ids_are_unique_and_time_ordered(autojump_clock: trio.abc.Cl
             lease = await h.manager.acquire("a")
             ids.append(lease.id)
             lease.release()
-        assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+        assert all(re.fullmatch("[0-9a-f]{32}", i) for i in ids), ids[:3]
         assert ids == sorted(ids) and len(set(ids)) == len(ids)
 
 
@@ -576,24 +571,3 @@ async def test_admin_unload_returns_even_if_the_model_is_reloaded_at_once(
         assert [t[2] for t in h.transitions("a")][-4:] == ["unloading", "unloaded", "loading", "loaded"]
         queued[0].release()  # type: ignore[union-attr]
 
-
-def test_the_manager_budgets_with_the_configs_own_rules(tmp_path: Path) -> None:
-    """Each model's budgeted size and idle timeout are Config.estimate and Config.idle_unload_for (measured sizes included)."""
-    raw = {
-        "manager": {"memory_budget_gb": 8, "idle_unload_seconds": 30},
-        "models": [
-            {"name": "set", "engine": "fake", "estimated_memory_gb": 1, "idle_unload_seconds": 5},
-            {"name": "measured", "engine": "fake", "fake": {"memory_gb": 2}},
-            {"name": "pinned", "engine": "fake", "estimated_memory_gb": 1, "pin": True,
-             "idle_unload_seconds": 9},
-        ],
-    }
-    measured = {"measured": 3 * GIB}
-    config = parse_config(raw, path=tmp_path / "models.yaml")
-    manager = Manager(config, FakeFleet(), measured=measured)
-    for model in config.models:
-        spec = manager.core.models[model.name].spec
-        assert spec.size_bytes == config.estimate(model.name, measured).bytes
-        assert spec.idle_unload_s == config.idle_unload_for(model.name)
-    assert [manager.core.models[n].spec.idle_unload_s for n in ("set", "measured", "pinned")] == [5, 30, 0]
-    assert manager.core.models["measured"].spec.size_bytes == 3 * GIB
