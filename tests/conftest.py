@@ -1,4 +1,4 @@
-"""Shared pytest configuration: the --stress flag for long suites."""
+"""Shared pytest configuration: the --stress flag for long suites, the vision extra."""
 
 from __future__ import annotations
 
@@ -35,3 +35,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def stress(request: pytest.FixtureRequest) -> bool:
     """True when the run was started with --stress."""
     return bool(request.config.getoption("--stress"))
+
+
+@pytest.fixture(scope="session")
+def vision_extra() -> None:
+    """mlx-vlm is installed; a test using this fails without it (skips only with MLXD_SKIP_VISION=1)."""
+    from tests.support.vision import require_vision
+
+    require_vision()

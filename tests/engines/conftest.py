@@ -25,9 +25,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vision_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random LLaVA (mlxd demo-model --vision); skips without the vlm extra."""
-    pytest.importorskip("mlx_vlm", reason="the vlm extra (mlx-vlm) is not installed")
+def vision_model_dir(vision_extra: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random LLaVA (mlxd demo-model --vision); needs the vlm extra (see vision_extra)."""
     path = tmp_path_factory.mktemp("models") / "vision"
     write_demo_model(path, "vision")
     return path

@@ -59,9 +59,9 @@ def test_bad_arguments_exit_2_with_one_line(
     assert not (tmp_path / "v").exists()
 
 
+@pytest.mark.usefixtures("vision_extra")
 def test_vision_demo_model_has_a_processor(tmp_path: Path) -> None:
     """demo-model --vision writes a LLaVA config with an image token and a processor config."""
-    pytest.importorskip("mlx_vlm", reason="the vlm extra (mlx-vlm) is not installed")
     out = tmp_path / "vis"
     assert main(["demo-model", str(out), "--vision"]) == 0
     cfg = json.loads((out / "config.json").read_text())

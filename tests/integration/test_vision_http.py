@@ -12,11 +12,11 @@ import pytest
 from tests.integration.conftest import config_of
 from tests.support.daemon import serving
 
-pytest.importorskip("mlx_vlm", reason="the vlm extra (mlx-vlm) is not installed")
+pytestmark = pytest.mark.usefixtures("vision_extra")
 
 
 @pytest.fixture(scope="module")
-def vision_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def vision_model(vision_extra: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from mlxd.engines.demo_model import write_demo_model
 
     path = tmp_path_factory.mktemp("models") / "llava"
