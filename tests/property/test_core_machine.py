@@ -5,11 +5,17 @@ the budget, at most one load per model in flight, leases only on loaded (or
 draining) models, no lease granted on a draining model, every transition legal
 and starting from the state the model was in, and the shell-side bookkeeping
 (loads, unloads, leases, waiters) consistent with the core's.
+
+Config reloads (``Reconfigure``: models added, removed or replaced, a new budget
+and policy) and size changes (``SetSize``, as after a measured load) come in the
+middle of all that: a refused reload changes nothing, a removed model leaves no
+trace, and a residency keeps the bytes it reserved whatever its estimate becomes.
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 from hypothesis import event as note_event
 from hypothesis import settings
@@ -36,10 +42,12 @@ from mlxd.residency.messages import (
     LoadFinished,
     ModelSpec,
     Preempt,
+    Reconfigure,
     Reject,
     Release,
     Satisfy,
     SetLoadGate,
+    SetSize,
     Shutdown,
     ShutdownDeadline,
     StartLoad,
@@ -53,6 +61,9 @@ from mlxd.residency.states import TRANSITIONS, State
 from mlxd.units import GIB
 
 NAMES = ["a", "b", "c", "d"]
+#: names a reload may add (and that requests may ask for before it does)
+ALL_NAMES = [*NAMES, "e", "f"]
+STRATEGIES = ["fail", "wait", "preempt", "wait_then_fail", "wait_then_preempt"]
 
 
 class CoreMachine(RuleBasedStateMachine):
@@ -74,7 +85,7 @@ class CoreMachine(RuleBasedStateMachine):
     @initialize(
         sizes=st.lists(st.integers(2, 6), min_size=4, max_size=4),
         budget=st.integers(6, 10),
-        strategy=st.sampled_from(["fail", "wait", "preempt", "wait_then_fail", "wait_then_preempt"]),
+        strategy=st.sampled_from(STRATEGIES),
         timeout=st.sampled_from([None, 5.0, 30.0]),
         preempt_after=st.sampled_from([None, 0.0, 3.0]),
         pinned=st.sets(st.sampled_from(NAMES), max_size=2),
@@ -99,12 +110,14 @@ class CoreMachine(RuleBasedStateMachine):
 
     # -- carrying out commands --------------------------------------------------------
 
-    def feed(self, event: Event) -> None:
+    def feed(self, event: Event) -> bool:
+        """Step the core and carry out its commands; True if the core refused the event."""
         assert self.core is not None
         try:
             commands = self.core.step(event)
-        except MlxdError:
-            return  # admin refusals change nothing (checked by the invariants)
+        except MlxdError as e:
+            note_event(f"refused {type(event).__name__}: {e.code}")
+            return True  # admin refusals change nothing (checked by the invariants)
         self.steps += 1
         for cmd in commands:
             note_event(type(cmd).__name__ + (f" {cmd.to_state}/{cmd.reason}" if isinstance(cmd, Transition) else ""))
@@ -134,11 +147,12 @@ class CoreMachine(RuleBasedStateMachine):
                 for lid in cmd.lease_ids:
                     assert self.leases[lid] == cmd.model
                     self.preempted.add(lid)
+        return False
 
     # -- rules -----------------------------------------------------------------------
 
     @precondition(lambda self: self.core is not None)
-    @rule(model=st.sampled_from(NAMES), resident=st.booleans())
+    @rule(model=st.sampled_from(ALL_NAMES), resident=st.booleans())
     def acquire(self, model: str, resident: bool) -> None:
         wid = next(self.ids)
         kind = WaiterKind.RESIDENT if resident else WaiterKind.LEASE
@@ -197,6 +211,88 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(closed=st.booleans())
     def load_gate(self, closed: bool) -> None:
         self.feed(SetLoadGate("journal down" if closed else None, self.now))
+
+    @precondition(lambda self: self.core is not None and not self.core.shutting_down)
+    @rule(
+        data=st.data(),
+        budget=st.integers(4, 10),
+        strategy=st.sampled_from(STRATEGIES),
+        timeout=st.sampled_from([None, 5.0, 30.0]),
+        preempt_after=st.sampled_from([None, 0.0, 3.0]),
+    )
+    def reconfigure(
+        self,
+        data: st.DataObject,
+        budget: int,
+        strategy: str,
+        timeout: float | None,
+        preempt_after: float | None,
+    ) -> None:
+        """A config reload, the way the manager builds it: replaced models get new specs,
+        unchanged ones may get a new (measured) size, removed ones go, new ones come."""
+        core = self.core
+        assert core is not None
+        current = sorted(core.models)
+        keep = data.draw(st.sets(st.sampled_from(current)) if current else st.just(set()), label="keep")
+        absent = [n for n in ALL_NAMES if n not in core.models]
+        added = data.draw(st.sets(st.sampled_from(absent)) if absent else st.just(set()), label="added")
+        replaced = data.draw(st.sets(st.sampled_from(sorted(keep))) if keep else st.just(set()),
+                             label="replaced")
+        # Few draws (each costs Hypothesis time): one size, pin and idle list, one resize set.
+        sizes = dict(zip(ALL_NAMES, data.draw(st.lists(st.integers(1, 6), min_size=6, max_size=6)),
+                         strict=True))
+        pins = data.draw(st.sets(st.sampled_from(ALL_NAMES), max_size=2), label="pinned")
+        resized = data.draw(st.sets(st.sampled_from(ALL_NAMES)), label="resized")
+        idle = data.draw(st.sampled_from([0.0, 10.0]), label="idle")
+        specs = []
+        for name in sorted(keep | added):
+            if name in added or name in replaced:
+                specs.append(ModelSpec(name, sizes[name] * GIB, pinned=name in pins, idle_unload_s=idle))
+            elif name in resized:  # a measured size since the last reload
+                specs.append(replace(core.models[name].spec, size_bytes=sizes[name] * GIB))
+            else:
+                specs.append(core.models[name].spec)
+        before = self._snapshot()
+        refused = self.feed(
+            Reconfigure(tuple(specs), budget * GIB, ContentionPolicy(strategy, timeout, preempt_after),  # type: ignore[arg-type]
+                        self.now, replaced=frozenset(replaced))
+        )
+        if refused:
+            assert self._snapshot() == before, "a refused reload changed the core"
+            return
+        assert set(core.models) == keep | added
+        note_event(f"Reconfigure applied: {len(added)} added, {len(current) - len(keep)} removed")
+        for name in list(self.shadow):
+            if name not in core.models:
+                del self.shadow[name]  # gone, with no lease, load, unload or waiter left behind
+                assert name not in self.loads and name not in self.unloads, name
+                assert name not in self.leases.values() and name not in self.waiters.values(), name
+        for name in core.models:
+            self.shadow.setdefault(name, State.UNLOADED)
+        assert core.budget == budget * GIB and core.policy.strategy == strategy
+
+    @precondition(lambda self: self.core is not None)
+    @rule(model=st.sampled_from(ALL_NAMES), size=st.sampled_from([0, 1, 2, 3, 5, 7, 12]))
+    def size_changes(self, model: str, size: int) -> None:
+        """A new estimate (a measured load): it applies to the next reservation only."""
+        core = self.core
+        assert core is not None
+        reserved = {n: (r.load_id, r.committed_bytes) for n, r in core.models.items() if r.holds_budget}
+        self.feed(SetSize(model, size * GIB, self.now))
+        for name, (load_id, committed) in reserved.items():
+            r = core.models[name]
+            if r.holds_budget and r.load_id == load_id:
+                assert r.committed_bytes == committed, f"{name}'s residency changed its reserved bytes"
+        if model in core.models and size > 0:
+            assert core.models[model].spec.size_bytes == size * GIB
+
+    def _snapshot(self) -> tuple[object, ...]:
+        core = self.core
+        assert core is not None
+        return (
+            core.budget, core.policy, core.committed, sorted(core.waiters),
+            {n: (r.state, r.spec, r.committed_bytes, sorted(r.leases)) for n, r in core.models.items()},
+        )
 
     # Shutdown ends the interesting part of a run, so it comes late.
     @precondition(lambda self: self.core is not None and not self.core.shutting_down and self.steps >= 40)
