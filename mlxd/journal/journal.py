@@ -89,17 +89,10 @@ __all__ = ["RESIDENT", "Journal", "RecoveryReport", "Subscription"]
 log = logging.getLogger("mlxd.journal.journal")
 
 
-
-
-
 #: seconds between two messages to the writer while records keep coming (see ``_flush_loop``)
 FLUSH_INTERVAL = 0.01
 #: a batch this big is sent without waiting for the interval
 FLUSH_RECORDS = 2000
-
-
-
-
 
 
 class Journal:

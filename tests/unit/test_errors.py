@@ -15,6 +15,7 @@ TABLE: dict[type[MlxdError], tuple[int, str, str | None, str | None]] = {
     errors.MlxdError: (500, "server_error", None, None),
     errors.InvalidRequest: (400, "invalid_request_error", "invalid_request", None),
     errors.ModelExceedsBudget: (400, "invalid_request_error", "model_exceeds_budget", None),
+    errors.ContextLengthExceeded: (400, "invalid_request_error", "context_length_exceeded", None),
     errors.ConfigError: (400, "invalid_request_error", "invalid_config", None),
     errors.AuthenticationFailed: (401, "authentication_error", "invalid_api_key", None),
     errors.NotFound: (404, "invalid_request_error", "not_found", None),
