@@ -44,7 +44,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from mlxd.cli.common import DaemonUnreachable
+from mlxd.cli.common import DaemonUnreachable, checked_api_key
 from mlxd.config import ServerConfig, load_config
 from mlxd.errors import ConfigError, MlxdError
 from mlxd.units import format_bytes
@@ -109,7 +109,8 @@ def target_of(args: argparse.Namespace) -> Target:
         url = f"http://{_url_host(server.host)}:{server.port}"
     else:
         url = DEFAULT_URL
-    api_key = args.api_key or os.environ.get(server.api_key_env) or None
+    source = "--api-key" if args.api_key else server.api_key_env
+    api_key = checked_api_key(args.api_key or os.environ.get(server.api_key_env) or None, source)
     if args.timeout is not None and args.timeout <= 0:
         raise ConfigError(f"--timeout: must be a positive number of seconds (got {args.timeout})")
     return Target(url, api_key, args.timeout or 600.0)

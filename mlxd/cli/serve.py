@@ -11,6 +11,7 @@ from pathlib import Path
 
 import trio
 
+from mlxd.cli.common import checked_api_key
 from mlxd.config import Config, JournalConfig, ServerConfig
 from mlxd.daemon import LOOPBACK, Daemon
 from mlxd.engines import EngineFactory
@@ -68,7 +69,9 @@ def check_bind(server: ServerConfig, api_key: str | None, insecure: bool) -> Non
 def cmd_serve(args: argparse.Namespace, *, engines: EngineFactory | None = None) -> int:
     _setup_logging(args.log_level)
     config, path = load_serve_config(args)
-    api_key = os.environ.get(config.server.api_key_env) or None
+    api_key = checked_api_key(
+        os.environ.get(config.server.api_key_env) or None, config.server.api_key_env
+    )
     check_bind(config.server, api_key, args.insecure)
     from mlxd.config.budget import log_memory_budget_report
 

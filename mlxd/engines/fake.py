@@ -113,6 +113,13 @@ class FakeModel:
         )
 
 
+#: the FakeModel fields a config sets (the rest are counters, the log and gates)
+SETTINGS = (
+    "memory_bytes", "load_seconds", "unload_seconds", "tokens_per_second", "reply", "max_queue",
+    "max_prompt_tokens", "fail_loads", "fail_unloads",
+)
+
+
 def _count_words(request: GenerationRequest) -> int:
     if request.kind == "completion":
         return len((request.prompt or "").split())
@@ -250,6 +257,8 @@ class FakeFleet:
     def __init__(self, sizes: dict[str, int] | None = None) -> None:
         self.models: dict[str, FakeModel] = {}
         self._sizes = dict(sizes or {})
+        #: the config each fake was made from (fakes added by a test have none)
+        self._configs: dict[str, ModelConfig] = {}
 
     def add(self, model: FakeModel) -> FakeModel:
         self.models[model.name] = model
@@ -259,9 +268,22 @@ class FakeFleet:
         return self.models[name]
 
     def for_config(self, model: ModelConfig) -> FakeModel:
-        if model.name not in self.models:
+        """The fake of ``model``; made from its config, and its settings renewed when that changed.
+
+        A renewed fake keeps its counters, log and gates (a reload replaces a
+        model's settings, not its history).
+        """
+        known = self._configs.get(model.name)
+        if model.name not in self.models or (known is not None and known != model):
             est = resolve_estimate(model, self._sizes)
-            self.models[model.name] = FakeModel.from_config(model, est.bytes if est else 0)
+            fresh = FakeModel.from_config(model, est.bytes if est else 0)
+            old = self.models.get(model.name)
+            if old is not None:
+                for f in SETTINGS:
+                    setattr(old, f, getattr(fresh, f))
+                fresh = old
+            self.models[model.name] = fresh
+            self._configs[model.name] = model
         return self.models[model.name]
 
     def __call__(self, model: ModelConfig) -> FakeEngine:

@@ -6,12 +6,14 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import fields, replace
 from typing import Any
 
 import trio
 from quart import Blueprint, Response, request
 
 from mlxd import __version__
+from mlxd.config import Config
 from mlxd.errors import ConfigError, InvalidRequest, ModelNotFound
 from mlxd.faults import crash_point
 from mlxd.http import sse
@@ -90,10 +92,12 @@ async def admin_load(model_id: str) -> Any:
     st = state()
     if not st.manager.has_model(model_id):
         raise ModelNotFound(model_id)
-    await st.manager.load(model_id, reason=Reason.ADMIN)
+    # the reply describes the state the load reached (and the journal committed), even
+    # if an unload slips in while it waits for the commit
+    status = await st.manager.load(model_id, reason=Reason.ADMIN)
     await _committed()
     crash_point("http.after_commit_before_reply")
-    return model_object(st, model_id)
+    return model_object(st, model_id, status)
 
 
 @bp.post("/admin/models/<path:model_id>/unload")
@@ -119,7 +123,7 @@ async def admin_history() -> Any:
         from mlxd.journal.reads import parse_since
 
         try:
-            since = parse_since(since_raw)
+            since = parse_since(since_raw, name="since")
         except ConfigError as e:
             raise InvalidRequest(e.message, param="since") from None
         except (ValueError, OverflowError):  # an ISO date outside what the clock can represent
@@ -140,18 +144,35 @@ async def admin_reload() -> Any:
     from mlxd.config import builtin_demo_config, load_config
 
     measured = st.manager.measured()
-    try:
-        if st.config_path is None:
-            new = builtin_demo_config(measured)
-        else:
-            new = load_config(st.config_path, measured=measured)
+    path = st.config_path
+    try:  # reading and checking a large file takes seconds: never on the event loop
+        new = await trio.to_thread.run_sync(
+            lambda: builtin_demo_config(measured) if path is None else load_config(path, measured=measured)
+        )
     except ConfigError as e:
         raise InvalidRequest(f"the config was not reloaded: {e.message}") from None
+    restart = restart_needed(st.config, new)
+    # the server and journal keep running as they started: report, and keep their settings
+    new = replace(new, server=st.config.server, journal=st.config.journal)
     report = await st.manager.reload(new)
     st.config = new
     await _committed()
     log.info("config reloaded: %s", report)
-    return {"reloaded": True, **report, "warnings": list(new.warnings)}
+    for change in restart:
+        log.warning("config reload: %s: takes effect at the next start", change)
+    return {"reloaded": True, **report, "restart_needed": restart, "warnings": list(new.warnings)}
+
+
+def restart_needed(old: Config, new: Config) -> list[str]:
+    """The ``server`` and ``journal`` settings that differ (``server.port: 8080 -> 8081``)."""
+    changes: list[str] = []
+    for section in ("server", "journal"):
+        before, after = getattr(old, section), getattr(new, section)
+        for f in fields(before):
+            a, b = getattr(before, f.name), getattr(after, f.name)
+            if a != b:
+                changes.append(f"{section}.{f.name}: {a} -> {b}")
+    return changes
 
 
 def health_report(st: AppState) -> dict[str, Any]:

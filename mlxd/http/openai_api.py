@@ -39,8 +39,10 @@ log = logging.getLogger("mlxd.http")
 bp = Blueprint("openai", __name__)
 
 
-def model_object(st: AppState, name: str) -> dict[str, Any]:
-    status = st.manager.model_status(name)
+def model_object(st: AppState, name: str, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The OpenAI model object of ``name``: its current status, or the ``status`` given."""
+    if status is None:
+        status = st.manager.model_status(name)
     return {
         "id": name,
         "object": "model",

@@ -126,8 +126,11 @@ def read_latest_measurements(conn: sqlite3.Connection) -> dict[str, int]:
 # ---- the CLI --------------------------------------------------------------------------------
 
 
-def parse_since(text: str, *, now: float | None = None) -> float:
-    """``--since``: an ISO time (local if naive) or a duration ago (``90s``, ``15m``, ``2h``, ``7d``)."""
+def parse_since(text: str, *, now: float | None = None, name: str = "--since") -> float:
+    """An ISO time (local if naive) or a duration ago (``90s``, ``15m``, ``2h``, ``7d``).
+
+    ``name`` is what errors call the value: the CLI flag, or the query parameter.
+    """
     now = time.time() if now is None else now
     if m := _DURATION_RE.match(text):
         return now - float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
@@ -135,7 +138,7 @@ def parse_since(text: str, *, now: float | None = None) -> float:
         dt = datetime.fromisoformat(text.strip())
     except ValueError:
         raise ConfigError(
-            f"--since: {text!r} is neither an ISO time (2026-11-29T10:00) "
+            f"{name}: {text!r} is neither an ISO time (2026-11-29T10:00) "
             "nor a duration (90s, 15m, 2h, 7d)"
         ) from None
     return dt.timestamp()  # a naive datetime is taken as local time

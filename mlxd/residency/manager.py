@@ -105,6 +105,8 @@ class _Waiter:
     done: trio.Event = field(default_factory=trio.Event)
     lease: Lease | None = None
     error: MlxdError | None = None
+    #: a residency waiter's model status at the moment it was satisfied
+    status: dict[str, Any] | None = None
 
 
 @dataclass
@@ -246,12 +248,18 @@ class Manager:
         async with lease:
             yield lease
 
-    async def load(self, model: str, *, reason: Reason = Reason.ADMIN) -> None:
-        """Make ``model`` resident. The request stays even if the caller leaves."""
+    async def load(self, model: str, *, reason: Reason = Reason.ADMIN) -> dict[str, Any]:
+        """Make ``model`` resident. The request stays even if the caller leaves.
+
+        Returns the model's status as it was when it became resident (by the
+        time the caller runs, an unload may have begun).
+        """
         w = self.request_residency(model, reason=reason)
         await w.done.wait()
         if w.error is not None:
             raise w.error
+        assert w.status is not None
+        return w.status
 
     def request_residency(self, model: str, *, reason: Reason) -> _Waiter:
         """Start making ``model`` resident (preload, restore, admin); never abandoned."""
@@ -447,6 +455,8 @@ class Manager:
                     w.error = cmd.error
                     if w.kind is WaiterKind.RESIDENT:
                         log.warning("residency of %s refused: %s", cmd.model, cmd.error.message)
+                else:
+                    w.status = self.model_status(cmd.model)
                 w.done.set()
         elif isinstance(cmd, StartLoad):
             assert self._nursery is not None
