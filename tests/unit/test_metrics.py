@@ -35,11 +35,11 @@ async def test_scrape_reads_the_manager_now(autojump_clock: trio.abc.Clock) -> N
         metrics = Metrics(h.manager)
         got = samples(metrics)
         assert value(got, "mlxd_model_state", model="a", state="unloaded") == 1.0
-        assert value(got, "mlxd_model_state", model="a", state="loaded") == 0.0
+        assert value(got, "mlxd_model_state", model="a", state="loaded") is None  # one series a model
         async with h.manager.lease("a"):
             got = samples(metrics)
             assert value(got, "mlxd_model_state", model="a", state="loaded") == 1.0
-            assert value(got, "mlxd_model_state", model="a", state="unloaded") == 0.0
+            assert value(got, "mlxd_model_state", model="a", state="unloaded") is None
             assert value(got, "mlxd_active_leases", model="a") == 1.0
             assert value(got, "mlxd_committed_bytes") == h.manager.core.committed > 0
             assert value(got, "mlxd_budget_bytes") == h.manager.core.budget
