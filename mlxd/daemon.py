@@ -11,6 +11,7 @@ then recovers from the journal).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -23,7 +24,7 @@ from hypercorn.trio import serve
 from mlxd import __version__
 from mlxd.config import Config
 from mlxd.engines import DefaultEngines, EngineFactory
-from mlxd.errors import JournalError
+from mlxd.errors import JournalError, MlxdError
 from mlxd.http.app import create_app
 from mlxd.http.context import AppState
 from mlxd.http.metrics import Metrics
@@ -104,6 +105,7 @@ class Daemon:
                 config_path=self.config_path,
             )
             root.start_soon(self._watch_journal, manager)
+            await self._fail_missing(manager)
             for name, done in self._restore(manager, self.recovery):
                 root.start_soon(self._await_restore, name, done)
             self.urls = await root.start(self._serve_http, create_app(self.state))
@@ -213,6 +215,19 @@ class Daemon:
             self.state.restoring.add(name)
             started.append((name, waiter.done))
         return started
+
+    async def _fail_missing(self, manager: Manager) -> None:
+        """Models whose local directory is missing (a volume not mounted yet) start ``failed``.
+
+        One load attempt each (reason ``preload``), before anything else loads:
+        the engine refuses at once, so the model shows as ``failed`` with that
+        ``last_error``, and the next request to it tries again.
+        """
+        for m in self.config.models:
+            if m.missing is not None:
+                log.warning("'%s': %s; it is failed until the directory exists", m.name, m.missing)
+                with contextlib.suppress(MlxdError):
+                    await manager.load(m.name, reason=Reason.PRELOAD)
 
     async def _await_restore(self, name: str, done: trio.Event) -> None:
         """Readiness waits for restores; a failed one is logged by the manager."""

@@ -41,7 +41,7 @@ def load_serve_config(args: argparse.Namespace) -> tuple[Config, Path | None]:
 
     if args.config:
         path = Path(args.config).expanduser()
-        config = load_config(path, measured=measured)
+        config = load_config(path, measured=measured, missing_ok=True)  # check-config is strict
     else:
         path = None
         config = builtin_demo_config(measured)

@@ -68,17 +68,24 @@ __all__ = [
 ]
 
 
-def load_config(path: str | os.PathLike[str], *, measured: Measured = {}) -> Config:  # noqa: B006
+def load_config(
+    path: str | os.PathLike[str],
+    *,
+    measured: Measured = {},  # noqa: B006
+    missing_ok: bool = False,
+) -> Config:
     """Read and validate a YAML config file (see DESIGN.md, "Config").
 
     ``measured`` maps model names to the sizes measured after their last load
     (the journal's ``measurements``), or is a function of the journal settings
     that reads them. Raises :class:`ConfigError` naming the file and the key path.
+    With ``missing_ok`` (the daemon), a local model directory that does not
+    exist is not an error: the model gets ``missing`` (and a warning) instead.
     """
     file = Path(path)
     data, lines = read_yaml(file, str(path))
     source = Source(str(path), lines, file.absolute().parent)
-    return Parser(source, measured).config(data, file.absolute())
+    return Parser(source, measured, missing_ok=missing_ok).config(data, file.absolute())
 
 
 def parse_config(

@@ -99,6 +99,9 @@ class ModelConfig:
     #: ``local`` (a path; ``source`` is absolute) or ``hub`` (a Hugging Face repo id),
     #: as the loader decided; None for configs built in code (decided by looking)
     source_kind: Literal["local", "hub"] | None = None
+    #: set when the config was read leniently (``mlxd serve``) and the local source was
+    #: missing: why the model cannot load now (it starts ``failed`` with this error)
+    missing: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -117,6 +120,7 @@ class MemoryEstimate:
     bytes: int
     #: ``config`` (estimated_memory_gb) | ``measured`` (after the last load, journaled)
     #: | ``weights`` (summed weight files) | ``fake`` (fake.memory_gb)
+    #: | ``unknown`` (a missing local source, read leniently: 0 bytes, never loaded)
     source: str
 
 
@@ -207,6 +211,8 @@ def resolve_estimate(model: ModelConfig, measured: Mapping[str, int]) -> MemoryE
             return MemoryEstimate(w, "weights")
     elif model.fake is not None and model.fake.memory_bytes is not None:
         return MemoryEstimate(model.fake.memory_bytes, "fake")
+    if model.missing is not None:
+        return MemoryEstimate(0, "unknown")  # the engine refuses to load it (see ModelConfig.missing)
     return None
 
 

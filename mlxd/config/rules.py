@@ -113,9 +113,10 @@ _FAKE = FakeSettings()
 class Parser:
     """Reads one config, section by section, stopping at the first error."""
 
-    def __init__(self, source: Source, measured: Measured) -> None:
+    def __init__(self, source: Source, measured: Measured, *, missing_ok: bool = False) -> None:
         self.source = source
         self.measured_arg = measured
+        self.missing_ok = missing_ok
         self.warnings: list[str] = []
 
     def config(self, raw: object, path: Path | None) -> Config:
@@ -237,10 +238,11 @@ class Parser:
         estimated = t.raw.get("estimated_memory_gb")
         fake = self._fake(t, engine)
         demo = self._demo(t, engine, mllm)
+        missing: str | None = None
         if source_text is None:
             source, kind = f"fake:{name}", None
         else:
-            source, kind = self._source(t, source_key, source_text, engine, demo)
+            source, kind, missing = self._source(t, source_key, source_text, engine, demo)
         ignored, continuous_batching, gpu_util = self._engine_keys(t, name)
         model = ModelConfig(
             name=name,
@@ -265,6 +267,7 @@ class Parser:
             gpu_memory_utilization=gpu_util,
             ignored_keys=ignored,
             source_kind=kind,
+            missing=missing,
         )
         if resolve_estimate(model, measured) is None:
             raise t.error("estimated_memory_gb", self._why_no_estimate(model, source_key))
@@ -318,7 +321,8 @@ class Parser:
 
     def _source(
         self, t: Table, key: str, text: str, engine: str, demo: str | None
-    ) -> tuple[str, Literal["local", "hub"]]:
+    ) -> tuple[str, Literal["local", "hub"], str | None]:
+        """The source, its kind, and why it cannot load now (``missing_ok`` only)."""
         if "\0" in text:
             raise t.error(key, f"must not contain NUL characters (got {show(text)})")
         try:
@@ -328,16 +332,20 @@ class Parser:
         if kind == "local":
             path = self._local_path(t, key, text)
             if engine == "mlx" and demo is None and not path.exists():
-                raise t.error(key, f"local path '{path}' does not exist")
+                why = f"local path '{path}' does not exist"
+                if not self.missing_ok:
+                    raise t.error(key, why)
+                self.warnings.append(f"{t.path(key)}: {why} (the model stays failed until it does)")
+                return str(path), "local", why
             if engine == "mlx" and path.exists() and not path.is_dir():
                 raise t.error(key, f"'{path}' is a file; a model source is a directory")
-            return str(path), "local"
+            return str(path), "local", None
         if demo is not None:
             raise t.error(
                 "demo",
                 f"needs a local path to write the demo model to ({key} is a Hugging Face repo id)",
             )
-        return text, "hub"
+        return text, "hub", None
 
     def _fake(self, t: Table, engine: str) -> FakeSettings | None:
         if not t.has("fake"):

@@ -231,6 +231,15 @@ class MlxTextEngine:
         )
 
     async def _resolve(self, progress: ProgressCallback) -> Path:
+        missing = self.config.missing
+        if missing is not None:  # the local directory was missing when the config was read
+            if not await trio.Path(self.config.source).exists():
+                raise LoadFailed(f"{self.name}: {missing}")
+            if self.config.estimated_memory_bytes is None:
+                raise LoadFailed(
+                    f"{self.name}: '{self.config.source}' appeared after the config was read, so "
+                    "the model has no memory estimate yet: reload the config (POST /admin/reload)"
+                )
         if self.config.demo:
             return demo_path(self.config.source)  # written on the MLX thread if missing
         path = await sources.resolve_source(

@@ -147,7 +147,7 @@ async def admin_reload() -> Any:
     path = st.config_path
     try:  # reading and checking a large file takes seconds: never on the event loop
         new = await trio.to_thread.run_sync(
-            lambda: builtin_demo_config(measured) if path is None else load_config(path, measured=measured)
+            lambda: builtin_demo_config(measured) if path is None else load_config(path, measured=measured, missing_ok=True)
         )
     except ConfigError as e:
         raise InvalidRequest(f"the config was not reloaded: {e.message}") from None
