@@ -76,11 +76,12 @@ from typing import Any
 import trio
 
 from mlxd.errors import JournalError
+from mlxd.framing import Frames, frame
 from mlxd.journal import reads
 from mlxd.journal.migrate import Synchronous, open_readonly
 from mlxd.journal.rows import ENCODERS, RESIDENT, EndRun, RecoveryReport, Wire
 from mlxd.journal.subscription import PUBLISHED_FIELDS, Subscription, payload_of
-from mlxd.journal.writer import ERROR_KINDS, Frames, Settings, frame
+from mlxd.journal.writer import ERROR_KINDS, Settings
 from mlxd.journal.writer import command as writer_command
 from mlxd.residency.events import ManagerEvent
 

@@ -66,12 +66,9 @@ import contextlib
 import fcntl
 import functools
 import os
-import pickle
 import select
 import signal
 import sqlite3
-import struct
-import sys
 import time
 import traceback
 from collections import deque
@@ -80,10 +77,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
-import mlxd
 from mlxd import faults
 from mlxd.errors import ConfigError, JournalError
 from mlxd.faults import crash_point
+from mlxd.framing import Frames, child_command, frame
 from mlxd.journal.migrate import Synchronous, migrate, open_database
 from mlxd.journal.rows import Item, Op, Plan, Rejected, Wire, plan, prepare, recover
 
@@ -97,41 +94,7 @@ PIPE_BYTES = 1 << 20
 #: SQLite's oldest limit of 999 bound parameters).
 MAX_ROWS_PER_INSERT = 64
 
-# ---- the pipe protocol ----------------------------------------------------------------------------
-
-_HEADER = struct.Struct(">I")
-
-
-def frame(message: tuple[Any, ...]) -> bytes:
-    """One message as it goes down a pipe: its length, then its pickle."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(data)) + data
-
-
-class Frames:
-    """Cuts a byte stream back into the messages :func:`frame` made."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes | bytearray) -> list[tuple[Any, ...]]:
-        buf = self._buffer
-        buf += data
-        out: list[tuple[Any, ...]] = []
-        start, end = 0, len(buf)
-        while end - start >= 4:
-            (size,) = _HEADER.unpack_from(buf, start)
-            if end - start - 4 < size:
-                break
-            out.append(pickle.loads(buf[start + 4 : start + 4 + size]))
-            start += 4 + size
-        del buf[:start]
-        return out
-
-    @property
-    def partial(self) -> bool:
-        """True when bytes of an unfinished message are buffered."""
-        return bool(self._buffer)
+# ---- the pipe protocol: frames (:mod:`mlxd.framing`) -------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -556,14 +519,8 @@ def main() -> None:
 
 
 def command() -> list[str]:
-    """This interpreter running :func:`mlxd.journal.writer.main`, this ``mlxd`` importable.
-
-    The package's folder is appended to ``sys.path`` (not put first: if it is a
-    site-packages folder, it must not shadow the standard library).
-    """
-    root = str(Path(mlxd.__file__).resolve().parent.parent)
-    code = "import sys; sys.path.append(sys.argv[1]); from mlxd.journal.writer import main; main()"
-    return [sys.executable, "-c", code, root]
+    """This interpreter running :func:`mlxd.journal.writer.main`, this ``mlxd`` importable."""
+    return child_command("mlxd.journal.writer")
 
 
 if __name__ == "__main__":
