@@ -8,6 +8,9 @@ between two statements of a migration. The code calls
 with ``MLXD_CRASH_AT=journal.before_commit:3`` and the process sends itself
 ``SIGKILL`` the third time it reaches that point (``name`` alone means the
 first time). Several points may be armed at once, separated by commas.
+``name:N=action`` picks what happens instead of SIGKILL: ``abort`` (the C
+``abort()``: SIGABRT, as an MLX assertion would), or ``stall`` (the thread that
+reached it sleeps forever, answering nothing: a hung load).
 
 The variable is read once, at import. When it is unset, a crash point costs
 one lookup in an empty dict. The journal's writer process (:mod:`mlxd.journal.writer`)
@@ -25,30 +28,50 @@ The points (``name``: where):
 * ``manager.mid_unload``: a fake engine has stopped but the manager has not
   heard yet (the model is ``unloading``);
 * ``migrate.mid_migration``: after each statement of a migration, inside its
-  transaction (:mod:`mlxd.journal.migrate`).
+  transaction (:mod:`mlxd.journal.migrate`);
+* ``worker.load`` / ``worker.loaded`` / ``worker.token``: in an engine worker
+  process (:mod:`mlxd.engines.worker`): a load begins; the engine has loaded
+  (its memory is held) but the daemon has not been told; each generated token
+  the worker relays.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 ENV = "MLXD_CRASH_AT"
+ACTIONS = ("kill", "abort", "stall")
+
+
+def parse_spec(spec: str) -> dict[str, tuple[int, str]]:
+    """``"a:3,b=abort"`` -> ``{"a": (3, "kill"), "b": (1, "abort")}``; ValueError if malformed."""
+    targets: dict[str, tuple[int, str]] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        point, _, action = part.partition("=")
+        name, _, count = point.partition(":")
+        try:
+            n = int(count) if count else 1
+        except ValueError:
+            n = 0
+        action = action or "kill"
+        if not name or n < 1 or action not in ACTIONS:
+            raise ValueError(
+                f"{ENV}: {part!r} is not 'name', 'name:N' with N >= 1, or either with "
+                f"'={'|'.join(ACTIONS)}'"
+            )
+        targets[name] = (n, action)
+    return targets
 
 
 def parse(spec: str) -> dict[str, int]:
     """``"a:3,b"`` -> ``{"a": 3, "b": 1}``; raises ValueError on a malformed spec."""
-    targets: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, _, count = part.partition(":")
-        n = int(count) if count else 1
-        if not name or n < 1:
-            raise ValueError(f"{ENV}: {part!r} is not 'name' or 'name:N' with N >= 1")
-        targets[name] = n
-    return targets
+    return {name: n for name, (n, _) in parse_spec(spec).items()}
 
 
-_targets: dict[str, int] = parse(os.environ.get(ENV, ""))
+_actions: dict[str, tuple[int, str]] = parse_spec(os.environ.get(ENV, ""))
+_targets: dict[str, int] = {name: n for name, (n, _) in _actions.items()}
 _reached: dict[str, int] = {}
 _also: list[int] = []
 
@@ -63,8 +86,15 @@ def crash_point(name: str) -> None:
     if name not in _targets:
         return
     n = _reached[name] = _reached.get(name, 0) + 1
-    if n == _targets[name]:
-        os.write(2, f"mlxd: crash point {name}:{n} reached, SIGKILL\n".encode())
-        for pid in _also:
-            os.kill(pid, signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)
+    if n != _targets[name]:
+        return
+    action = _actions[name][1]
+    os.write(2, f"mlxd: crash point {name}:{n} reached, {action}\n".encode())
+    if action == "stall":
+        while True:
+            time.sleep(3600)
+    for pid in _also:
+        os.kill(pid, signal.SIGKILL)
+    if action == "abort":
+        os.abort()
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mlxd.faults import parse
+from mlxd.faults import parse, parse_spec
 from tests.support.daemon import REPO
 
 _PROBE = """
@@ -62,3 +62,17 @@ def test_a_malformed_spec_is_refused() -> None:
     for bad in ("a:0", "a:x", ":3"):
         with pytest.raises(ValueError):
             parse(bad)
+
+
+def test_a_point_can_abort_instead_of_kill() -> None:
+    """``=abort`` ends the process with SIGABRT at the armed arrival, as an MLX assertion would."""
+    result = _probe("here:2=abort")
+    assert result.stdout.split() == ["1"]
+    assert result.returncode == -signal.SIGABRT
+    assert "crash point here:2 reached, abort" in result.stderr
+
+
+def test_actions_are_parsed_and_unknown_ones_refused() -> None:
+    assert parse_spec("a:2=stall,b=abort,c") == {"a": (2, "stall"), "b": (1, "abort"), "c": (1, "kill")}
+    with pytest.raises(ValueError):
+        parse_spec("a=explode")
