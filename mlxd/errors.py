@@ -145,6 +145,16 @@ class EngineError(MlxdError):
     code = "engine_error"
 
 
+class EngineDied(EngineError):
+    """The model's engine process died (crash, abort, kill); the model is ``failed``.
+
+    The next request loads it again, so the error is retryable.
+    """
+
+    code = "engine_died"
+    default_retry_after = 1.0
+
+
 class Unavailable(MlxdError):
     """Base of the typed, retryable 503s."""
 

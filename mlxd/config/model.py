@@ -21,6 +21,12 @@ from mlxd.residency.policy import ContentionPolicy
 from mlxd.units import GIB
 
 DEMO_KINDS = ("tiny", "small", "vision")
+ISOLATIONS = ("thread", "process")
+BACKENDS = ("ring", "jaccl", "mpi")
+#: where an ``engine: mlx`` model runs when its config does not say (``engine: fake``
+#: models run in the daemon unless they say ``isolation: process``); chosen by
+#: measurement, see README "Engine isolation"
+DEFAULT_ISOLATION: Literal["thread", "process"] = "thread"
 
 def default_state_dir() -> Path:
     """Where mlxd keeps its journal and demo models by default."""
@@ -72,6 +78,40 @@ class FakeSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class DistributedHost:
+    """One machine of a distributed model, as in ``mlx.launch``'s hostfile."""
+
+    #: how to reach it with ssh (for the first host, rank 0: this machine, never ssh'd to)
+    ssh: str
+    #: addresses the ranks connect to it over (ring; jaccl's coordinator is the first
+    #: host's); empty: the ssh name, resolved when the model loads
+    ips: tuple[str, ...] = ()
+    #: jaccl: the RDMA device towards each rank (None towards itself)
+    rdma: tuple[str | None, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DistributedSettings:
+    """``distributed:``: one model tensor-sharded over ranks with ``mlx.distributed``."""
+
+    backend: Literal["ring", "jaccl", "mpi"]
+    hosts: tuple[DistributedHost, ...]
+    #: the hostfile the hosts came from (None: ``hosts:`` in the config)
+    hostfile: Path | None = None
+    #: the first port of the ring (one per rank) or jaccl's coordinator port; None:
+    #: free ports when every host is this machine, else 32323 (mlx.launch's default)
+    port: int | None = None
+    #: the Python interpreter on the other hosts (None: this one's path)
+    python: str | None = None
+    #: ``NAME=value`` environment for every rank (a hostfile's ``envs``)
+    envs: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.hosts)
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
     source: str
@@ -91,6 +131,9 @@ class ModelConfig:
     #: offline demo model: when set and ``source`` holds no model yet, the engine writes
     #: a random-weight demo model of this kind there on first load (``mlxd demo-model``)
     demo: Literal["tiny", "small", "vision"] | None = None
+    #: ``thread``: the engine runs in the daemon; ``process``: in a worker process
+    isolation: Literal["thread", "process"] = "thread"
+    distributed: DistributedSettings | None = None
     #: seed keys kept for the budget report
     continuous_batching: bool | None = None
     gpu_memory_utilization: float | None = None
@@ -207,6 +250,10 @@ def resolve_estimate(model: ModelConfig, measured: Mapping[str, int]) -> MemoryE
         return MemoryEstimate(int(m), "measured")
     if model.engine != "fake":
         w = weights_bytes(model.source)
+        if w > 0 and model.distributed is not None:
+            # this host holds one shard: the weights split evenly (the replicated
+            # embeddings make the real share a little larger; the first load measures it)
+            return MemoryEstimate(-(-w // model.distributed.size), "weights")
         if w > 0:
             return MemoryEstimate(w, "weights")
     elif model.fake is not None and model.fake.memory_bytes is not None:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, cast
 
+from mlxd.config import distributed as distributed_rules
 from mlxd.config.model import (
     DEMO_KINDS,
     Config,
@@ -69,6 +70,8 @@ MODEL_KEYS = (
     "fake",
     "image_dir",
     "demo",
+    "isolation",
+    "distributed",
 )
 FAKE_KEYS = (
     "load_seconds",
@@ -244,6 +247,7 @@ class Parser:
         else:
             source, kind, missing = self._source(t, source_key, source_text, engine, demo)
         ignored, continuous_batching, gpu_util = self._engine_keys(t, name)
+        dist = distributed_rules.distributed(t, engine, mllm, demo, self._local_path)
         model = ModelConfig(
             name=name,
             source=source,
@@ -263,6 +267,8 @@ class Parser:
             fake=fake,
             image_dir=self._image_dir(t, mllm, name),
             demo=demo,
+            isolation=distributed_rules.isolation(t, engine, dist is not None),
+            distributed=dist,
             continuous_batching=continuous_batching,
             gpu_memory_utilization=gpu_util,
             ignored_keys=ignored,

@@ -3,7 +3,9 @@
 ``engine: fake`` selects :class:`~mlxd.engines.fake.FakeEngine`; ``engine: mlx``
 (the default) selects the mlx-lm text engine, or the mlx-vlm vision engine for
 ``mllm: true`` models. The real engines are imported lazily so that the fake
-path never imports MLX.
+path never imports MLX. With ``isolation: process`` (or ``distributed:``) the
+daemon gets a :class:`~mlxd.engines.process.ProcessEngine`, which runs that same
+engine class in a worker process (:mod:`.worker`).
 
 Also owns what only engines need: model sources and downloads (:mod:`.sources`),
 images (:mod:`.images`), memory measurement and release (:mod:`.memory`), the
@@ -26,22 +28,32 @@ if TYPE_CHECKING:
 EngineFactory = Callable[["ModelConfig"], Engine]
 
 
+def in_process_engine(model: ModelConfig, fleet: FakeFleet | None = None) -> Engine:
+    """The engine class of ``model``, to run in this process (on its own MLX thread)."""
+    if model.engine == "fake":
+        return (fleet or FakeFleet())(model)
+    if model.mllm:
+        from mlxd.engines.mlx_vision import MlxVisionEngine
+
+        return MlxVisionEngine(model)
+    from mlxd.engines.mlx_text import MlxTextEngine
+
+    return MlxTextEngine(model)
+
+
 class DefaultEngines:
-    """The daemon's engine factory: fakes for ``engine: fake``, MLX engines otherwise."""
+    """The daemon's engine factory: fakes for ``engine: fake``, MLX engines otherwise,
+    in a worker process for ``isolation: process`` and ``distributed:`` models."""
 
     def __init__(self, fleet: FakeFleet | None = None) -> None:
         self.fleet = fleet or FakeFleet()
 
     def __call__(self, model: ModelConfig) -> Engine:
-        if model.engine == "fake":
-            return self.fleet(model)
-        if model.mllm:
-            from mlxd.engines.mlx_vision import MlxVisionEngine
+        if model.isolation == "process" or model.distributed is not None:
+            from mlxd.engines.process import ProcessEngine
 
-            return MlxVisionEngine(model)
-        from mlxd.engines.mlx_text import MlxTextEngine
-
-        return MlxTextEngine(model)
+            return ProcessEngine(model)
+        return in_process_engine(model, self.fleet)
 
 
-__all__ = ["DefaultEngines", "Engine", "EngineFactory", "FakeFleet"]
+__all__ = ["DefaultEngines", "Engine", "EngineFactory", "FakeFleet", "in_process_engine"]

@@ -15,6 +15,10 @@ Cancellation contract (what the manager and HTTP layer rely on):
   generation stops within one token (during prefill: at the next chunk).
 * ``stop()`` frees the engine's memory. It may raise; the manager then keeps
   the engine as ``loaded`` and records ``last_error``.
+* ``wait_died()`` returns only if the residency ends on its own (its worker
+  process crashed or was killed, ``isolation: process``); the manager then
+  fails the model (reason ``engine_died``). Generations in flight end with
+  :class:`mlxd.errors.EngineDied`, and so does every later ``generate()``.
 
 Requests to one engine are served in arrival order; beyond ``max_queue``
 waiting requests ``generate()`` raises :class:`mlxd.errors.Overloaded`.
@@ -127,4 +131,8 @@ class Engine(Protocol):
 
     def queue_depth(self) -> int:
         """Requests waiting for or in generation on this engine."""
+        ...
+
+    async def wait_died(self) -> str:
+        """Return a one-line description if this residency dies on its own (never, in-process)."""
         ...

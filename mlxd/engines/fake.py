@@ -26,7 +26,7 @@ from mlxd.engines.base import (
     ProgressCallback,
     TextDelta,
 )
-from mlxd.errors import Overloaded
+from mlxd.errors import EngineDied, Overloaded
 from mlxd.faults import crash_point
 
 
@@ -81,6 +81,8 @@ class FakeModel:
     resident: int = 0
     log: list[tuple[float, str]] = field(default_factory=list)
     gates: dict[str, Gate] = field(default_factory=dict)
+    #: the residency loaded last (what :meth:`FakeEngine.die` is called on in tests)
+    current: FakeEngine | None = None
 
     def gate(self, phase: str) -> Gate:
         """Park the next engines of this model at ``phase`` (load, unload, generate)."""
@@ -142,11 +144,15 @@ class FakeEngine:
         self._stopped = False
         self._lock = trio.Lock()  # FIFO: requests are served in arrival order
         self._queued = 0
+        #: set by :meth:`die`: the residency ended on its own, as a killed worker process does
+        self.death: str | None = None
+        self._died = trio.Event()
 
     async def load(self, progress: ProgressCallback) -> None:
         m = self.model
         m.loads_started += 1
         attempt = m.loads_started
+        m.current = self
         m.record(f"load {attempt} start")
         self._holding = True
         m.resident += 1
@@ -186,6 +192,26 @@ class FakeEngine:
             m.resident -= 1
         m.record(f"stop {attempt} done")
 
+    def die(self, why: str = "the engine process killed by SIGKILL") -> None:
+        """End this residency on its own: its memory is gone, its streams fail, it stays dead."""
+        if self.death is not None:
+            return
+        self.death = why
+        self.model.record("died")
+        if self._holding:
+            self._holding = False
+            self.model.resident -= 1
+        self._died.set()
+
+    async def wait_died(self) -> str:
+        await self._died.wait()
+        assert self.death is not None
+        return self.death
+
+    def _check_alive(self) -> None:
+        if self.death is not None:
+            raise EngineDied(f"'{self.name}': its engine process died ({self.death})")
+
     def measured_bytes(self) -> int | None:
         return self.model.memory_bytes
 
@@ -202,6 +228,7 @@ class FakeEngine:
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         m = self.model
+        self._check_alive()
         request = await self.prepare(request)
         if self._queued >= m.max_queue:
             raise Overloaded(
@@ -210,6 +237,7 @@ class FakeEngine:
         self._queued += 1
         try:
             async with self._lock:
+                self._check_alive()
                 m.generations += 1
                 m.record("generate start")
                 await m._at("generate")
@@ -220,6 +248,7 @@ class FakeEngine:
                 delay = 1.0 / m.tokens_per_second if m.tokens_per_second > 0 else 0.0
                 while produced < request.max_tokens:
                     await trio.sleep(delay)
+                    self._check_alive()
                     piece = next(words) + " "
                     produced += 1
                     m.tokens += 1

@@ -334,6 +334,10 @@ class MlxTextEngine:
     def queue_depth(self) -> int:
         return self._scheduler.depth() if self._scheduler is not None else 0
 
+    async def wait_died(self) -> str:
+        await trio.sleep_forever()  # it runs in the daemon: it cannot die without it
+        raise AssertionError("unreachable")
+
     # ---- protocol: generate ----------------------------------------------------------------
 
     def _validate_common(self, request: GenerationRequest) -> None:
@@ -423,11 +427,17 @@ class MlxTextEngine:
 
     # ---- on the MLX thread --------------------------------------------------------------------
 
+    def _stop_now(self, job: Job) -> bool:
+        """On the MLX thread, at each point a generation may stop (its start, each prefill
+        chunk, each token): whether it stops. The distributed engine makes every rank
+        agree on the answer (:mod:`mlxd.engines.lockstep`)."""
+        return job.cancel.is_set()
+
     def _run_one(self, job: Job) -> None:
         st = job.stats
         st.started_at = time.monotonic()
         try:
-            if job.cancel.is_set():
+            if self._stop_now(job):
                 st.outcome = "cancelled"
                 return
             self._generate_on_thread(job)
@@ -448,7 +458,7 @@ class MlxTextEngine:
 
         def on_prefill(done: int, total: int) -> None:
             st.prefill_done = done
-            if job.cancel.is_set():
+            if self._stop_now(job):
                 raise _PrefillAborted
             if 0 < done < total:
                 st.prefill_chunks += 1
@@ -485,7 +495,7 @@ class MlxTextEngine:
         st.completion_tokens = n_tokens
         if st.cancel_requested_at is not None and st.cancel_requested_at < now:
             st.tokens_after_cancel += 1
-        if job.cancel.is_set():
+        if self._stop_now(job):
             st.outcome = "cancelled"
             return True
         piece, hit = stops.feed(text)

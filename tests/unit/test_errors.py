@@ -28,6 +28,7 @@ TABLE: dict[type[MlxdError], tuple[int, str, str | None, str | None]] = {
     errors.InternalError: (500, "server_error", "internal_error", None),
     errors.LoadFailed: (502, "server_error", "model_load_failed", None),
     errors.EngineError: (502, "server_error", "engine_error", None),
+    errors.EngineDied: (502, "server_error", "engine_died", "1"),
     errors.Unavailable: (503, "service_unavailable_error", "unavailable", "1"),
     errors.ModelCapacity: (503, "service_unavailable_error", "model_capacity", "1"),
     errors.CapacityTimeout: (503, "service_unavailable_error", "capacity_timeout", "1"),

@@ -1,0 +1,419 @@
+"""``isolation: process``: one residency in worker processes, behind the Engine protocol.
+
+Theory of operation
+-------------------
+:class:`ProcessEngine` is what the manager holds for a model whose engine runs
+out of the daemon: each load starts fresh workers (:mod:`mlxd.engines.launch`:
+one, or one per rank of a ``distributed:`` model), each hosting the model's
+ordinary engine class (:mod:`mlxd.engines.worker`). The daemon side only
+relays: requests go down the pipe, tokens come up. Each worker has a
+:class:`WorkerProcess` whose one Trio system task reads and writes its frames,
+so the engine works in any Trio run without a nursery of its own.
+
+Cancellation. A generation whose consumer leaves sends ``cancel`` and returns
+at once (the worker's engine stops within a token, as on a thread). A load
+that is cancelled sends ``cancel_load``; :meth:`ProcessEngine.stop` then gives
+the workers :data:`CANCEL_GRACE_S` to exit and kills them: a load that does not
+answer cancellation (``mlx_lm.load`` cannot be interrupted) ends with its
+process, and so does its memory. A normal stop asks rank 0 to stop (it tells
+the other ranks) and kills whatever has not exited after :data:`STOP_GRACE_S`.
+A stop never fails: a killed process holds nothing.
+
+Death. When any worker's pipe ends without a ``stop`` (SIGKILL, ``abort()``,
+the OOM killer, a remote host gone), every other worker of the residency is
+killed, every stream in flight gets :class:`~mlxd.errors.EngineDied`, a load in
+flight fails, and :meth:`ProcessEngine.wait_died` returns the description
+(``rank 1 (mac-b.local): killed by SIGKILL``) for the manager, which fails
+the model (reason ``engine_died``). The daemon itself is never touched.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import shutil
+import signal
+import subprocess
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import trio
+
+from mlxd.config import ModelConfig
+from mlxd.engines import launch
+from mlxd.engines.base import (
+    Finished,
+    GenerationEvent,
+    GenerationRequest,
+    LoadProgress,
+    ProgressCallback,
+)
+from mlxd.engines.wire import error_from_wire
+from mlxd.engines.worker import OUT_OF_STEP
+from mlxd.errors import EngineDied, EngineError, LoadFailed, MlxdError, Overloaded
+from mlxd.framing import Frames, frame
+
+log = logging.getLogger("mlxd.engines.process")
+
+#: seconds a worker gets to exit after a cancelled load before it is killed
+CANCEL_GRACE_S = 1.0
+#: seconds a loaded worker gets to stop its engine and exit before it is killed
+STOP_GRACE_S = 5.0
+
+
+def describe_exit(returncode: int | None) -> str:
+    """``killed by SIGKILL``, ``exited with status 1``, ..."""
+    if returncode is None:
+        return "stopped answering"
+    if returncode == OUT_OF_STEP:
+        return "stopped: it lost step with the other ranks"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}" + (" (abort)" if name == "SIGABRT" else "")
+    return f"exited with status {returncode}"
+
+
+def _deliver(stream: trio.MemorySendChannel[object], item: object) -> None:
+    try:
+        stream.send_nowait(item)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # its consumer has just left
+
+
+class WorkerProcess:
+    """One worker: its process, its pipe in both directions, its end."""
+
+    def __init__(self, engine: ProcessEngine, spec: launch.RankLaunch) -> None:
+        self.engine = engine
+        self.spec = spec
+        self.rank = spec.rank.rank if spec.rank is not None else 0
+        self.label = (
+            "the engine process"
+            if spec.rank is None
+            else f"rank {self.rank}" + ("" if spec.where == "local" else f" ({spec.where})")
+        )
+        self.process: trio.Process | None = None
+        self.remote_pid: int | None = None
+        self.loaded = False
+        #: mlxd killed it (it did not die on its own)
+        self.killed = False
+        self.exited = trio.Event()
+        self._outbox: list[bytes] = []
+        self._wake = trio.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    async def start(self) -> None:
+        self.process = await trio.lowlevel.open_process(
+            self.spec.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=self.spec.env,
+            start_new_session=True,  # a terminal's Ctrl-C is the daemon's to handle
+        )
+        trio.lowlevel.spawn_system_task(self._run, name=f"mlxd worker {self.engine.name} {self.label}")
+
+    def post(self, message: tuple[Any, ...]) -> None:
+        if not self.exited.is_set():
+            self._outbox.append(frame(message))
+            self._wake.set()
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.killed = True
+            self.process.kill()
+
+    def describe_exit(self) -> str:
+        return f"{self.label} {describe_exit(self.process.returncode if self.process else None)}"
+
+    async def _run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write)
+                await self._read()
+                nursery.cancel_scope.cancel()
+        except BaseException as e:  # a system task must never raise
+            if not isinstance(e, trio.Cancelled):  # (cancelled: the Trio run is ending)
+                log.exception("%s: the pipe of %s failed", self.engine.name, self.label)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._reap()
+            self.exited.set()
+            try:
+                self.engine._on_exit(self)
+            except Exception:
+                log.exception("%s: handling the end of %s failed", self.engine.name, self.label)
+
+    async def _reap(self) -> None:
+        if self.process is None:
+            return
+        with trio.move_on_after(2.0):  # its output ended: it is exiting
+            await self.process.wait()
+        self.kill()
+        await self.process.wait()
+
+    async def _write(self) -> None:
+        assert self.process is not None and self.process.stdin is not None
+        stream = self.process.stdin
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                data, self._outbox = b"".join(self._outbox), []
+                await stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the reader sees the end too
+
+    async def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        frames = Frames()
+        while True:
+            try:
+                data = await self.process.stdout.receive_some(1 << 16)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return
+            if not data:
+                return
+            for message in frames.feed(data):
+                self.engine._on_message(self, message)
+
+
+class ProcessEngine:
+    """One residency of a model in worker processes (see the module docstring)."""
+
+    kind = "process"
+
+    def __init__(self, model: ModelConfig) -> None:
+        self.name = model.name
+        self.config = model
+        self.memory_source: str | None = None
+        #: every rank's measured share (bytes), by rank, once loaded
+        self.shares: dict[int, int | None] = {}
+        self.death: str | None = None
+        self._workers: list[WorkerProcess] = []
+        self._progress: ProgressCallback | None = None
+        self._measured: int | None = None
+        self._load_error: MlxdError | None = None
+        self._load_done = trio.Event()
+        self._all_exited = trio.Event()
+        self._died = trio.Event()
+        self._streams: dict[int, trio.MemorySendChannel[object]] = {}
+        self._ids = itertools.count(1)
+        self._started = False
+        self._ready = False
+        self._stopping = False
+        self._stopped = False
+
+    # ---- status ---------------------------------------------------------------------------
+
+    def pids(self) -> list[int]:
+        """The local pids of this residency's workers (rank order; ssh clients for remote ranks)."""
+        return [w.pid for w in self._workers if w.pid is not None and not w.exited.is_set()]
+
+    def describe(self) -> dict[str, Any]:
+        """What ``/admin/status`` shows of the engine."""
+        return {
+            "isolation": "process",
+            "workers": [
+                {"rank": w.rank, "where": w.spec.where, "pid": w.pid, "remote_pid": w.remote_pid,
+                 "share_bytes": self.shares.get(w.rank)}
+                for w in self._workers
+            ],
+        }
+
+    def measured_bytes(self) -> int | None:
+        return self._measured
+
+    def queue_depth(self) -> int:
+        return len(self._streams)
+
+    # ---- load / stop ----------------------------------------------------------------------
+
+    async def load(self, progress: ProgressCallback) -> None:
+        if self._started:
+            raise LoadFailed(f"{self.name}: an engine loads once; make a new one")
+        self._started = True
+        self._progress = progress
+        progress(LoadProgress(phase="starting", detail="starting the engine process"))
+        try:
+            specs = await trio.to_thread.run_sync(launch.plan, self.config)
+            for spec in specs:
+                w = WorkerProcess(self, spec)
+                self._workers.append(w)
+                await w.start()
+        except MlxdError as e:
+            raise LoadFailed(e.message) from e
+        except OSError as e:
+            raise LoadFailed(f"{self.name}: cannot start the engine process: {e}") from e
+        for w in self._workers:
+            w.post(("load", self.config, w.spec.rank))
+        try:
+            await self._load_done.wait()
+        except trio.Cancelled:
+            for w in self._workers:
+                w.post(("cancel_load",))
+            raise
+        if self._load_error is not None:
+            raise self._load_error
+        self._ready = True
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stopping = True
+        self._ready = False
+        self._fail_streams(EngineError(f"{self.name}: the model was unloaded", retry_after=1.0))
+        if self._workers and not self._all_exited.is_set():
+            loaded = all(w.loaded for w in self._workers)
+            if loaded:
+                self._workers[0].post(("stop",))  # rank 0 tells the others
+            else:
+                for w in self._workers:
+                    w.post(("cancel_load",))
+            with trio.move_on_after(STOP_GRACE_S if loaded else CANCEL_GRACE_S):
+                await self._all_exited.wait()
+            for w in self._workers:
+                w.kill()
+            with trio.CancelScope(shield=True):
+                await self._all_exited.wait()
+        self._cleanup_files()
+
+    async def wait_died(self) -> str:
+        await self._died.wait()
+        assert self.death is not None
+        return self.death
+
+    # ---- prepare / generate ----------------------------------------------------------------
+
+    def _check_ready(self) -> None:
+        if self.death is not None:
+            raise self._died_error()
+        if not self._ready:
+            raise EngineError(f"{self.name}: the model is not loaded", retry_after=1.0)
+
+    async def prepare(self, request: GenerationRequest) -> GenerationRequest:
+        """The worker's engine prepares it (validation, tokenizing, prompt limits)."""
+        self._check_ready()
+        rid = next(self._ids)
+        send, receive = trio.open_memory_channel[object](1)
+        self._streams[rid] = send
+        rank0 = self._workers[0]
+        rank0.post(("prepare", rid, request))
+        answered = False
+        try:
+            async with receive:
+                item = await receive.receive()
+                answered = True
+        finally:
+            self._streams.pop(rid, None)
+            if not answered:
+                rank0.post(("cancel", rid))
+        if isinstance(item, BaseException):
+            raise item
+        assert isinstance(item, GenerationRequest)
+        return item
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        self._check_ready()
+        if len(self._streams) >= self.config.max_queue:
+            raise Overloaded(
+                f"{self.name}: {len(self._streams)} requests are already queued "
+                f"(max_queue={self.config.max_queue})"
+            )
+        rid = next(self._ids)
+        send, receive = trio.open_memory_channel[object](math.inf)
+        self._streams[rid] = send
+        rank0 = self._workers[0]
+        rank0.post(("generate", rid, request))
+        finished = False
+        try:
+            async with receive:
+                async for item in receive:
+                    if isinstance(item, BaseException):
+                        raise item
+                    assert isinstance(item, GenerationEvent)
+                    if isinstance(item, Finished):
+                        finished = True
+                    yield item
+                    if finished:
+                        return
+            raise EngineError(f"{self.name}: generation ended without a result")
+        finally:
+            self._streams.pop(rid, None)
+            if not finished:
+                rank0.post(("cancel", rid))
+
+    # ---- from the workers (called by their tasks) -----------------------------------------
+
+    def _on_message(self, w: WorkerProcess, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind in ("event", "error"):
+            stream = self._streams.get(message[1])
+            if stream is not None:
+                _deliver(stream, message[2] if kind == "event" else error_from_wire(message[2]))
+        elif kind == "progress":
+            if w.rank == 0 and self._progress is not None and not self._load_done.is_set():
+                self._progress(message[1])
+        elif kind == "loaded":
+            w.loaded = True
+            self.shares[w.rank] = message[1]
+            if w.rank == 0:
+                self._measured, self.memory_source = message[1], message[2]
+            if all(x.loaded for x in self._workers):
+                self._load_done.set()
+        elif kind == "load_failed":
+            if self._load_error is None:
+                error = error_from_wire(message[1])
+                prefix = "" if self.config.distributed is None else f"{w.label}: "
+                self._load_error = LoadFailed(prefix + error.message)
+            self._load_done.set()
+        elif kind == "hello":
+            w.remote_pid = message[1]
+        elif kind == "stopped" and message[1]:
+            log.warning("%s: %s stopped with an error: %s", self.name, w.label, message[1])
+
+    def _on_exit(self, w: WorkerProcess) -> None:
+        if not self._stopping and self.death is None:
+            self.death = w.describe_exit()
+            log.error("%s: %s; ending this residency", self.name, self.death)
+            for other in self._workers:
+                other.kill()
+            self._fail_streams(self._died_error())
+            if not self._load_done.is_set():
+                self._load_error = self._load_error or EngineDied(
+                    f"{self.name}: {self.death} while loading"
+                )
+                self._load_done.set()
+        if all(x.exited.is_set() for x in self._workers):
+            self._all_exited.set()
+            self._cleanup_files()
+            if self.death is not None:
+                # the cause: a rank that died on its own, rather than one that lost step after it
+                causes = [
+                    x for x in self._workers
+                    if not x.killed and x.process is not None and x.process.returncode != OUT_OF_STEP
+                ]
+                if causes and len(self._workers) > 1:
+                    self.death = causes[0].describe_exit()
+                self._died.set()
+
+    def _died_error(self) -> EngineDied:
+        return EngineDied(
+            f"'{self.name}': its engine process died ({self.death}); the next request loads it again"
+        )
+
+    def _fail_streams(self, error: MlxdError) -> None:
+        for stream in list(self._streams.values()):
+            _deliver(stream, error)
+
+    def _cleanup_files(self) -> None:
+        for w in self._workers:
+            for path in w.spec.files:
+                shutil.rmtree(path.parent, ignore_errors=True)
