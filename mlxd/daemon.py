@@ -25,6 +25,7 @@ from mlxd import __version__
 from mlxd.config import Config
 from mlxd.engines import DefaultEngines, EngineFactory
 from mlxd.errors import JournalError, MlxdError
+from mlxd.http import expect
 from mlxd.http.app import create_app
 from mlxd.http.context import AppState
 from mlxd.http.metrics import Metrics
@@ -166,6 +167,8 @@ class Daemon:
         hc.accesslog = None
         hc.errorlog = logging.getLogger("hypercorn.error")
         hc.keep_alive_timeout = 5
+        setattr(hc, expect.LIMIT_ATTR, int(server.max_body_mb * 1024 * 1024))
+        expect.install()  # 413 before "100 Continue" (mlxd.http.expect)
         try:
             await serve(app, hc, shutdown_trigger=self._http_stop.wait, task_status=task_status)  # type: ignore[arg-type]
         finally:

@@ -170,6 +170,11 @@ class CompleteRequestBodies:
             return
         body_done = trio.Event()
         closing = False
+        # a client that expects 100-continue sends no body before it gets the 100: an
+        # early answer (413) cannot wait for the body, it closes the connection instead
+        expects_100 = any(
+            k.lower() == b"expect" and v.lower() == b"100-continue" for k, v in scope["headers"]
+        )
 
         async def watched_receive() -> Any:
             message = await receive()
@@ -183,7 +188,7 @@ class CompleteRequestBodies:
                 await self._last_send(send, message)
                 return
             if message["type"] == "http.response.start" and not body_done.is_set():
-                with trio.move_on_after(self.BODY_WAIT_S):
+                with trio.move_on_after(0 if expects_100 else self.BODY_WAIT_S):
                     await body_done.wait()  # Quart's receive loop swallows it meanwhile
                 if not body_done.is_set():
                     closing = True
