@@ -17,8 +17,8 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from contextlib import aclosing, contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -162,10 +162,18 @@ async def _prepare(st: AppState, lease: Lease, parsed: ParsedRequest) -> ParsedR
     A refusal here is a plain HTTP error (400 ``context_length_exceeded``, 503
     ``overloaded``), also for a stream, and releases the lease.
     """
-    try:
+    with released_on_failure(st, lease):
         _check_queue(st, lease)
         with lease.scope():  # tokenizing a long prompt is cancellable, and preemptible
             generation = await lease.engine.prepare(parsed.generation)
+    return replace(parsed, generation=generation)
+
+
+@contextmanager
+def released_on_failure(st: AppState, lease: Lease) -> Iterator[None]:
+    """Release ``lease`` with the outcome of however the block fails, and re-raise."""
+    try:
+        yield
     except trio.Cancelled:
         lease.release(_outcome_for_cancel(st, lease))
         raise
@@ -175,7 +183,6 @@ async def _prepare(st: AppState, lease: Lease, parsed: ParsedRequest) -> ParsedR
     except Exception:
         lease.release(Outcome.ERROR)
         raise
-    return replace(parsed, generation=generation)
 
 
 def _outcome_for_cancel(st: AppState, lease: Lease) -> Outcome:
@@ -263,7 +270,7 @@ async def generate(kind: str) -> Any:
         return sse.response(
             _prepend(first, body), {"X-Request-Id": parsed.generation.request_id or ""}
         )
-    try:
+    with released_on_failure(st, lease):
         text: list[str] = []
         fin: Finished | None = None
         t_first: float | None = None
@@ -276,15 +283,6 @@ async def generate(kind: str) -> Any:
                         text.append(ev.text)
                     else:
                         fin = ev
-    except trio.Cancelled:
-        lease.release(_outcome_for_cancel(st, lease))
-        raise
-    except MlxdError:
-        lease.release(_outcome_for_cancel(st, lease) if lease.preempted else Outcome.ERROR)
-        raise
-    except Exception:
-        lease.release(Outcome.ERROR)
-        raise
     assert fin is not None, "an engine ended a generation without Finished"
     lease.set_usage(fin.prompt_tokens, fin.completion_tokens)
     lease.release(Outcome.COMPLETED)
