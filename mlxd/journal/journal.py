@@ -482,6 +482,8 @@ class Journal:
             self._wake()
         elif kind == "ready":
             self._last_seq = self._sent = self._committed = message[1]
+            for level, line in message[2]:
+                log.log(level, "%s", line)
             self._ready.set()
         elif kind == "recovered":
             self._recovered = (message[1], message[2])

@@ -204,7 +204,8 @@ def open_database(
     """Open (creating it and its folder if needed) the journal for writing.
 
     WAL, ``synchronous`` FULL or NORMAL (``fullfsync`` on macOS), foreign keys
-    on, ``busy_timeout``; autocommit mode so transactions are explicit.
+    on, ``busy_timeout``, incremental auto-vacuum for a new file; autocommit
+    mode so transactions are explicit.
     """
     if synchronous not in ("full", "normal"):
         raise ConfigError(f"journal.synchronous: must be full or normal, not {synchronous!r}")
@@ -220,6 +221,10 @@ def open_database(
         raise JournalError(f"journal: cannot open {path}: {e}") from e
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        # Before the first table (a new file) this is what the file gets: freed pages can be
+        # given back while the daemon runs. On an older file it waits for a VACUUM
+        # (mlxd.journal.retention.convert_to_incremental).
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         if sys.platform == "darwin":

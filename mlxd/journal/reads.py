@@ -35,8 +35,10 @@ TRANSITION_COLUMNS: tuple[str, ...] = (
 )  # fmt: skip
 LEASE_COLUMNS: tuple[str, ...] = (
     "id", "run_id", "model", "request_id", "route", "acquired_at", "released_at", "outcome",
-    "prompt_tokens", "completion_tokens",
+    "prompt_tokens", "completion_tokens", "client",
 )  # fmt: skip
+#: the columns a schema v1 journal (before ``leases.client``) has
+LEASE_COLUMNS_V1 = LEASE_COLUMNS[:-1]
 EVENT_COLUMNS: tuple[str, ...] = ("seq", "run_id", "at", "kind", "model", "payload")
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
@@ -90,12 +92,19 @@ def read_leases(
     clauses, params = _filters(model, since, "acquired_at")
     if open_only:
         clauses.append("released_at IS NULL")
-    cols = ", ".join(LEASE_COLUMNS)
+    columns = lease_columns(conn)
+    cols = ", ".join(columns)
     sql = (
         f"SELECT {cols} FROM leases{_where(clauses)} ORDER BY acquired_at DESC, rowid DESC LIMIT ?"
     )
     rows = conn.execute(sql, [*params, -1 if limit is None else limit]).fetchall()
-    return [dict(zip(LEASE_COLUMNS, r, strict=True)) for r in reversed(rows)]
+    return [dict(zip(columns, r, strict=True)) for r in reversed(rows)]
+
+
+def lease_columns(conn: sqlite3.Connection) -> tuple[str, ...]:
+    """The lease columns this file has: a v1 journal (not migrated yet) has no ``client``."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(leases)")}
+    return LEASE_COLUMNS if "client" in have else LEASE_COLUMNS_V1
 
 
 def read_events_after(

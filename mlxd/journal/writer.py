@@ -22,7 +22,7 @@ The daemon sends, in order:
   ``("recovered", ok, report_and_rows_or_error)``;
 * ``("stop",)``: write what is queued, then exit.
 
-The child answers with ``("ready", max_seq)`` or ``("open_error", kind,
+The child answers with ``("ready", max_seq, notes)`` (lines for the log) or ``("open_error", kind,
 message)``, then ``("batch", last_seq, rejected, commits)`` after each commit
 (every seq up to ``last_seq`` is written, except the ``(seq, why)`` rejected),
 ``("failure", last_error, attempt_failures)`` when an attempt fails, and
@@ -40,7 +40,9 @@ writes do not wait for an fsync), and:
    daemon's pid: if that daemon is dead, its writer is finishing its last
    batch, and the new one waits for the lock up to ``lock_wait`` seconds),
    and one on the journal file itself, which a hard link (another name for
-   the same inode) cannot escape; migrates; reports the highest seq;
+   the same inode) cannot escape; migrates; converts an older small file to
+   incremental vacuum (:func:`mlxd.journal.retention.convert_at_start`);
+   reports the highest seq;
 2. waits for records, then takes everything that has arrived (up to
    :data:`MAX_BATCH` records) into ONE ``BEGIN IMMEDIATE ... COMMIT``: a burst
    of N records costs one commit, written with the batch's
@@ -81,6 +83,7 @@ from mlxd import faults
 from mlxd.errors import ConfigError, JournalError
 from mlxd.faults import crash_point
 from mlxd.framing import Frames, child_command, frame
+from mlxd.journal import retention
 from mlxd.journal.migrate import Synchronous, migrate, open_database
 from mlxd.journal.rows import Item, Op, Plan, Rejected, Wire, plan, prepare, recover
 
@@ -202,6 +205,8 @@ class Writer:
         #: the daemon is gone without saying stop: write what came once, no retries
         self._abandoned = False
         self.last_error: str | None = None
+        #: (logging level, line) for the daemon's log, sent with ``ready``
+        self.notes: list[tuple[int, str]] = []
         self.attempt_failures = 0
         self.commits = 0
 
@@ -223,7 +228,7 @@ class Writer:
                 "SELECT max(coalesce((SELECT max(seq) FROM events), 0),"
                 " coalesce((SELECT max(seq) FROM transitions), 0))"
             ).fetchone()[0]
-            self._send(("ready", int(max_seq)))
+            self._send(("ready", int(max_seq), self.notes))
             self._loop(conn, inbox)
         except BaseException as e:  # a bug: the daemon reports it
             error = f"{type(e).__name__}: {e}"
@@ -243,9 +248,12 @@ class Writer:
         )
         try:
             migrate(conn, Path(s.migrations) if s.migrations else None)
+            note = retention.convert_at_start(conn, self.path)
         except BaseException:
             conn.close()
             raise
+        if note is not None:
+            self.notes.append(note)
         return conn
 
     def _release_lock(self) -> None:

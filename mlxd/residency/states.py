@@ -21,7 +21,9 @@ Who triggers which edge (all of them through :func:`check_transition`):
 
 * ``unloaded -> loading``: a waiter (request, preload, admin, restore) needs the model.
 * ``loading -> loaded``: the engine finished loading.
-* ``loading -> failed``: the engine raised while loading.
+* ``loading -> failed``: the engine raised while loading (or its process died: ``engine_died``).
+* ``loaded -> failed``, ``draining -> failed``: the process running the engine died
+  (``isolation: process``; reason ``engine_died``); its leases end with ``error``.
 * ``loading -> unloaded``: every waiter left (``abandoned``) or shutdown; the
   partial engine has been stopped before this row is written.
 * ``loaded -> draining``: chosen as victim while leases are live (eviction for a
@@ -70,6 +72,7 @@ class Reason(StrEnum):
     SHUTDOWN = "shutdown"
     CRASH_RECOVERY = "crash_recovery"
     CONFIG_RELOAD = "config_reload"
+    ENGINE_DIED = "engine_died"
 
 
 class Outcome(StrEnum):
@@ -88,8 +91,8 @@ class Outcome(StrEnum):
 TRANSITIONS: dict[State, frozenset[State]] = {
     State.UNLOADED: frozenset({State.LOADING}),
     State.LOADING: frozenset({State.LOADED, State.FAILED, State.UNLOADED}),
-    State.LOADED: frozenset({State.DRAINING, State.UNLOADING}),
-    State.DRAINING: frozenset({State.UNLOADING, State.LOADED}),
+    State.LOADED: frozenset({State.DRAINING, State.UNLOADING, State.FAILED}),
+    State.DRAINING: frozenset({State.UNLOADING, State.LOADED, State.FAILED}),
     State.UNLOADING: frozenset({State.UNLOADED, State.LOADED}),
     State.FAILED: frozenset({State.LOADING, State.UNLOADED}),
 }

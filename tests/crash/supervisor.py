@@ -47,6 +47,7 @@ import os
 import random
 import shutil
 import signal
+import sqlite3
 import statistics
 import subprocess
 import time
@@ -57,7 +58,7 @@ from typing import Any
 
 import httpx
 
-from mlxd.journal.migrate import open_readonly, split_statements
+from mlxd.journal.migrate import discover, open_readonly, split_statements
 from mlxd.journal.replay import check_journal
 from mlxd.residency.states import HOLDS_MEMORY
 from mlxd.resources import migrations_dir
@@ -94,8 +95,43 @@ UPDATE runs SET crash_probe_note = 'migrated';
 CREATE VIEW crash_probe_view AS SELECT model, n FROM crash_probe;
 """
 
-#: statements in the real first migration (a fresh file's mid-migration kill picks one)
+#: statements in the real first migration
 INIT_STATEMENTS = len(list(split_statements((migrations_dir() / "0001_init.sql").read_text())))
+#: statements in all the real migrations (a fresh file's mid-migration kill picks one: it dies
+#: inside 0001 or, with 0001 committed, inside a later one)
+ALL_STATEMENTS = sum(len(list(split_statements(m.path.read_text()))) for m in discover())
+
+#: the schema version the real migrations end at; the test migration is the one after it
+LATEST = len(discover())
+
+
+def _schemas() -> dict[int, tuple[str, ...]]:
+    """For each version 0..LATEST, the names in ``sqlite_master`` a file at that version has."""
+    out: dict[int, tuple[str, ...]] = {}
+    for version in range(LATEST + 1):
+        conn = sqlite3.connect(":memory:", isolation_level=None)
+        for m in discover()[:version]:
+            for statement in split_statements(m.path.read_text()):
+                conn.execute(statement)
+        out[version] = tuple(
+            r[0] for r in conn.execute("SELECT name FROM sqlite_master ORDER BY name")
+        )
+        conn.close()
+    return out
+
+
+#: version -> the schema's names: after a kill, a file must have exactly those of its version
+SCHEMAS = _schemas()
+TEST_MIGRATION_NAME = f"{LATEST + 1:04d}_crash_probe.sql"
+
+
+def with_test_migration(folder: Path) -> Path:
+    """``folder`` holding the real migrations and, after them, :data:`TEST_MIGRATION`."""
+    folder.mkdir(exist_ok=True)
+    for m in discover():
+        shutil.copy(m.path, folder / m.name)
+    (folder / TEST_MIGRATION_NAME).write_text(TEST_MIGRATION)
+    return folder
 
 READY_TIMEOUT_S = 30.0
 #: a dead daemon's journal writer must have exited within this (it writes one batch at most)
@@ -222,10 +258,7 @@ class CrashLoop:
         self.journal = tmp / "journal.db"
         self.config_path = write_config(tmp / "models.yaml", config(self.journal))
         self.log_path = tmp / "daemon.log"
-        self.test_migrations = tmp / "migrations"
-        self.test_migrations.mkdir(exist_ok=True)
-        shutil.copy(migrations_dir() / "0001_init.sql", self.test_migrations / "0001_init.sql")
-        (self.test_migrations / "0002_crash_probe.sql").write_text(TEST_MIGRATION)
+        self.test_migrations = with_test_migration(tmp / "migrations")
         self.summary = Summary(seed=seed)
         self.proc: subprocess.Popen[bytes] | None = None
         self._http = httpx.Client(timeout=5)
@@ -311,7 +344,7 @@ class CrashLoop:
         if kind != "random":
             lo, hi = POINTS[kind]
             if kind == "migrate.mid_migration" and before.version == 0:
-                hi = INIT_STATEMENTS  # a fresh file: die inside 0001
+                hi = ALL_STATEMENTS  # a fresh file: die inside 0001, or 0002 with 0001 done
             armed = f"{kind}:{self.rng.randint(lo, hi)}"
             env["MLXD_CRASH_AT"] = armed
             if kind == "migrate.mid_migration" and before.version > 0:
@@ -390,14 +423,12 @@ class CrashLoop:
             return
         if snap.integrity != ["ok"]:
             self.violation(f"{kind}: integrity_check: {snap.integrity}", offset)
-        if snap.version == 0:
-            if snap.tables:
-                self.violation(f"{kind}: schema v0 but tables exist: {snap.tables}", offset)
-            return
-        if snap.version != 1 or any("crash_probe" in t for t in snap.tables) or snap.probe_column:
+        if SCHEMAS.get(snap.version) != snap.tables or snap.probe_column:
             self.violation(
                 f"{kind}: schema between versions: v{snap.version}, {snap.tables}", offset
             )
+        if snap.version == 0:
+            return
         self.summary.illegal_pairs += snap.illegal
         for p in snap.problems:
             self.violation(f"{kind}: after the kill: {p}", offset)

@@ -9,20 +9,26 @@ migration of a fresh file and for a pending second one
 
 from __future__ import annotations
 
-import shutil
 import signal
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from mlxd.journal.migrate import open_readonly
+from mlxd.journal.migrate import discover, open_readonly, split_statements
 from mlxd.journal.replay import check_journal
-from mlxd.resources import migrations_dir
 from tests.crash.journal_view import snapshot
-from tests.crash.supervisor import INIT_STATEMENTS, TEST_MIGRATION, config
+from tests.crash.supervisor import (
+    INIT_STATEMENTS,
+    LATEST,
+    TEST_MIGRATION,
+    config,
+    with_test_migration,
+)
 from tests.support.daemon import DaemonProcess, write_config
+from tests.support.old_journal import write_v1_journal
 
 PROBE_STATEMENTS = TEST_MIGRATION.count(";")
 
@@ -54,13 +60,13 @@ def test_a_fresh_journal_killed_inside_its_first_migration_stays_empty(tmp_path:
     with DaemonProcess(cfg, tmp_path) as daemon:
         _until_ready(daemon.url)
     snap = snapshot(journal)
-    assert snap.version == 1 and snap.problems == [] and snap.max_run == 1
+    assert snap.version == LATEST and snap.problems == [] and snap.max_run == 1
 
 
-def test_a_pending_migration_killed_at_each_statement_keeps_v1_and_its_history(
+def test_a_pending_migration_killed_at_each_statement_keeps_its_version_and_history(
     tmp_path: Path,
 ) -> None:
-    """Killed after any statement of a pending 0002, the journal stays v1 with its rows; the next start gets v2."""
+    """Killed after any statement of a pending migration, the journal keeps its version and rows; the next start applies it."""
     journal = tmp_path / "journal.db"
     cfg = write_config(tmp_path / "models.yaml", config(journal))
     with DaemonProcess(cfg, tmp_path) as daemon:
@@ -69,17 +75,14 @@ def test_a_pending_migration_killed_at_each_statement_keeps_v1_and_its_history(
         assert r.status_code == 200
         daemon.kill()
     history = snapshot(journal)
-    assert history.version == 1 and history.transitions
+    assert history.version == LATEST and history.transitions
 
-    pending = tmp_path / "migrations"
-    pending.mkdir()
-    shutil.copy(migrations_dir() / "0001_init.sql", pending)
-    (pending / "0002_crash_probe.sql").write_text(TEST_MIGRATION)
+    pending = with_test_migration(tmp_path / "migrations")
     for n in range(1, PROBE_STATEMENTS + 1):
         _killed_at(cfg, tmp_path, n, MLXD_MIGRATIONS_DIR=str(pending))
         snap = snapshot(journal)
         assert snap.integrity == ["ok"]
-        assert snap.version == 1
+        assert snap.version == LATEST
         assert not [t for t in snap.tables if "crash_probe" in t] and not snap.probe_column
         assert snap.transitions == history.transitions and snap.max_run == history.max_run
 
@@ -87,9 +90,9 @@ def test_a_pending_migration_killed_at_each_statement_keeps_v1_and_its_history(
         _until_ready(daemon.url)  # restore done; then a clean stop
     conn = open_readonly(journal)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == LATEST + 1
         probes = dict(conn.execute("SELECT model, n FROM crash_probe_view").fetchall())
-        assert probes["gamma"] >= 2  # the rows 0002 copied are those of the kept history
+        assert probes["gamma"] >= 2  # the rows the migration copied are those of the kept history
         assert check_journal(conn) == []
         # the previous run's gamma came back (restore), then went at the clean stop
         last = conn.execute(
@@ -98,5 +101,59 @@ def test_a_pending_migration_killed_at_each_statement_keeps_v1_and_its_history(
         assert [tuple(r) for r in last][::-1] == [
             ("loaded", "restore"), ("unloading", "shutdown"), ("unloaded", "shutdown"),
         ]  # fmt: skip
+    finally:
+        conn.close()
+
+
+#: statements of the real 0002 (the last one is the empty one after the final ';')
+STATEMENTS_0002 = len(list(split_statements(discover()[1].path.read_text())))
+
+
+def test_the_real_0002_killed_midway_on_a_v1_journal_keeps_every_row(tmp_path: Path) -> None:
+    """Killed inside 0002 (with the old transitions table dropped) on a v1 journal, the file stays v1 with every row; then v2 keeps them all."""
+    _kill_0002_at(tmp_path, (3, STATEMENTS_0002))
+
+
+@pytest.mark.stress
+def test_the_real_0002_killed_at_each_statement_keeps_every_row(tmp_path: Path) -> None:
+    """Killed after each statement of 0002 on a v1 journal, the file stays v1 with every row; then v2 keeps them all."""
+    _kill_0002_at(tmp_path, range(1, STATEMENTS_0002 + 1))
+
+
+def _kill_0002_at(tmp_path: Path, statements: Iterable[int]) -> None:
+    journal = tmp_path / "journal.db"
+    write_v1_journal(journal, 10_000)
+    cfg = write_config(tmp_path / "models.yaml", config(journal))
+    before = _rows(journal)
+    for n in statements:
+        _killed_at(cfg, tmp_path, n)
+        snap = snapshot(journal)
+        assert snap.integrity == ["ok"] and snap.version == 1 and snap.problems == []
+        assert _rows(journal) == before
+    with DaemonProcess(cfg, tmp_path) as daemon:
+        _until_ready(daemon.url)
+    after = _rows(journal, runs=3)
+    assert after["leases"] == [(*lease, None) for lease in before["leases"]]  # client added
+    assert {k: v for k, v in after.items() if k != "leases"} == {
+        k: v for k, v in before.items() if k != "leases"
+    }
+    snap = snapshot(journal)
+    assert snap.version == 2 and snap.problems == []
+    conn = open_readonly(journal)
+    try:  # a small older file is converted at the start (see mlxd.journal.retention)
+        assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+    finally:
+        conn.close()
+
+
+def _rows(path: Path, runs: int | None = None) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of the history tables (of the first ``runs`` runs), in order."""
+    conn = open_readonly(path)
+    where = "" if runs is None else f" WHERE run_id <= {int(runs)}"
+    try:
+        return {
+            table: [tuple(r) for r in conn.execute(f"SELECT * FROM {table}{where} ORDER BY rowid")]
+            for table in ("events", "transitions", "leases")
+        }
     finally:
         conn.close()
