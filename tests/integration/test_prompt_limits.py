@@ -73,6 +73,7 @@ async def test_context_length_is_enforced(
         usage = r.json()["usage"]
         assert usage["prompt_tokens"] + 20 <= 64 and usage["completion_tokens"] == 20
         # every refusal released its lease as an error; none is left open
+        await s.journal.wait_committed()
         leases = s.journal.leases(None, None, 100)
         assert leases and all(row["outcome"] in ("error", "completed") for row in leases)
 
@@ -107,6 +108,7 @@ async def test_a_prompt_too_long_by_its_length_is_refused_before_any_load(
             "model": "short", "prompt": "x" * 64 * 16 + "x", "max_tokens": 1})
         assert r.status_code == 400 and error_of(r)["code"] == "context_length_exceeded"
         assert s.manager.model_status("short")["state"] == "unloaded"
+        await s.journal.wait_committed()
         assert s.journal.leases(None, None, 10) == []
 
 
