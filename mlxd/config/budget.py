@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import EllipsisType
 
-from mlxd.config import Config, ContentionPolicy, ModelConfig
+from mlxd.config import Config, ContentionPolicy, MemoryEstimate, ModelConfig
+from mlxd.config.kv import resolve_cache_sizes
 from mlxd.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -379,13 +380,53 @@ def describe_model(
     residency.append(f"idle unload after {_seconds(idle)}" if idle > 0 else "no idle unload")
     lines = [
         f"{model.name}: {where}",
-        f"    engine {engine}; max_queue {model.max_queue}, max_batch_size {model.max_batch_size}",
-        f"    estimate {format_bytes(est.bytes)} ({_ESTIMATE_SOURCES.get(est.source, est.source)})",
+        f"    engine {engine}; max_queue {model.max_queue}; {describe_batching(model)}",
+        f"    commits {format_bytes(est.bytes)} when loaded: weights {format_bytes(est.weights)} "
+        f"({_ESTIMATE_SOURCES.get(est.source, est.source)}) + {describe_caches(model, est)}",
         f"    {'; '.join(residency)}",
     ]
     if model.ignored_keys:
         lines.append(f"    ignored vllm-mlx keys: {', '.join(model.ignored_keys)}")
     return lines
+
+
+def describe_batching(model: ModelConfig) -> str:
+    """What ``max_batch_size`` means for this model (what the engine will do)."""
+    if model.engine == "fake":
+        return f"max_batch_size {model.max_batch_size} (the fake engine serves one at a time)"
+    if model.mllm:
+        return (
+            f"max_batch_size {model.max_batch_size} ignored: mllm models generate one at a time "
+            "(mlx-vlm's batch generator has no per-request sampling)"
+        )
+    if model.max_batch_size == 1:
+        return "max_batch_size 1: one generation at a time"
+    return (
+        f"up to {model.max_batch_size} generations share each decode step "
+        "(one at a time if the model's KV cache cannot be batched)"
+    )
+
+
+def describe_caches(model: ModelConfig, est: MemoryEstimate) -> str:
+    """The KV cache and prompt cache parts of a model's commitment, and where they come from."""
+    sizes = resolve_cache_sizes(model)
+    text = f"KV cache {format_bytes(est.kv_cache)} + prompt cache {format_bytes(est.prompt_cache)}"
+    if sizes.source == "derived" and sizes.kv_bytes_per_token is not None:
+        per = sizes.kv_bytes_per_token
+        text += f" (from the model config: {per:,} KV bytes per token"
+        if model.kv_cache_bytes is None:
+            text += f"; KV for {model.max_batch_size} x {est.kv_cache // max(1, per * model.max_batch_size):,} tokens"
+        if model.prompt_cache_bytes is None and est.prompt_cache:
+            text += f"; {est.prompt_cache // per:,} prompt tokens kept"
+        text += ")"
+    elif sizes.source == "unknown":
+        text += (
+            " (KV bytes per token unknown until the model's config.json is on disk; "
+            "set kv_cache_gb and prompt_cache_gb to count them from the first load)"
+        )
+    elif sizes.source == "config":
+        text += " (from kv_cache_gb and prompt_cache_gb)"
+    return text
 
 
 def render_report(config: Config, report: MemoryBudgetReport) -> str:

@@ -122,9 +122,13 @@ class ModelConfig:
     mllm: bool = False
     engine: Literal["mlx", "fake"] = "mlx"
     max_queue: int = 64
+    #: generations that share each decode step (continuous batching); 1 = one at a time
     max_batch_size: int = 8
     #: prompts longer than this many tokens are a 400 (None: the model's context)
     max_prompt_tokens: int | None = None
+    #: ``kv_cache_gb`` / ``prompt_cache_gb`` as configured (None: derived, see mlxd.config.kv)
+    kv_cache_bytes: int | None = None
+    prompt_cache_bytes: int | None = None
     fake: FakeSettings | None = None
     #: directory from which ``file://`` image URLs may be read (None: no local files)
     image_dir: Path | None = None
@@ -160,11 +164,20 @@ class ModelConfig:
 
 @dataclass(frozen=True, slots=True)
 class MemoryEstimate:
+    """What a loaded model commits: ``bytes = weights + kv_cache + prompt_cache``."""
+
     bytes: int
-    #: ``config`` (estimated_memory_gb) | ``measured`` (after the last load, journaled)
-    #: | ``weights`` (summed weight files) | ``fake`` (fake.memory_gb)
+    #: where the weights figure comes from: ``config`` (estimated_memory_gb) | ``measured``
+    #: (after the last load, journaled) | ``weights`` (summed weight files) | ``fake`` (fake.memory_gb)
     #: | ``unknown`` (a missing local source, read leniently: 0 bytes, never loaded)
     source: str
+    weights: int = 0
+    kv_cache: int = 0
+    prompt_cache: int = 0
+
+    def parts(self) -> dict[str, int]:
+        """``{weights, kv_cache, prompt_cache}`` as shown by /v1/models and /admin/status."""
+        return {"weights": self.weights, "kv_cache": self.kv_cache, "prompt_cache": self.prompt_cache}
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,27 +252,42 @@ def weights_bytes(source: str) -> int:
 
 
 def resolve_estimate(model: ModelConfig, measured: Mapping[str, int]) -> MemoryEstimate | None:
-    """The memory estimate of DESIGN.md: explicit, measured, weight files, then the fake's size.
+    """The memory estimate of DESIGN.md: weights (explicit, measured, weight files, then the
+    fake's size) plus the KV cache and the prompt cache (:func:`mlxd.config.kv.resolve_cache_sizes`).
 
-    Returns None when none applies (a non-local source with no estimate), which
-    the config loader turns into an error.
+    Returns None when no weights figure applies (a non-local source with no
+    estimate), which the config loader turns into an error.
     """
+    weights = resolve_weights(model, measured)
+    if weights is None:
+        return None
+    if weights[1] == "unknown":
+        return MemoryEstimate(0, "unknown")  # never loaded: no caches either
+    from mlxd.config.kv import resolve_cache_sizes
+
+    caches = resolve_cache_sizes(model)
+    total = weights[0] + caches.kv_cache + caches.prompt_cache
+    return MemoryEstimate(total, weights[1], weights[0], caches.kv_cache, caches.prompt_cache)
+
+
+def resolve_weights(model: ModelConfig, measured: Mapping[str, int]) -> tuple[int, str] | None:
+    """The weights part of the estimate and its source (first that applies)."""
     if model.estimated_memory_bytes is not None:
-        return MemoryEstimate(model.estimated_memory_bytes, "config")
+        return model.estimated_memory_bytes, "config"
     if (m := measured.get(model.name)) is not None and m > 0:
-        return MemoryEstimate(int(m), "measured")
+        return int(m), "measured"
     if model.engine != "fake":
         w = weights_bytes(model.source)
         if w > 0 and model.distributed is not None:
             # this host holds one shard: the weights split evenly (the replicated
             # embeddings make the real share a little larger; the first load measures it)
-            return MemoryEstimate(-(-w // model.distributed.size), "weights")
+            return -(-w // model.distributed.size), "weights"
         if w > 0:
-            return MemoryEstimate(w, "weights")
+            return w, "weights"
     elif model.fake is not None and model.fake.memory_bytes is not None:
-        return MemoryEstimate(model.fake.memory_bytes, "fake")
+        return model.fake.memory_bytes, "fake"
     if model.missing is not None:
-        return MemoryEstimate(0, "unknown")  # the engine refuses to load it (see ModelConfig.missing)
+        return 0, "unknown"  # the engine refuses to load it (see ModelConfig.missing)
     return None
 
 

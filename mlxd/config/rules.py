@@ -67,6 +67,8 @@ MODEL_KEYS = (
     "max_queue",
     "max_batch_size",
     "max_prompt_tokens",
+    "kv_cache_gb",
+    "prompt_cache_gb",
     "fake",
     "image_dir",
     "demo",
@@ -102,7 +104,7 @@ ENGINE_KEYS: dict[str, str] = {
     "download_config": "any",
 }
 _ENGINE_KEY_NOTES = {
-    "continuous_batching": "mlxd batches up to max_batch_size",
+    "continuous_batching": "mlxd batches up to max_batch_size generations per model",
     "force_mllm": "use mllm: true",
     "max_tokens": "clients set max_tokens per request",
     "gpu_memory_utilization": "check-config still reconciles it with the budget",
@@ -264,6 +266,8 @@ class Parser:
             max_queue=t.integer("max_queue", 64, minimum=1),
             max_batch_size=t.integer("max_batch_size", 8, minimum=1),
             max_prompt_tokens=t.optional_integer("max_prompt_tokens", minimum=1),
+            kv_cache_bytes=self._cache_gb(t, "kv_cache_gb", engine),
+            prompt_cache_bytes=self._cache_gb(t, "prompt_cache_gb", engine),
             fake=fake,
             image_dir=self._image_dir(t, mllm, name),
             demo=demo,
@@ -433,6 +437,15 @@ class Parser:
         if size < 1:
             raise t.error(key, f"must be at least one byte (got {show(value)})")
         return size
+
+    def _cache_gb(self, t: Table, key: str, engine: str) -> int | None:
+        """``kv_cache_gb`` (positive for MLX models: a generation needs KV) or ``prompt_cache_gb``
+        (0 turns the prompt cache off); None when absent (derived: mlxd.config.kv)."""
+        value = t.raw.get(key)
+        if value is None:
+            return None
+        positive = key == "kv_cache_gb" and engine == "mlx"
+        return int(check_number(self.source, t.path(key), value, positive=positive) * GIB)
 
     def _local_path(self, t: Table, key: str, text: str) -> Path:
         """A path value: ``~`` and variables expanded, relative to the config file's folder."""

@@ -75,6 +75,8 @@ class Finished:
     finish_reason: Literal["stop", "length"]
     prompt_tokens: int
     completion_tokens: int
+    #: prompt tokens whose KV was reused from the model's prompt cache
+    cached_tokens: int = 0
 
 
 GenerationEvent = TextDelta | Finished

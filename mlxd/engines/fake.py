@@ -305,7 +305,7 @@ class FakeFleet:
         known = self._configs.get(model.name)
         if model.name not in self.models or (known is not None and known != model):
             est = resolve_estimate(model, self._sizes)
-            fresh = FakeModel.from_config(model, est.bytes if est else 0)
+            fresh = FakeModel.from_config(model, est.weights if est else 0)
             old = self.models.get(model.name)
             if old is not None:
                 for f in SETTINGS:

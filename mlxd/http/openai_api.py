@@ -53,6 +53,7 @@ def model_object(st: AppState, name: str, status: dict[str, Any] | None = None) 
         "pinned": status["pinned"],
         "memory_bytes": status["memory_bytes"],
         "memory_source": status["memory_source"],
+        "memory": status["memory"],
         "last_used_at": status["last_used_at"],
         "last_error": status["last_error"],
     }
@@ -242,11 +243,13 @@ class ResponseBuilder:
         return obj
 
 
-def usage(fin: Finished) -> dict[str, int]:
+def usage(fin: Finished) -> dict[str, Any]:
     return {
         "prompt_tokens": fin.prompt_tokens,
         "completion_tokens": fin.completion_tokens,
         "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+        # prompt tokens whose KV came from the model's prompt cache (OpenAI's field)
+        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
     }
 
 

@@ -54,7 +54,7 @@ _STATES = [state.value for state in State]
 _MODEL = {
     "type": "object",
     "required": ["id", "object", "created", "owned_by", "status", "loaded", "pinned",
-                 "memory_bytes", "memory_source", "last_used_at", "last_error"],
+                 "memory_bytes", "memory_source", "memory", "last_used_at", "last_error"],
     "properties": {
         "id": {"type": "string"},
         "object": {"const": "model"},
@@ -65,6 +65,14 @@ _MODEL = {
         "pinned": {"type": "boolean"},
         "memory_bytes": {"type": ["integer", "null"]},
         "memory_source": {"type": ["string", "null"]},
+        "memory": {
+            "type": "object",
+            "description": "what a load commits, by part",
+            "required": ["weights", "kv_cache", "prompt_cache"],
+            "properties": {
+                k: {"type": "integer", "minimum": 0} for k in ("weights", "kv_cache", "prompt_cache")
+            },
+        },
         "last_used_at": {"type": ["number", "null"]},
         "last_error": {"type": ["string", "null"]},
     },
@@ -216,6 +224,11 @@ _USAGE = {
         "prompt_tokens": {"type": "integer", "minimum": 0},
         "completion_tokens": {"type": "integer", "minimum": 0},
         "total_tokens": {"type": "integer", "minimum": 0},
+        "prompt_tokens_details": {
+            "type": "object",
+            "required": ["cached_tokens"],
+            "properties": {"cached_tokens": {"type": "integer", "minimum": 0}},
+        },
     },
 }
 

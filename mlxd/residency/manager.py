@@ -30,12 +30,12 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
 
-from mlxd.config import Config, ModelConfig
+from mlxd.config import Config, MemoryEstimate, ModelConfig
 from mlxd.engines.base import Engine, LoadProgress
 from mlxd.errors import (
     EngineError,
@@ -142,6 +142,8 @@ class Manager:
         self._load_gate_probe = load_gate
         #: where each model's memory estimate comes from (config, measured, weights, fake)
         self._memory_source: dict[str, str | None] = {}
+        #: each model's estimate with its parts (weights, kv_cache, prompt_cache)
+        self._estimates: dict[str, MemoryEstimate] = {}
         self.core = Core(
             [self._spec(m, config) for m in config.models],
             config.manager.memory_budget_bytes,
@@ -174,12 +176,25 @@ class Manager:
         """The core's view of a model: the config's own estimate and idle rule, nothing re-derived."""
         est = config.estimate(model.name, self._measured)  # may walk a model dir: not per request
         self._memory_source[model.name] = est.source
+        self._estimates[model.name] = est
         return ModelSpec(
             name=model.name,
             size_bytes=est.bytes,
             pinned=model.pin,
             idle_unload_s=config.idle_unload_for(model.name),
         )
+
+    def memory_parts(self, name: str) -> dict[str, int]:
+        """``{weights, kv_cache, prompt_cache}`` of the model's estimate (what a load commits)."""
+        est = self._estimates.get(name)
+        return est.parts() if est is not None else {"weights": 0, "kv_cache": 0, "prompt_cache": 0}
+
+    def _engine_config(self, mc: ModelConfig) -> ModelConfig:
+        """The model's config with the cache sizes this load committed, for its engine."""
+        est = self._estimates.get(mc.name)
+        if est is None or mc.engine == "fake" or not est.kv_cache:
+            return mc  # unknown KV size: the engine bounds its batch by max_batch_size only
+        return replace(mc, kv_cache_bytes=est.kv_cache, prompt_cache_bytes=est.prompt_cache)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -528,7 +543,7 @@ class Manager:
                 try:
                     if mc is None:
                         raise ModelNotFound(model)
-                    engine = self._engines_factory(mc)
+                    engine = self._engines_factory(self._engine_config(mc))
                     await engine.load(progress)
                 except Exception as e:
                     log.warning("loading %s failed: %s", model, describe(e))
@@ -559,7 +574,10 @@ class Manager:
             self._emit(MeasurementEvent(model, self._wall(), measured, now - t0))
             if mc is not None and mc.estimated_memory_bytes is None:
                 self._memory_source[model] = "measured"
-                self._dispatch(SetSize(model, measured, now))
+                # the weights measured, plus the caches (known now that the files exist)
+                est = self.config.estimate(model, self._measured)
+                self._estimates[model] = est
+                self._dispatch(SetSize(model, est.bytes, now))
         self._dispatch(LoadFinished(model, load_id, now))
 
     async def _unload_task(self, model: str) -> None:

@@ -25,6 +25,8 @@ def model_status(manager: Manager, name: str) -> dict[str, Any]:
         "pinned": r.spec.pinned,
         "memory_bytes": r.committed_bytes if r.holds_budget else r.spec.size_bytes,
         "memory_source": manager._memory_source.get(name),
+        #: what a load commits, by part (weights + kv_cache + prompt_cache = estimated_bytes)
+        "memory": manager.memory_parts(name),
         "estimated_bytes": r.spec.size_bytes,
         "last_used_at": manager.wall_of(r.last_used),
         "last_error": r.last_error,

@@ -67,9 +67,14 @@ def test_check_config_prints_budget_and_every_model(capsys: pytest.CaptureFixtur
         ("qwen-vl", "mlx-community/Qwen2-VL-2B-Instruct-4bit", "2.00 GiB"),
     ]:
         assert f"  {name}: {source} (Hugging Face Hub" in out
-        assert f"estimate {estimate} (from estimated_memory_gb)" in out
+        assert f"weights {estimate} (from estimated_memory_gb)" in out
     assert "engine mlx (vision, mlx-vlm)" in out
-    assert "The estimates add up to 3.50 GiB of the 4.00 GiB budget: all models fit at once." in out
+    # qwen sets kv_cache_gb and prompt_cache_gb: they are committed with its weights
+    assert (
+        "commits 819.2 MiB when loaded: weights 512.0 MiB (from estimated_memory_gb) + "
+        "KV cache 204.8 MiB + prompt cache 102.4 MiB (from kv_cache_gb and prompt_cache_gb)" in out
+    )
+    assert "The estimates add up to 3.80 GiB of the 4.00 GiB budget: all models fit at once." in out
     assert (
         "Contention policy: wait_then_fail: a request that does not fit waits up to 30 s for "
         "room, then gets 503 capacity_timeout" in out
@@ -95,7 +100,7 @@ def test_check_config_demo_shows_fakes_and_eviction(capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     assert "fake-a: no weights (fake engine)" in out
     assert "local demo model, written on first load" in out
-    assert "more than the 512.0 MiB budget: not all models fit at once" in out
+    assert "more than the 600.0 MiB budget: not all models fit at once" in out
 
 
 def test_check_config_uses_journal_measurements(
@@ -112,7 +117,7 @@ def test_check_config_uses_journal_measurements(
     path.write_text(text)
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "estimate 3.00 GiB (measured after its last load, from the journal)" in out
+    assert "weights 3.00 GiB (measured after its last load, from the journal)" in out
 
 
 def test_check_config_never_writes_the_journal(tmp_path: Path) -> None:

@@ -91,9 +91,11 @@ def test_builtin_demo_config_is_offline_and_shows_eviction(state_dir: Path) -> N
     assert (config.server.host, config.server.port) == ("127.0.0.1", 8080)
     assert config.manager.contention_policy.strategy == "wait_then_fail"
     budget = config.manager.memory_budget_bytes
-    assert budget == 512 * MIB
+    assert budget == 600 * MIB
     a, b = config.estimate("fake-a").bytes, config.estimate("fake-b").bytes
     assert a <= budget and b <= budget and a + b > budget
+    demos = sum(config.estimate(n).bytes for n in ("demo", "demo-small"))
+    assert demos + a <= budget  # both demo models (weights, KV, prompt caches) and one fake fit
     for fake in ("fake-a", "fake-b"):
         settings = config.model(fake).fake  # type: ignore[union-attr]
         assert settings is not None and settings.load_seconds > 0 and settings.tokens_per_second > 0

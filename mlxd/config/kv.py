@@ -1,0 +1,122 @@
+"""Memory beyond the weights: the KV cache of running generations and the prompt cache.
+
+A loaded model commits ``weights + kv_cache + prompt_cache`` bytes (DESIGN.md,
+"Wave 2 contracts / Generation"). Both caches hold keys and values, whose size
+per token follows from the model's ``config.json``:
+
+    KV bytes per token = 2 (keys and values) x layers x KV heads x head size x dtype bytes
+
+Defaults when the config leaves ``kv_cache_gb`` / ``prompt_cache_gb`` out:
+
+* ``kv_cache``: room for ``max_batch_size`` sequences of :data:`DEFAULT_SEQUENCE_TOKENS`
+  tokens each (capped by the model's context length), because a batch keeps
+  every sequence as long as its longest one (mlx-lm's ``BatchKVCache``);
+* ``prompt_cache``: :data:`DEFAULT_PROMPT_CACHE_TOKENS` tokens of earlier prompts,
+  only where the engine keeps a prompt cache (batched mlx-lm models); 0 for
+  serial models (``max_batch_size: 1``, ``mllm: true``);
+* fake engines: 0 and 0, so their committed bytes stay their configured size.
+
+When ``config.json`` cannot be read yet (a Hugging Face model not downloaded,
+a demo model written on its first load), the KV bytes per token are unknown
+and both defaults are 0 until it can be (the next config read or load);
+``check-config`` says so. Reading ``config.json`` is file I/O: never per request.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlxd.config.model import ModelConfig
+
+#: tokens per sequence that the default ``kv_cache`` has room for
+DEFAULT_SEQUENCE_TOKENS = 2048
+#: tokens of earlier prompts that the default ``prompt_cache`` keeps
+DEFAULT_PROMPT_CACHE_TOKENS = 8192
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSizes:
+    """A model's KV cache and prompt cache sizes (bytes) and where they come from."""
+
+    kv_cache: int
+    prompt_cache: int
+    #: KV bytes per token read from config.json (None: unknown)
+    kv_bytes_per_token: int | None
+    #: ``config`` (both keys set), ``derived`` (from the model config), ``unknown``, ``fake``
+    source: str
+
+
+def read_model_config(source: str) -> dict[str, Any] | None:
+    """The ``config.json`` of a local model directory or of a cached Hugging Face repo."""
+    path = Path(source).expanduser()
+    candidates = [path / "config.json"]
+    if not path.exists() and "/" in source and not source.startswith(("/", ".", "~")):
+        try:  # a hub id: the snapshot already in the Hugging Face cache, if any
+            from huggingface_hub import try_to_load_from_cache
+
+            hit = try_to_load_from_cache(source, "config.json")
+            if isinstance(hit, str):
+                candidates = [Path(hit)]
+        except Exception:
+            return None
+    for file in candidates:
+        try:
+            data = json.loads(file.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+def kv_bytes_per_token(cfg: dict[str, Any]) -> int | None:
+    """``2 x layers x kv_heads x head_dim x dtype bytes`` of a (text) model config, or None."""
+    text = cfg.get("text_config")
+    merged = {**cfg, **text} if isinstance(text, dict) else cfg
+    try:
+        layers = int(merged["num_hidden_layers"])
+        heads = int(merged["num_attention_heads"])
+        kv_heads = int(merged.get("num_key_value_heads") or heads)
+        head_dim = int(merged.get("head_dim") or int(merged["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    dtype = str(merged.get("torch_dtype") or merged.get("dtype") or "float16")
+    size = 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(dtype, 2)
+    return size if size > 0 else None
+
+
+def context_length(cfg: dict[str, Any]) -> int | None:
+    text = cfg.get("text_config")
+    merged = {**cfg, **text} if isinstance(text, dict) else cfg
+    value = merged.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def keeps_prompt_cache(model: ModelConfig) -> bool:
+    """Whether the engine of ``model`` keeps a prompt cache (batched mlx-lm text models)."""
+    return model.engine == "mlx" and not model.mllm and model.max_batch_size > 1
+
+
+def resolve_cache_sizes(model: ModelConfig) -> CacheSizes:
+    """The one rule for a model's ``kv_cache`` and ``prompt_cache`` bytes (module docstring)."""
+    kv_set, pc_set = model.kv_cache_bytes, model.prompt_cache_bytes
+    if model.engine == "fake":
+        return CacheSizes(kv_set or 0, pc_set or 0, None, "fake")
+    cfg = read_model_config(model.source)
+    bpt = kv_bytes_per_token(cfg) if cfg is not None else None
+    if kv_set is not None and pc_set is not None:
+        return CacheSizes(kv_set, pc_set, bpt, "config")
+    if bpt is None:
+        return CacheSizes(kv_set or 0, pc_set or 0, None, "unknown")
+    per_sequence = min(DEFAULT_SEQUENCE_TOKENS, context_length(cfg or {}) or DEFAULT_SEQUENCE_TOKENS)
+    kv = kv_set if kv_set is not None else bpt * per_sequence * model.max_batch_size
+    if pc_set is not None:
+        pc = pc_set
+    else:
+        pc = bpt * DEFAULT_PROMPT_CACHE_TOKENS if keeps_prompt_cache(model) else 0
+    return CacheSizes(kv, pc, bpt, "derived")
