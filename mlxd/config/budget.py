@@ -399,6 +399,11 @@ def describe_batching(model: ModelConfig) -> str:
             f"max_batch_size {model.max_batch_size} ignored: mllm models generate one at a time "
             "(mlx-vlm's batch generator has no per-request sampling)"
         )
+    if model.distributed is not None:
+        return (
+            f"max_batch_size {model.max_batch_size} ignored: distributed models generate one "
+            "at a time (their ranks run in lockstep)"
+        )
     if model.max_batch_size == 1:
         return "max_batch_size 1: one generation at a time"
     return (

@@ -113,7 +113,9 @@ def resolve_cache_sizes(model: ModelConfig) -> CacheSizes:
         return CacheSizes(kv_set, pc_set, bpt, "config")
     if bpt is None:
         return CacheSizes(kv_set or 0, pc_set or 0, None, "unknown")
-    per_sequence = min(DEFAULT_SEQUENCE_TOKENS, context_length(cfg or {}) or DEFAULT_SEQUENCE_TOKENS)
+    per_sequence = min(
+        DEFAULT_SEQUENCE_TOKENS, context_length(cfg or {}) or DEFAULT_SEQUENCE_TOKENS
+    )
     kv = kv_set if kv_set is not None else bpt * per_sequence * model.max_batch_size
     if pc_set is not None:
         pc = pc_set

@@ -20,10 +20,10 @@ Cancellation contract (what the manager and HTTP layer rely on):
   fails the model (reason ``engine_died``). Generations in flight end with
   :class:`mlxd.errors.EngineDied`, and so does every later ``generate()``.
 
-Requests to one engine are served in arrival order; beyond ``max_queue``
+Requests to one engine are admitted in arrival order; beyond ``max_queue``
 waiting requests ``generate()`` raises :class:`mlxd.errors.Overloaded`.
-A batching engine may serve up to ``max_batch_size`` at once without changing
-this interface.
+A batching engine serves up to ``max_batch_size`` at once (sharing decode
+steps) without changing this interface.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
+
+#: mlx-lm's logits processor: ``(generated tokens so far, logits (1, vocab)) -> logits``
+LogitsProcessor = Callable[[Any, Any], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,22 @@ class GenerationRequest:
     request_id: str | None = None
     #: the prompt's token ids, once the engine's ``prepare`` has tokenized it
     prompt_ids: tuple[int, ...] | None = None
+    #: per-request logits processors, mlx-lm's ``(tokens, logits) -> logits`` (both ``mx.array``;
+    #: ``logits`` has shape ``(1, vocab)``), applied in order before sampling each token, on the
+    #: model's MLX thread, batched or not (grammar-constrained decoding plugs in here)
+    logits_processors: tuple[LogitsProcessor, ...] = ()
+    #: report each generated token's log-probability and this many top alternatives
+    #: (:attr:`TextDelta.logprobs`); None: off (no per-token cost)
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability and the top alternatives (token id, logprob)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +85,8 @@ class TextDelta:
     """New text produced by the model (may be empty while a byte sequence completes)."""
 
     text: str
+    #: the tokens behind this delta, when the request asked for ``logprobs``
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import trio
 
@@ -49,9 +49,11 @@ from mlxd.engines.base import (
     LoadProgress,
     ProgressCallback,
     TextDelta,
+    TokenLogprob,
 )
+from mlxd.engines.batch_loop import BatchLoop
+from mlxd.engines.batching import BatchScheduler, check_fits_alone
 from mlxd.engines.mlx_thread import (
-    TOKEN_TICK,
     GenerationStats,
     Job,
     MlxThread,
@@ -61,6 +63,7 @@ from mlxd.engines.mlx_thread import (
     TokenTick,
     call_soon,
 )
+from mlxd.engines.streaming import StopText, deliver_token
 from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError
 
 PREFILL_STEP_ENV = "MLXD_PREFILL_STEP"
@@ -81,54 +84,6 @@ Observer = Callable[[str, GenerationStats], None]
 
 class _PrefillAborted(Exception):
     """Raised from the prefill progress callback to stop a cancelled prompt at a chunk boundary."""
-
-
-class StopText:
-    """Accumulates generated text; trims it at the first stop string without leaking a prefix.
-
-    Generation stops after the first token that completes any stop string; the
-    output is cut where the earliest stop string present at that moment begins
-    (as OpenAI servers do, the result can depend on how the text was tokenized
-    when stop strings overlap). Until then, a tail that could still grow into a
-    stop string is held back, so no sent text ever contains part of one.
-    """
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = tuple(s for s in stops if s)
-        self._longest = max((len(s) for s in self.stops), default=0)
-        self.text = ""
-        self.emitted = 0  # invariant: text[:emitted] was sent and holds no stop string
-
-    def feed(self, piece: str) -> tuple[str, bool]:
-        """Add ``piece``; return ``(text safe to send now, stop string reached)``."""
-        self.text += piece
-        if not self.stops:
-            return self._emit_to(len(self.text)), False
-        # a match cannot start before `emitted`: its start was held back while it was a prefix
-        hits = [i for s in self.stops if (i := self.text.find(s, self.emitted)) >= 0]
-        if hits:
-            cut = min(hits)
-            out = self._emit_to(cut)
-            self.text = self.text[:cut]
-            return out, True
-        return self._emit_to(len(self.text) - self._held()), False
-
-    def flush(self) -> str:
-        """The held-back tail, once no more text will come."""
-        return self._emit_to(len(self.text))
-
-    def _held(self) -> int:
-        limit = min(self._longest - 1, len(self.text) - self.emitted)
-        for k in range(limit, 0, -1):
-            tail = self.text[-k:]
-            if any(s.startswith(tail) for s in self.stops):
-                return k
-        return 0
-
-    def _emit_to(self, end: int) -> str:
-        out = self.text[self.emitted : end]
-        self.emitted = max(self.emitted, end)
-        return out
 
 
 def message_text(message: ChatMessage) -> str:
@@ -185,6 +140,14 @@ class MlxTextEngine:
         self.limits = prompt_limits.limits_of(model, None)
         self._thread: MlxThread | None = None
         self._scheduler: SerialScheduler | None = None
+        #: the decode loop of a batched model (None: generations run one at a time)
+        self.batch: BatchLoop | None = None
+        #: set by the load: whether mlx-lm can batch this model's KV cache
+        self.can_batch = False
+        #: KV bytes per token and the cache sizes this residency may use (set by the load)
+        self.kv_bytes_per_token: int | None = None
+        self.kv_cache_bytes = 0
+        self.prompt_cache_bytes = 0
         self._ready = False
         self._stopped = False
         self._has_chat_template = False
@@ -208,9 +171,6 @@ class MlxTextEngine:
         self.path = path
         self._thread = MlxThread(name=f"mlx-{self.name}")
         self.limits = prompt_limits.limits_of(self.config, prompt_limits.context_length(path))
-        self._scheduler = SerialScheduler(
-            self._thread, self._run_one, max_queue=self.config.max_queue, name=self.name
-        )
         progress(LoadProgress(phase="loading", detail=str(path)))
         cancel = threading.Event()
         try:
@@ -223,6 +183,7 @@ class MlxTextEngine:
             raise LoadFailed(f"{self.name}: {e.message}") from e
         except Exception as e:
             raise LoadFailed(f"{self.name}: cannot load {path}: {describe_load_error(e)}") from e
+        self._scheduler = self._make_scheduler(self._thread)
         self.load_seconds = time.monotonic() - t0
         self._ready = True
         size = self._measured or 0
@@ -269,12 +230,69 @@ class MlxTextEngine:
         before = int(mx.get_active_memory())
         self._model, self._tokenizer = self._load_weights(path)
         after = int(mx.get_active_memory())
+        self._size_caches(path)
         # active memory is process-global: loads are serialized per engine, but another
         # engine's load or unload at the same moment skews the delta (footprint() checks it)
         self._measured, self.memory_source = memory.footprint(before, after, self._model)
         report(
             LoadProgress(phase="measuring", bytes_done=self._measured, bytes_total=self._measured)
         )
+
+    def _size_caches(self, path: Path) -> None:
+        """Whether this model can batch, and the KV sizes it may use (what its load committed)."""
+        from mlxd.config.kv import kv_bytes_per_token, read_model_config, resolve_cache_sizes
+
+        self.can_batch = self._cache_batchable()
+        cfg = read_model_config(str(path))
+        self.kv_bytes_per_token = kv_bytes_per_token(cfg) if cfg is not None else None
+        # the manager hands over what it committed; a config built in code gets the defaults
+        sizes = resolve_cache_sizes(self.config)
+        kv, pc = self.config.kv_cache_bytes, self.config.prompt_cache_bytes
+        self.kv_cache_bytes = kv if kv is not None else sizes.kv_cache
+        self.prompt_cache_bytes = pc if pc is not None else sizes.prompt_cache
+
+    def _cache_batchable(self) -> bool:
+        """mlx-lm batches a model whose every per-layer KV cache can be merged into a batch."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        try:
+            return all(hasattr(c, "merge") for c in make_prompt_cache(self._model))
+        except Exception:
+            return False
+
+    def _make_scheduler(self, thread: MlxThread) -> SerialScheduler:
+        """Batched (continuous batching) when ``max_batch_size`` > 1 and the model can; else serial."""
+        mc = self.config
+        if mc.max_batch_size <= 1 or not self.can_batch:
+            return SerialScheduler(thread, self._run_one, max_queue=mc.max_queue, name=self.name)
+        assert self.prefill_step is not None
+        sched: list[BatchScheduler] = []
+        self.batch = BatchLoop(
+            lambda fn: thread.submit(fn),
+            model=lambda: (self._model, self._tokenizer),
+            max_batch=mc.max_batch_size,
+            prefill_step=self.prefill_step,
+            prompt_cache_bytes=self.prompt_cache_bytes,
+            on_done=lambda job, error: sched[0].done_on_thread(job, error),
+        )
+        sched.append(
+            BatchScheduler(
+                thread,
+                self.batch,
+                max_queue=mc.max_queue,
+                max_batch=mc.max_batch_size,
+                kv_budget=self.kv_cache_bytes,
+                kv_bytes_per_token=self.kv_bytes_per_token,
+                name=self.name,
+            )
+        )
+        return sched[0]
+
+    def memory_usage(self) -> dict[str, int]:
+        """KV bytes held now by running generations and the prompt cache, and the KV peak."""
+        if self.batch is None:
+            return {"kv_cache": 0, "kv_cache_peak": 0, "prompt_cache": 0}
+        return self.batch.usage()
 
     def _write_demo(self, path: Path, report: Callable[[LoadProgress], None]) -> None:
         from mlxd.engines.demo_model import DemoModelError, is_model_dir, write_demo_model
@@ -320,6 +338,8 @@ class MlxTextEngine:
         memory.malloc_trim()  # again, after the thread's clear_streams freed its stream buffers
 
     def _unload_on_thread(self) -> None:
+        if self.batch is not None:
+            self.batch.close()  # the generator and the prompt cache hold MLX arrays
         self._model = None
         self._tokenizer = None
         self._unload_extra()
@@ -388,9 +408,13 @@ class MlxTextEngine:
         if not self._ready or scheduler is None:
             raise EngineError(f"{self.name}: the model is not loaded", retry_after=1.0)
         request = await self.prepare(request)
+        kv_tokens = 0  # what batch admission reserves: prompt + max_tokens (text models)
+        if request.prompt_ids is not None:
+            kv_tokens = len(request.prompt_ids) + request.max_tokens
+            check_fits_alone(kv_tokens, self.kv_bytes_per_token, self.kv_cache_bytes)
         scheduler.check_capacity()
         data = await self._job_data(request)
-        job = Job(request=request, sink=Sink(), data=data)
+        job = Job(request=request, sink=Sink(), data=data, kv_tokens=kv_tokens)
         job.stats.request_id = request.request_id
         scheduler.submit(job)
         self.history.append(job.stats)
@@ -471,12 +495,18 @@ class MlxTextEngine:
             ids,
             max_tokens=req.max_tokens,
             sampler=sampler,
+            logits_processors=list(req.logits_processors) or None,
             prefill_step_size=self.prefill_step,
             prompt_progress_callback=on_prefill,
         )
         try:
             for r in gen:
-                if self._on_token(job, stops, r.text, r.generation_tokens, r.finish_reason):
+                lp = None
+                if req.logprobs is not None:
+                    from mlxd.engines.batch_loop import token_logprob
+
+                    lp = token_logprob(r.logprobs, int(r.token), req.logprobs)
+                if self._on_token(job, stops, r.text, r.generation_tokens, r.finish_reason, lp):
                     return
         except _PrefillAborted:
             st.outcome = "cancelled"
@@ -484,33 +514,18 @@ class MlxTextEngine:
             gen.close()  # runs mlx-lm's cleanup (wired_limit -> mx.synchronize) here and now
 
     def _on_token(
-        self, job: Job, stops: StopText, text: str, n_tokens: int, finish_reason: str | None
+        self,
+        job: Job,
+        stops: StopText,
+        text: str,
+        n_tokens: int,
+        finish_reason: str | None,
+        logprob: TokenLogprob | None = None,
     ) -> bool:
         """Handle one generated token; True when the generation is over (finished or cancelled)."""
-        st = job.stats
-        now = time.monotonic()
-        if st.first_token_at is None:
-            st.first_token_at = now
-            st.prefill_done = st.prompt_tokens
-        st.completion_tokens = n_tokens
-        if st.cancel_requested_at is not None and st.cancel_requested_at < now:
-            st.tokens_after_cancel += 1
-        if self._stop_now(job):
-            st.outcome = "cancelled"
-            return True
-        piece, hit = stops.feed(text)
-        if hit or finish_reason is not None:
-            if not hit:
-                piece += stops.flush()
-            job.emit(TextDelta(piece) if piece else TOKEN_TICK)  # one "token" event per token
-            reason: Literal["stop", "length"] = (
-                "stop" if hit or finish_reason == "stop" else "length"
-            )
-            st.outcome = reason
-            job.emit(Finished(reason, st.prompt_tokens, n_tokens))
-            return True
-        job.emit(TextDelta(piece) if piece else TOKEN_TICK)
-        return False
+        return deliver_token(
+            job, stops, text, n_tokens, finish_reason, logprob=logprob, stop_now=self._stop_now
+        )
 
 
 def encode_prompt(tokenizer: Any, request: GenerationRequest) -> list[int]:

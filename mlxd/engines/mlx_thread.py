@@ -19,11 +19,13 @@ interruptible only between chunks"):
 * A job cannot be interrupted from outside; it polls its ``cancel`` flag
   (between tokens, and between prefill chunks).
 
-:class:`SerialScheduler` is the engine's request path: arrival order, one
-generation at a time, ``max_queue`` admission. It is the seam for continuous
-batching: a batching scheduler takes the same :class:`Job` objects (request,
-sink, cancel flag, stats) and runs many of them per step on the same thread,
-without changing how :meth:`generate` or the manager see the engine.
+:class:`SerialScheduler` is the request path of models that generate one at
+a time (``max_batch_size: 1``, ``mllm`` models, models whose KV cache cannot
+be batched): arrival order, ``max_queue`` admission. Batched models use
+:class:`mlxd.engines.batching.BatchScheduler`, which takes the same
+:class:`Job` objects (request, sink, cancel flag, stats) and runs many of them
+per decode step on the same thread, without changing how ``generate`` or the
+manager see the engine.
 """
 
 from __future__ import annotations
@@ -268,6 +270,8 @@ class Job:
     stats: GenerationStats = field(default_factory=GenerationStats)
     #: engine-specific prepared input (decoded images, ...)
     data: Any = None
+    #: KV tokens this job may grow to (prompt + max_tokens): what batch admission reserves
+    kv_tokens: int = 0
 
     def emit(self, item: object) -> None:
         """Thread-safe: send an event to the consumer."""
@@ -287,12 +291,16 @@ class SerialScheduler:
     All methods run on the Trio thread. ``run_one(job)`` runs on the MLX thread;
     when it returns (or raises) the job's sink is closed (after an exception
     item, if it raised) and the next waiting job is started.
+
+    Subclasses (:class:`mlxd.engines.batching.BatchScheduler`) admit more than
+    one job at a time by overriding :meth:`_admissible` and :meth:`_start`; the
+    queue, ``max_queue``, withdrawal and closing rules stay here.
     """
 
     def __init__(
         self,
         thread: MlxThread,
-        run_one: Callable[[Job], None],
+        run_one: Callable[[Job], None] | None,
         *,
         max_queue: int,
         name: str,
@@ -303,16 +311,16 @@ class SerialScheduler:
         self.name = name
         self._token = trio.lowlevel.current_trio_token()
         self._waiting: collections.deque[Job] = collections.deque()
-        # invariant: at most one job is on the MLX thread; it is self._running until its
-        # completion has been handled on the Trio side
-        self._running: Job | None = None
+        # invariant: a job is in _active from its start until its completion has been
+        # handled on the Trio side (_done); only active jobs are on the MLX thread
+        self._active: list[Job] = []
         self._closed = False
         self._idle = trio.Event()
         self._idle.set()
 
     def depth(self) -> int:
         """Requests waiting for or in generation (what ``max_queue`` limits)."""
-        return len(self._waiting) + (self._running is not None)
+        return len(self._waiting) + len(self._active)
 
     def check_capacity(self) -> None:
         """Raise :class:`Overloaded` (or :class:`EngineError` once closed) if a new job would be refused."""
@@ -332,47 +340,60 @@ class SerialScheduler:
 
     def withdraw(self, job: Job) -> None:
         """The consumer has gone (finished, cancelled, closed): stop or unqueue ``job``."""
-        if job is self._running:
+        if job in self._active:
             job.request_cancel()
         elif job in self._waiting:
             self._waiting.remove(job)
             job.stats.outcome = "withdrawn"
             job.stats.ended_at = time.monotonic()
+            self._dispatch()  # the head may have been what blocked the others
 
-    def _dispatch(self) -> None:
-        if self._running is not None or self._closed or not self._waiting:
-            return
-        job = self._waiting.popleft()
-        self._running = job
-        self._idle = trio.Event()
+    def _admissible(self, job: Job) -> bool:
+        """Whether ``job`` (the head of the queue) may start now."""
+        return not self._active
+
+    def _start(self, job: Job) -> None:
+        """Hand ``job`` to the MLX thread; :meth:`_done` must follow exactly once."""
         token = self._token
+        assert self._run_one is not None
 
         def done(result: outcome.Outcome[None]) -> None:  # on the MLX thread
-            call_soon(token, self._finished, job, result)
+            error = result.error if isinstance(result, outcome.Error) else None
+            call_soon(token, self._done, job, error)
 
         self._thread.submit(self._run_one, job, done=done)
 
-    def _finished(self, job: Job, result: outcome.Outcome[None]) -> None:
-        if isinstance(result, outcome.Error):
+    def _dispatch(self) -> None:
+        while not self._closed and self._waiting and self._admissible(self._waiting[0]):
+            job = self._waiting.popleft()
+            self._active.append(job)
+            self._idle = trio.Event()
+            self._start(job)
+
+    def _done(self, job: Job, error: BaseException | None) -> None:
+        """On the Trio thread: ``job`` has left the MLX thread (finished, cancelled or failed)."""
+        if error is not None:
             job.stats.outcome = job.stats.outcome or "error"
-            job.sink.put(result.error)
+            job.sink.put(error)
         job.sink.close_soon()
-        self._running = None
-        self._idle.set()
+        if job in self._active:
+            self._active.remove(job)
+        if not self._active:
+            self._idle.set()
         self._dispatch()
 
     async def wait_idle(self) -> None:
         """Wait until no job is on the MLX thread."""
-        while self._running is not None:
+        while self._active:
             await self._idle.wait()
 
     def close(self, reason: BaseException) -> None:
-        """Refuse new jobs, fail the waiting ones with ``reason``, cancel the running one."""
+        """Refuse new jobs, fail the waiting ones with ``reason``, cancel the running ones."""
         self._closed = True
         while self._waiting:
             job = self._waiting.popleft()
             job.stats.outcome = "withdrawn"
             job.sink.put(reason)
             job.sink.close_soon()
-        if self._running is not None:
-            self._running.request_cancel()
+        for job in self._active:
+            job.request_cancel()

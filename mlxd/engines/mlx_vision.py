@@ -14,6 +14,9 @@ streaming, stop strings and cancellation rules are inherited unchanged.
   image processor, which transformers 5 rejects (mlx-vlm#870); the loaded
   processor drops those keywords (docs/platform-facts.md, "mlx-vlm's LLaVA
   processor passes tokenizer arguments to the image processor").
+* Generations run one at a time, whatever ``max_batch_size`` says: mlx-vlm's
+  batch generator samples a whole batch with one sampler, so per-request
+  temperature, top_p, seed and stop strings would be lost.
 * Cancellation is checked between tokens. mlx-vlm's ``stream_generate`` has no
   prefill progress callback, so a cancel during the prefill of an image prompt
   is noticed at the first token (image prompts are short; text prompts on text
@@ -34,12 +37,12 @@ from mlxd.engines.base import GenerationRequest
 from mlxd.engines.mlx_text import (
     MlxTextEngine,
     Observer,
-    StopText,
     count_image_parts,
     message_text,
     seed_rng,
 )
 from mlxd.engines.mlx_thread import Job
+from mlxd.engines.streaming import StopText
 from mlxd.errors import EngineError, InvalidRequest, LoadFailed
 
 _TOKENIZER_KWARGS = ("padding", "padding_side", "add_special_tokens", "truncation", "max_length")
@@ -98,6 +101,11 @@ class MlxVisionEngine(MlxTextEngine):
 
     def _unload_extra(self) -> None:
         self._processor = None
+
+    def _cache_batchable(self) -> bool:
+        """Never: mlx-vlm 0.7's BatchGenerator samples a whole batch with one sampler (no
+        per-request temperature, top_p, seed or stop), so mllm models generate one at a time."""
+        return False
 
     def _validate(self, request: GenerationRequest) -> None:
         self._validate_common(request)

@@ -99,8 +99,18 @@ async def test_cancel_during_prefill_stops_at_the_next_chunk(tiny_model_dir: Pat
         await eng.stop()
 
 
-async def test_cancel_while_queued_never_reaches_the_thread(engine: MlxTextEngine) -> None:
-    """A request cancelled while it waits in the queue is withdrawn and never runs."""
+async def test_cancel_while_queued_never_reaches_the_thread(tiny_model_dir: Path) -> None:
+    """A request cancelled while it waits in the queue (behind a running one: max_batch_size 1)
+    is withdrawn and never runs."""
+    engine = MlxTextEngine(tiny_config(tiny_model_dir, max_batch_size=1), prefill_step=16)
+    await engine.load(lambda _p: None)
+    try:
+        await _cancel_while_queued(engine)
+    finally:
+        await engine.stop()
+
+
+async def _cancel_while_queued(engine: MlxTextEngine) -> None:
     first_token = trio.Event()
 
     async def long_one() -> None:

@@ -75,7 +75,10 @@ async def test_completion_is_deterministic_when_greedy(engine: MlxTextEngine, hf
     prompt = "the quick brown fox"
     first, fin1, _ = await collect(engine, completion(prompt, max_tokens=16, temperature=0.0))
     second, fin2, _ = await collect(engine, completion(prompt, max_tokens=16, temperature=0.0))
-    assert fin1 == fin2 == Finished("length", len(hf_tokenizer.encode(prompt)), 16)
+    n = len(hf_tokenizer.encode(prompt))
+    assert fin1 == Finished("length", n, 16)
+    # the second run finds the first one's KV in the prompt cache: all but the last prompt token
+    assert fin2 == Finished("length", n, 16, cached_tokens=n - 1)
     assert first == second
 
 
@@ -118,8 +121,9 @@ async def test_eos_or_length_finish_with_one_token(engine: MlxTextEngine) -> Non
 async def test_requests_are_served_in_arrival_order_and_the_queue_is_bounded(
     tiny_model_dir: Path,
 ) -> None:
-    """Requests run one at a time in arrival order; beyond max_queue the next one is Overloaded."""
-    eng = MlxTextEngine(tiny_config(tiny_model_dir, max_queue=3))
+    """With max_batch_size 1 (as before batching), requests run one at a time in arrival order;
+    beyond max_queue the next one is Overloaded."""
+    eng = MlxTextEngine(tiny_config(tiny_model_dir, max_queue=3, max_batch_size=1))
     await eng.load(lambda _p: None)
     order: list[str] = []
     first_token = trio.Event()
@@ -145,6 +149,7 @@ async def test_requests_are_served_in_arrival_order_and_the_queue_is_bounded(
                     pytest.fail("an overloaded request yielded an event")
             assert err.value.http_status == 503 and err.value.headers()["Retry-After"]
         assert order == ["a", "b", "c"]
+        assert eng.batch is None  # the serial path: no batch loop, no prompt cache
         assert eng._scheduler is not None
         await eng._scheduler.wait_idle()
         assert eng.queue_depth() == 0

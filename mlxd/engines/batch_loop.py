@@ -1,0 +1,317 @@
+"""The decode loop of a batched model, on its MLX thread, built on mlx-lm's ``BatchGenerator``.
+
+Theory of operation. :class:`BatchLoop` owns one ``BatchGenerator`` and the
+model's :class:`~mlxd.engines.prompt_cache.PromptCache`; both hold MLX arrays,
+so both live and die on the engine's MLX thread. The Trio side
+(:class:`mlxd.engines.batching.BatchScheduler`) hands it admitted jobs through
+:meth:`BatchLoop.add` (thread-safe). While it has work, :meth:`BatchLoop.run`
+runs as one job on the MLX thread and repeats one *step*:
+
+1. take the newly added jobs into the generator: longest cached prefix from
+   the prompt cache, the request's own sampler (temperature, top_p and a
+   private random key when it has a seed, so its tokens do not depend on its
+   neighbours), its logits processors and ``max_tokens``;
+2. take out every job whose cancel flag is set (client gone, preemption,
+   shutdown): at most one step after the flag, and the others go on;
+3. ``BatchGenerator.next()``: one decode step for every generating sequence
+   plus one prefill chunk (``prefill_step`` tokens) of each newcomer, so a
+   long prompt never freezes the running streams;
+4. deliver each new token (:func:`~mlxd.engines.streaming.deliver_token`:
+   stop strings, logprobs, ``Finished``); a finished sequence's KV goes to the
+   prompt cache and its job is reported done to the Trio side.
+
+When no job is left and none is waiting in the inbox, :meth:`run` returns, so
+jobs queued behind it on the thread (an unload) run. An exception inside a
+step (a failing logits processor, out of memory) fails every job in the
+batch with it and drops the generator; the next job starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mlxd.engines.base import TokenLogprob
+from mlxd.engines.mlx_thread import Job, PrefillProgress
+from mlxd.engines.prompt_cache import PromptCache
+from mlxd.engines.streaming import StopText, deliver_token
+
+log = logging.getLogger(__name__)
+
+#: done(job, error or None): called on the MLX thread when a job has left the batch
+DoneCallback = Callable[[Job, BaseException | None], None]
+
+
+@dataclass(eq=False)
+class _Seq:
+    """One job inside the generator (MLX thread only)."""
+
+    job: Job
+    uid: int
+    detok: Any
+    stops: StopText
+    cached: int
+    n_tokens: int = 0
+
+
+def make_sampler(temperature: float, top_p: float, seed: int | None) -> Any:
+    """The request's sampler; None for greedy (the batch then samples all greedy rows at once).
+
+    A sampled request keeps its own PRNG key (from its seed, or fresh entropy),
+    split once per token, so a seeded request gives the same tokens whoever
+    shares the batch with it.
+    """
+    if temperature <= 0.0:
+        return None
+    import mlx.core as mx
+    from mlx_lm.sample_utils import apply_top_p
+
+    key = [mx.random.key(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))]
+    scale = 1.0 / temperature
+    nucleus = 0.0 < top_p < 1.0
+
+    def sampler(logprobs: Any) -> Any:
+        if nucleus:
+            logprobs = apply_top_p(logprobs, top_p)
+        key[0], sub = mx.random.split(key[0])
+        return mx.random.categorical(logprobs * scale, key=sub)
+
+    return sampler
+
+
+def token_logprob(logprobs: Any, token: int, top: int) -> TokenLogprob:
+    """The chosen token's log-probability and the ``top`` most likely tokens (one sync)."""
+    import mlx.core as mx
+
+    chosen = float(logprobs[token].item())
+    if top <= 0:
+        return TokenLogprob(token, chosen)
+    k = min(top, int(logprobs.shape[-1]))
+    idx = mx.argpartition(-logprobs, kth=k - 1)[:k]
+    ids: Any = idx.tolist()
+    values: Any = logprobs[idx].tolist()
+    pairs = sorted(zip(ids, values, strict=True), key=lambda p: -p[1])
+    return TokenLogprob(token, chosen, tuple((int(t), float(v)) for t, v in pairs))
+
+
+class BatchLoop:
+    """See the module docstring. Constructed on the Trio side; everything MLX runs on ``thread``."""
+
+    def __init__(
+        self,
+        submit: Callable[[Callable[[], None]], None],
+        *,
+        model: Callable[[], tuple[Any, Any]],
+        max_batch: int,
+        prefill_step: int,
+        prompt_cache_bytes: int,
+        on_done: DoneCallback,
+    ) -> None:
+        self._submit = submit  # runs a callable on the engine's MLX thread
+        self._model = model  # () -> (model, tokenizer), read on the MLX thread
+        self.max_batch = max_batch
+        self.prefill_step = prefill_step
+        self.prompt_cache_bytes = prompt_cache_bytes
+        self._on_done = on_done
+        self._lock = threading.Lock()
+        # invariant: _running is True exactly while run() is queued on or running on the thread
+        self._inbox: collections.deque[Job] = collections.deque()
+        self._running = False
+        # owned by the MLX thread
+        self._gen: Any = None
+        self._seqs: dict[int, _Seq] = {}
+        self._cache: PromptCache | None = None
+        self.steps = 0
+        #: the most KV bytes the running batch has held (sampled every few steps)
+        self.kv_peak_bytes = 0
+
+    # ---- any thread ----------------------------------------------------------------------
+
+    def add(self, job: Job) -> None:
+        """Hand an admitted job to the loop (starts the loop on the MLX thread if idle)."""
+        with self._lock:
+            self._inbox.append(job)
+            if self._running:
+                return
+            self._running = True
+        self._submit(self.run)
+
+    def usage(self) -> dict[str, int]:
+        """Bytes held now: the running batch's KV and the prompt cache (approximate, lock-free)."""
+        cache = self._cache
+        gen = self._gen
+        return {
+            "kv_cache": int(gen.prompt_cache_nbytes) if gen is not None else 0,
+            "kv_cache_peak": self.kv_peak_bytes,
+            "prompt_cache": cache.nbytes if cache is not None else 0,
+        }
+
+    # ---- the MLX thread --------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Step until no job is left (see the module docstring)."""
+        while True:
+            self._take_new()
+            self._drop_cancelled()
+            if not self._seqs:
+                with self._lock:
+                    if not self._inbox:
+                        self._running = False
+                        return
+                continue
+            try:
+                prompt_responses, gen_responses = self._gen.next()
+            except Exception as e:
+                log.exception("a batched decode step failed")
+                self._fail_all(e)
+                continue
+            self.steps += 1
+            self._progress(prompt_responses)
+            self._deliver(gen_responses)
+            if self.steps % 16 == 0:
+                self.kv_peak_bytes = max(self.kv_peak_bytes, int(self._gen.prompt_cache_nbytes))
+
+    def close(self) -> None:
+        """Drop the generator and the prompt cache (on the MLX thread, before the unload)."""
+        if self._gen is not None:
+            self._gen.close()
+        self._gen = None
+        self._seqs.clear()
+        if self._cache is not None:
+            self._cache.clear()
+        self._cache = None
+
+    def _generator(self) -> Any:
+        if self._gen is None:
+            from mlx_lm.generate import BatchGenerator
+
+            model, _tok = self._model()
+            self._gen = BatchGenerator(
+                model,
+                completion_batch_size=self.max_batch,
+                prefill_batch_size=self.max_batch,
+                prefill_step_size=self.prefill_step,
+            )
+        if self._cache is None:
+            self._cache = PromptCache(self.prompt_cache_bytes)
+        return self._gen
+
+    def _take_new(self) -> None:
+        while True:
+            with self._lock:
+                if not self._inbox:
+                    return
+                job = self._inbox.popleft()
+            try:
+                self._insert(job)
+            except Exception as e:
+                job.stats.ended_at = time.monotonic()
+                self._on_done(job, e)
+
+    def _insert(self, job: Job) -> None:
+        from mlx_lm.generate import StopSequences
+
+        st, req = job.stats, job.request
+        st.started_at = time.monotonic()
+        if job.cancel.is_set():
+            st.outcome, st.ended_at = "cancelled", time.monotonic()
+            self._on_done(job, None)
+            return
+        gen = self._generator()
+        assert self._cache is not None
+        _model, tok = self._model()
+        ids: list[int] = list(req.prompt_ids or ())  # the engine's prepare() tokenized it
+        st.prompt_tokens = len(ids)
+        cache, rest = self._cache.fetch(ids)
+        cached = len(ids) - len(rest)
+        (uid,) = gen.insert(
+            [rest],
+            max_tokens=[req.max_tokens],
+            caches=[cache] if cache is not None else None,
+            all_tokens=[ids[:cached]],
+            samplers=[make_sampler(req.temperature, req.top_p, req.seed)],
+            logits_processors=[list(req.logits_processors)],
+            stop_sequences=[StopSequences([(t,) for t in tok.eos_token_ids])],
+        )
+        self._seqs[uid] = _Seq(job, uid, tok.detokenizer, StopText(req.stop), cached)
+
+    def _drop_cancelled(self) -> None:
+        gone = [s for s in self._seqs.values() if s.job.cancel.is_set()]
+        if not gone:
+            return
+        self._gen.remove([s.uid for s in gone])
+        for s in gone:
+            self._finish(s, "cancelled")
+
+    def _finish(self, seq: _Seq, outcome: str | None = None) -> None:
+        self._seqs.pop(seq.uid, None)
+        st = seq.job.stats
+        if outcome is not None:
+            st.outcome = outcome
+        st.ended_at = time.monotonic()
+        self._on_done(seq.job, None)
+
+    def _progress(self, responses: list[Any]) -> None:
+        for r in responses:
+            seq = self._seqs.get(r.uid)
+            if seq is None:
+                continue
+            done, total = r.progress
+            st = seq.job.stats
+            st.prefill_done = seq.cached + int(done)
+            if 0 < done < total:
+                st.prefill_chunks += 1
+                seq.job.emit(PrefillProgress(seq.cached + int(done), seq.cached + int(total)))
+
+    def _deliver(self, responses: list[Any]) -> None:
+        stopped: list[_Seq] = []
+        for r in responses:
+            seq = self._seqs.get(r.uid)
+            if seq is None:
+                continue
+            seq.n_tokens += 1
+            if r.finish_reason != "stop":  # an end-of-sequence token has no text
+                seq.detok.add_token(r.token)
+            if r.finish_reason is not None:
+                seq.detok.finalize()
+            want = seq.job.request.logprobs
+            lp = token_logprob(r.logprobs, r.token, want) if want is not None else None
+            over = deliver_token(
+                seq.job,
+                seq.stops,
+                seq.detok.last_segment,
+                seq.n_tokens,
+                r.finish_reason,
+                cached_tokens=seq.cached,
+                logprob=lp,
+            )
+            if r.finish_reason is not None:
+                if r.prompt_cache is not None and self._cache is not None:
+                    self._cache.insert(r.all_tokens, r.prompt_cache)
+                self._finish(seq)
+            elif over:  # a stop string, or cancelled: still in the generator
+                stopped.append(seq)
+        if stopped:
+            self._gen.remove([s.uid for s in stopped])
+            for s in stopped:
+                self._finish(s)
+
+    def _fail_all(self, error: BaseException) -> None:
+        seqs = list(self._seqs.values())
+        self._seqs.clear()
+        if self._gen is not None:
+            try:
+                self._gen.close()
+            except Exception:
+                pass
+        self._gen = None
+        for s in seqs:
+            s.job.stats.outcome = "error"
+            s.job.stats.ended_at = time.monotonic()
+            self._on_done(s.job, error)

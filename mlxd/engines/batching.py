@@ -1,0 +1,96 @@
+"""Continuous batching, the Trio side: which queued generations join the running batch.
+
+A batched model (mlx-lm text model, ``max_batch_size`` > 1, a KV cache that
+mlx-lm can batch) runs its generations in one :class:`~mlxd.engines.batch_loop.BatchLoop`
+on its MLX thread. :class:`BatchScheduler` keeps the model's queue (arrival
+order, ``max_queue``) and admits the head of the queue into the batch when
+
+* fewer than ``max_batch_size`` generations are running, and
+* the batch's KV, with the newcomer, fits the model's committed ``kv_cache``.
+
+KV of a batch: mlx-lm's ``BatchKVCache`` keeps every sequence as long as the
+longest one (left padding), in steps of 256 tokens, so a batch of ``n``
+sequences whose longest may grow to ``L`` tokens (prompt + ``max_tokens``)
+holds up to ``n x ceil(L / 256) x 256 x KV bytes per token``; that is the
+figure admission keeps within ``kv_cache`` (:func:`batch_kv_bytes`). A
+request that does not fit waits in the queue (first come, first served: the
+head is never overtaken) until running generations finish; a request that
+could not fit even alone is refused before queueing (:func:`check_fits_alone`).
+When the KV bytes per token are unknown (``kv_cache`` 0: a model whose
+config.json was not on disk when its memory was estimated) admission is
+bounded by ``max_batch_size`` only.
+"""
+
+from __future__ import annotations
+
+from mlxd.engines.batch_loop import BatchLoop
+from mlxd.engines.mlx_thread import Job, MlxThread, SerialScheduler, call_soon
+from mlxd.errors import InvalidRequest
+from mlxd.units import format_bytes
+
+#: mlx-lm's KV caches grow in steps of this many tokens
+KV_STEP = 256
+
+
+def batch_kv_bytes(kv_tokens: list[int], bytes_per_token: int) -> int:
+    """The most KV a batch of sequences growing to ``kv_tokens`` tokens can hold (module docstring)."""
+    if not kv_tokens:
+        return 0
+    longest = -(-max(kv_tokens) // KV_STEP) * KV_STEP
+    return len(kv_tokens) * longest * bytes_per_token
+
+
+def check_fits_alone(kv_tokens: int, bytes_per_token: int | None, kv_budget: int) -> None:
+    """Refuse (400) a request whose KV could not fit the model's ``kv_cache`` even alone."""
+    if not bytes_per_token or kv_budget <= 0:
+        return
+    need = batch_kv_bytes([kv_tokens], bytes_per_token)
+    if need > kv_budget:
+        raise InvalidRequest(
+            f"this request's KV cache (prompt + max_tokens = {kv_tokens:,} tokens, "
+            f"{format_bytes(need)}) is larger than the model's kv_cache_gb "
+            f"({format_bytes(kv_budget)}); lower max_tokens or shorten the prompt",
+            param="max_tokens",
+        )
+
+
+class BatchScheduler(SerialScheduler):
+    """The queue of a batched model (module docstring); all methods on the Trio thread."""
+
+    def __init__(
+        self,
+        thread: MlxThread,
+        loop: BatchLoop,
+        *,
+        max_queue: int,
+        max_batch: int,
+        kv_budget: int,
+        kv_bytes_per_token: int | None,
+        name: str,
+    ) -> None:
+        super().__init__(thread, None, max_queue=max_queue, name=name)
+        self.loop = loop
+        self.max_batch = max_batch
+        self.kv_budget = kv_budget
+        self.kv_bytes_per_token = kv_bytes_per_token
+
+    def kv_reserved(self) -> int:
+        """The KV bytes the running batch may grow to (what admission keeps within ``kv_budget``)."""
+        if not self.kv_bytes_per_token:
+            return 0
+        return batch_kv_bytes([j.kv_tokens for j in self._active], self.kv_bytes_per_token)
+
+    def _admissible(self, job: Job) -> bool:
+        if len(self._active) >= self.max_batch:
+            return False
+        if not self.kv_bytes_per_token or self.kv_budget <= 0 or not self._active:
+            return True  # alone it fits: check_fits_alone refused it otherwise
+        tokens = [j.kv_tokens for j in self._active] + [job.kv_tokens]
+        return batch_kv_bytes(tokens, self.kv_bytes_per_token) <= self.kv_budget
+
+    def _start(self, job: Job) -> None:
+        self.loop.add(job)
+
+    def done_on_thread(self, job: Job, error: BaseException | None) -> None:
+        """The loop's completion callback (MLX thread): hand the job back to Trio."""
+        call_soon(self._token, self._done, job, error)

@@ -1,0 +1,267 @@
+"""Continuous batching on the tiny model: equal outputs, cancellation, prompt cache, KV admission."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from mlxd.config import Config, ContentionPolicy, ManagerConfig
+from mlxd.engines import DefaultEngines
+from mlxd.engines.base import ChatMessage, Finished, GenerationRequest, TextDelta
+from mlxd.engines.batching import BatchScheduler, batch_kv_bytes
+from mlxd.engines.mlx_text import MlxTextEngine
+from mlxd.errors import InvalidRequest, Preempted
+from mlxd.residency.manager import Manager
+from tests.engines.mlx_helpers import chat, collect, completion, tiny_config
+
+pytestmark = pytest.mark.mlx
+
+PROMPTS = ("the quick brown fox", "hello world", "once upon a time in a land far away", "a")
+
+
+async def _loaded(path: Path, **kw: object) -> MlxTextEngine:
+    eng = MlxTextEngine(tiny_config(path, **kw), prefill_step=8)
+    await eng.load(lambda _p: None)
+    return eng
+
+
+@pytest.fixture
+async def batched(tiny_model_dir: Path) -> AsyncIterator[MlxTextEngine]:
+    eng = await _loaded(tiny_model_dir, max_batch_size=4)
+    assert eng.batch is not None and isinstance(eng._scheduler, BatchScheduler)
+    try:
+        yield eng
+    finally:
+        await eng.stop()
+
+
+async def _together(
+    eng: MlxTextEngine, requests: list[GenerationRequest]
+) -> list[tuple[str, Finished]]:
+    """Run ``requests`` concurrently on ``eng``; their (text, Finished) in order."""
+    out: list[tuple[str, Finished] | None] = [None] * len(requests)
+
+    async def one(i: int) -> None:
+        text, fin, _ = await collect(eng, requests[i])
+        out[i] = (text, fin)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(requests)):
+            nursery.start_soon(one, i)
+    assert all(o is not None for o in out)
+    return [o for o in out if o is not None]
+
+
+async def test_batched_greedy_outputs_equal_serial_ones(
+    tiny_model_dir: Path, batched: MlxTextEngine
+) -> None:
+    """At temperature 0, four prompts decoded together give exactly the text each gives alone
+    (one at a time, max_batch_size 1): fp32 on the CPU, the batched matmuls reduce each row the
+    same way, so no tolerance is needed."""
+    requests = [completion(p, max_tokens=40, temperature=0.0) for p in PROMPTS]
+    serial = await _loaded(tiny_model_dir, max_batch_size=1)
+    try:
+        assert serial.batch is None
+        alone = [await collect(serial, r) for r in requests]
+    finally:
+        await serial.stop()
+    assert batched.batch is not None
+    steps_before = batched.batch.steps
+    together = await _together(batched, requests)
+    assert [t for t, _ in together] == [t for t, _, _ in alone]
+    assert [f.completion_tokens for _, f in together] == [40] * 4
+    # they shared decode steps: far fewer steps than the 160 tokens produced
+    assert batched.batch.steps - steps_before < 100
+
+
+async def test_one_cancelled_request_in_a_batch_of_four_stops_within_a_step(
+    batched: MlxTextEngine,
+) -> None:
+    """Cancelling one of four batched streams stops it within one decode step; the other
+    three finish with exactly the text they give without it."""
+    requests = [completion(p, max_tokens=60, temperature=0.0) for p in PROMPTS]
+    reference = await _together(batched, requests[1:])
+    results: list[tuple[str, Finished] | None] = [None] * 4
+    got = trio.Event()
+
+    async def victim(scope: trio.CancelScope) -> None:
+        with scope:
+            async for ev in batched.generate(requests[0]):
+                if isinstance(ev, TextDelta):
+                    got.set()
+
+    async def other(i: int) -> None:
+        text, fin, _ = await collect(batched, requests[i])
+        results[i] = (text, fin)
+
+    async with trio.open_nursery() as nursery:
+        scope = trio.CancelScope()
+        nursery.start_soon(victim, scope)
+        for i in (1, 2, 3):
+            nursery.start_soon(other, i)
+        await got.wait()
+        scope.cancel()
+    victim_stats = next(s for s in batched.history if s.outcome == "cancelled")
+    assert victim_stats.tokens_after_cancel <= 1
+    assert victim_stats.completion_tokens < 60
+    # (the reference runs filled the prompt cache: compare the texts and token counts)
+    assert [(t, f.completion_tokens) for t, f in results[1:]] == [
+        (t, f.completion_tokens) for t, f in reference
+    ]
+
+
+async def test_a_prompt_cache_hit_gives_the_same_output_as_a_miss(batched: MlxTextEngine) -> None:
+    """A chat whose prefix is in the prompt cache reports cached_tokens and generates the same
+    text as the first (uncached) run; the next turn reuses the whole first exchange."""
+    req = chat("tell me about the sea", max_tokens=24, temperature=0.0)
+    first, fin1, _ = await collect(batched, req)
+    second, fin2, _ = await collect(batched, req)
+    assert fin1.cached_tokens == 0 and fin2.cached_tokens == fin1.prompt_tokens - 1
+    assert second == first
+    turn2 = GenerationRequest(
+        kind="chat",
+        messages=(
+            ChatMessage("user", "tell me about the sea"),
+            ChatMessage("assistant", first),
+            ChatMessage("user", "and the sky?"),
+        ),
+        max_tokens=8,
+        temperature=0.0,
+    )
+    _, fin3, _ = await collect(batched, turn2)
+    assert fin3.cached_tokens >= fin1.prompt_tokens
+    assert batched.batch is not None and batched.batch.usage()["prompt_cache"] > 0
+
+
+async def test_seeded_sampling_does_not_depend_on_the_neighbours(batched: MlxTextEngine) -> None:
+    """A seeded request samples the same text alone and next to three others (its own key)."""
+    seeded = chat("tell me something", max_tokens=30, temperature=1.0, top_p=0.9, seed=42)
+    alone, _, _ = await collect(batched, seeded)
+    others = [chat(p, max_tokens=30, temperature=0.7) for p in PROMPTS[:3]]
+    together = await _together(batched, [seeded, *others])
+    assert together[0][0] == alone
+    different, _, _ = await collect(
+        batched, chat("tell me something", max_tokens=30, temperature=1.0, seed=7)
+    )
+    assert different != alone
+
+
+async def test_logits_processors_and_logprobs_are_per_request(batched: MlxTextEngine) -> None:
+    """A request's logits processor constrains only that request; logprobs come per token."""
+    import mlx.core as mx
+
+    forced = 300  # a token id the processor forces
+
+    def only_forced(_tokens: mx.array, logits: mx.array) -> mx.array:
+        mask = mx.arange(logits.shape[-1]) == forced
+        return mx.where(mask, logits, -mx.inf)
+
+    constrained = completion(
+        "hello", max_tokens=5, temperature=0.0, logits_processors=(only_forced,), logprobs=2
+    )
+    free = completion("hello", max_tokens=5, temperature=0.0)
+    deltas: list[TextDelta] = []
+
+    async def run_constrained() -> None:
+        async for ev in batched.generate(constrained):
+            if isinstance(ev, TextDelta):
+                deltas.append(ev)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_constrained)
+        free_text, _, _ = await collect(batched, free)
+    tokens = [lp.token for d in deltas for lp in d.logprobs]
+    assert tokens == [forced] * 5
+    for d in deltas:
+        for lp in d.logprobs:
+            assert lp.logprob == pytest.approx(0.0, abs=1e-4)  # all the mass on the forced token
+            assert len(lp.top) == 2 and lp.top[0][0] == forced
+    alone, _, _ = await collect(batched, free)
+    assert free_text == alone
+
+
+async def test_kv_admission_keeps_the_batch_within_kv_cache(tiny_model_dir: Path) -> None:
+    """With room for two sequences' KV, four requests run at most two at a time and all finish;
+    a request whose KV could never fit is refused before queueing."""
+    eng = MlxTextEngine(tiny_config(tiny_model_dir, max_batch_size=4), prefill_step=8)
+    await eng.load(lambda _p: None)
+    try:
+        assert eng.kv_bytes_per_token == 1024  # 2 x 2 layers x 4 KV heads x 16 x fp32
+        eng.kv_cache_bytes = 2 * 256 * 1024
+        sched = eng._scheduler
+        assert isinstance(sched, BatchScheduler)
+        sched.kv_budget = eng.kv_cache_bytes
+        most = 0
+
+        def watch(_event: str, _stats: object) -> None:
+            nonlocal most
+            most = max(most, len(sched._active))
+            assert sched.kv_reserved() <= sched.kv_budget
+
+        eng.observer = watch
+        results = await _together(eng, [completion(p, max_tokens=100) for p in PROMPTS])
+        assert most == 2 and len(results) == 4
+        with pytest.raises(InvalidRequest) as err:
+            await collect(eng, completion("hello", max_tokens=600))
+        assert err.value.param == "max_tokens" and "kv_cache_gb" in err.value.message
+    finally:
+        await eng.stop()
+
+
+def test_batch_kv_bytes_pads_every_sequence_to_the_longest() -> None:
+    """A batch holds n x (longest, rounded up to 256 tokens) x bytes per token."""
+    assert batch_kv_bytes([], 10) == 0
+    assert batch_kv_bytes([10], 2) == 256 * 2
+    assert batch_kv_bytes([10, 300, 5], 2) == 3 * 512 * 2
+
+
+async def test_preempting_a_batched_model_stops_all_its_leases(tiny_model_dir: Path) -> None:
+    """Three streams batched on one model are all preempted by an unload with preempt."""
+    model = tiny_config(tiny_model_dir, max_batch_size=4, estimated_memory_bytes=1 << 20)
+    config = Config(
+        manager=ManagerConfig(1 << 30, contention_policy=ContentionPolicy("preempt")),
+        models=(model,),
+    )
+    manager = Manager(config, DefaultEngines())
+    errors: list[BaseException] = []
+    endless = completion("hi", max_tokens=1000, logits_processors=(_no_eos,))
+    streaming = [trio.Event() for _ in range(3)]
+
+    async def stream(i: int) -> None:
+        async with manager.lease("tiny") as lease:
+            try:
+                with lease.scope():
+                    async for ev in lease.engine.generate(endless):
+                        if isinstance(ev, TextDelta):
+                            streaming[i].set()
+            except Exception as e:
+                errors.append(e)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.run)
+        async with trio.open_nursery() as streams:
+            for i in range(3):
+                streams.start_soon(stream, i)
+            for ev in streaming:
+                await ev.wait()
+            engine = manager._engines["tiny"]
+            assert isinstance(engine, MlxTextEngine) and engine.batch is not None
+            await manager.unload("tiny", preempt=True)
+        assert len(errors) == 3, errors
+        assert all(isinstance(e, Preempted) for e in errors), errors
+        assert manager.core.state("tiny").value == "unloaded"
+        outcomes = [s.outcome for s in engine.history]
+        assert outcomes.count("cancelled") == 3
+        await manager.shutdown(1.0)
+        nursery.cancel_scope.cancel()
+
+
+def _no_eos(_tokens: object, logits: object) -> object:
+    """A logits processor that keeps the random model from ever ending (token 1 is its EOS)."""
+    import mlx.core as mx
+
+    assert isinstance(logits, mx.array)
+    return mx.where(mx.arange(logits.shape[-1]) == 1, -mx.inf, logits)
