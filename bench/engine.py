@@ -44,7 +44,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-# the script's own folder must not shadow the standard library (bench/http.py vs http)
+# the script's own folder must not shadow the standard library
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(REPO))
 

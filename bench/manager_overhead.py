@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# Run as a script, bench/ is sys.path[0], and bench/http.py would shadow the standard
-# library's http module: import from the repository instead.
+# Run as a script, bench/ is sys.path[0], and a script there named like a standard
+# library module would shadow it: import from the repository instead.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 

@@ -1,0 +1,606 @@
+"""mlxd side by side with vllm-mlx (continuous batching) and mlx_lm.server: one command.
+
+What it does, in order:
+
+1. writes the demo models (``tiny`` and ``small``, and a copy of each for swaps)
+   under ``bench/work/`` with ``mlxd demo-model``;
+2. installs each peer in its own virtual environment under ``bench/peers/``
+   (git-ignored): ``vllm-mlx`` and ``mlx-lm`` (for ``mlx_lm.server``), each with
+   ``mlx[cpu]`` on Linux; an existing environment is reused;
+3. for each model, starts each server in turn on 127.0.0.1 with the same model
+   files and runs the same workloads against it:
+
+   * single stream: time to first token (TTFT) and decode tok/s;
+   * ``--clients`` concurrent streams (1, 4, 8, 16, 32): aggregate tok/s,
+     TTFT p50/p99, errors;
+   * a ``--turns``-turn conversation: TTFT of each turn (the prompt cache);
+   * swap: models A and B alternating under a budget that fits one (mlxd and
+     vllm-mlx, the two with a memory budget): mean request latency;
+   * cold start: process start to the first streamed token.
+
+Tokens are counted by this script, never taken from a server's ``usage``:
+the streamed text of each request is encoded with the model's own tokenizer
+(``tokenizer.json``), the same count for every server. Everything is greedy
+(temperature 0) with the same prompts, so the three servers produce the same
+text. Results: ``bench/RESULTS.md`` (every figure, the ratio mlxd / better peer
+on each row, machine, date, versions) and ``bench/results.png``.
+
+Run (the full run, on a quiet machine): ``.venv/bin/python bench/compare.py``.
+``--quick`` is a small smoke pass (tiny model, 1 and 4 clients, 3 turns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+sys.path.insert(0, str(REPO))
+
+WORK = HERE / "work"
+PEERS = HERE / "peers"
+SERVERS = ("mlxd", "mlx_lm.server", "vllm-mlx")
+PEER_PACKAGES = {"vllm-mlx": ["vllm-mlx"], "mlx_lm.server": ["mlx-lm"]}
+SYSTEM = "You are a helpful assistant. Answer in a few sentences."
+QUESTIONS = [
+    "tell me about the quick brown fox",
+    "what is the capital of the sea",
+    "describe a small town by the sea",
+    "why is the sky blue",
+]
+
+
+# ---- setup -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_models(kinds: list[str]) -> dict[str, Path]:
+    from mlxd.engines.demo_model import is_model_dir, write_demo_model
+
+    out: dict[str, Path] = {}
+    for kind in kinds:
+        for suffix in ("", "-b"):
+            path = WORK / "models" / f"{kind}{suffix}"
+            if not is_model_dir(path):
+                if suffix and is_model_dir(WORK / "models" / kind):
+                    shutil.copytree(WORK / "models" / kind, path)
+                else:
+                    write_demo_model(path, kind)  # type: ignore[arg-type]
+            out[f"{kind}{suffix}"] = path
+    return out
+
+
+def peer_python(name: str) -> Path:
+    """The peer's own virtual environment (created and installed on first use)."""
+    venv = PEERS / name
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        extra = ["mlx[cpu]"] if sys.platform.startswith("linux") else []
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES[name], *extra], check=True
+        )
+    return python
+
+
+def version_of(python: Path, package: str) -> str:
+    code = f"from importlib.metadata import version; print(version({package!r}))"
+    r = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    return r.stdout.strip() or "?"
+
+
+@dataclass
+class Server:
+    name: str
+    argv: list[str]
+    port: int
+    model_ids: dict[str, str]  # model key -> id in requests
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, log: Path) -> None:
+        self.started_at = time.perf_counter()
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        self.proc = None
+
+
+def make_server(
+    name: str, models: dict[str, Path], keys: list[str], tmp: Path, budget_gb: float
+) -> Server:
+    port = free_port()
+    ids = {k: str(models[k]) for k in keys}
+    if name == "mlxd":
+        ids = {k: k for k in keys}
+        cfg = {
+            "server": {"host": "127.0.0.1", "port": port},
+            "journal": {"path": str(tmp / "journal.db"), "synchronous": "normal"},
+            "manager": {
+                "memory_budget_gb": budget_gb,
+                "restore_on_start": False,
+                "contention_policy": {"strategy": "wait", "wait_timeout_s": 120},
+            },
+            "models": [{"name": k, "path": str(models[k]), "max_batch_size": 32} for k in keys],
+        }
+        path = tmp / "mlxd.yaml"
+        path.write_text(json.dumps(cfg))  # JSON is YAML
+        argv = [sys.executable, "-m", "mlxd", "serve", "--config", str(path)]
+        return Server(name, argv, port, ids)
+    python = peer_python(name)
+    if name == "mlx_lm.server":
+        argv = [
+            str(python),
+            "-m",
+            "mlx_lm",
+            "server",
+            "--model",
+            ids[keys[0]],
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        return Server(name, argv, port, ids, {"HF_HUB_OFFLINE": "1"})
+    reg = tmp / "vllm.yaml"
+    entries = [{"name": k, "path": str(models[k]), "continuous_batching": True} for k in keys]
+    reg.write_text(json.dumps({"manager": {"memory_budget_gb": budget_gb}, "models": entries}))
+    ids = {k: k for k in keys}
+    argv = [
+        str(python.parent / "vllm-mlx"),
+        "serve",
+        "--models-config",
+        str(reg),
+        "--continuous-batching",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    return Server(name, argv, port, ids, {"HF_HUB_OFFLINE": "1"})
+
+
+# ---- the client --------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    ok: bool
+    ttft: float | None = None
+    seconds: float = 0.0
+    text: str = ""
+    error: str | None = None
+
+
+async def chat(
+    client: Any, server: Server, model: str, messages: list[dict[str, str]], max_tokens: int
+) -> Result:
+    body = {
+        "model": server.model_ids[model],
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+    }
+    t0 = time.perf_counter()
+    ttft: float | None = None
+    parts: list[str] = []
+    try:
+        async with client.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                return Result(
+                    False, error=f"HTTP {r.status_code}", seconds=time.perf_counter() - t0
+                )
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                obj = json.loads(line[6:])
+                if "error" in obj:
+                    return Result(False, error=str(obj["error"])[:80])
+                for choice in obj.get("choices") or []:
+                    piece = (choice.get("delta") or {}).get("content") or ""
+                    if piece:
+                        ttft = ttft if ttft is not None else time.perf_counter() - t0
+                        parts.append(piece)
+    except Exception as e:  # counted as an error of the row
+        return Result(False, error=type(e).__name__, seconds=time.perf_counter() - t0)
+    return Result(True, ttft, time.perf_counter() - t0, "".join(parts))
+
+
+async def wait_ready(server: Server, model: str, limit_s: float = 600) -> float:
+    """Poll with a 1-token request until the server answers; seconds since its start."""
+    import httpx
+
+    deadline = time.perf_counter() + limit_s
+    async with httpx.AsyncClient(timeout=60) as client:
+        while time.perf_counter() < deadline:
+            if server.proc is not None and server.proc.poll() is not None:
+                raise SystemExit(f"{server.name} exited with {server.proc.returncode}")
+            r = await chat(client, server, model, [{"role": "user", "content": "hi"}], 1)
+            if r.ok and r.ttft is not None:
+                return time.perf_counter() - server.started_at
+            await asyncio.sleep(0.2)
+    raise SystemExit(f"{server.name} was not ready after {limit_s} s")
+
+
+class Counter:
+    def __init__(self, model_dir: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+
+    def __call__(self, text: str) -> int:
+        return len(self.tok.encode(text, add_special_tokens=False).ids) if text else 0
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
+
+
+async def run_concurrent(
+    server: Server, model: str, clients: int, per_client: int, tokens: int, count: Counter
+) -> dict[str, Any]:
+    import httpx
+
+    results: list[Result] = []
+
+    async def one_client(i: int, client: Any) -> None:
+        for j in range(per_client):
+            q = QUESTIONS[(i + j) % len(QUESTIONS)]
+            msgs = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"{q} ({i})"},
+            ]
+            results.append(await chat(client, server, model, msgs, tokens))
+
+    limits = httpx.Limits(max_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one_client(i, client) for i in range(clients)))
+        wall = time.perf_counter() - t0
+    ok = [r for r in results if r.ok]
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    decode = [
+        (count(r.text) - 1) / (r.seconds - r.ttft) for r in ok if r.ttft and r.seconds > r.ttft
+    ]
+    return {
+        "tok_s": sum(count(r.text) for r in ok) / wall,
+        "ttft_p50": pct(ttfts, 0.5),
+        "ttft_p99": pct(ttfts, 0.99),
+        "decode_tok_s": statistics.median(decode) if decode else None,
+        "errors": len(results) - len(ok),
+        "requests": len(results),
+    }
+
+
+async def run_conversation(
+    server: Server, model: str, turns: int, tokens: int
+) -> list[float | None]:
+    import httpx
+
+    msgs = [{"role": "system", "content": SYSTEM}]
+    out: list[float | None] = []
+    async with httpx.AsyncClient(timeout=600) as client:
+        for t in range(turns):
+            msgs.append(
+                {"role": "user", "content": f"{QUESTIONS[t % len(QUESTIONS)]}, part {t + 1}"}
+            )
+            r = await chat(client, server, model, msgs, tokens)
+            out.append(r.ttft)
+            msgs.append({"role": "assistant", "content": r.text})
+    return out
+
+
+async def run_swap(server: Server, keys: list[str], rounds: int, tokens: int) -> dict[str, Any]:
+    import httpx
+
+    times: list[float] = []
+    errors = 0
+    async with httpx.AsyncClient(timeout=600) as client:
+        for i in range(rounds):
+            key = keys[i % 2]
+            r = await chat(client, server, key, [{"role": "user", "content": QUESTIONS[0]}], tokens)
+            errors += not r.ok
+            times.append(r.seconds)
+    return {"mean_s": statistics.mean(times), "errors": errors}
+
+
+# ---- one server, one model -----------------------------------------------------------------
+
+
+def measure(
+    name: str, kind: str, models: dict[str, Path], args: argparse.Namespace
+) -> dict[str, Any]:
+    count = Counter(models[kind])
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="mlxd-compare-") as tmp:
+        server = make_server(name, models, [kind], Path(tmp), 8.0)
+        server.start(Path(tmp) / "server.log")
+        try:
+            out["cold_start_s"] = asyncio.run(wait_ready(server, kind))
+            single = asyncio.run(
+                run_concurrent(server, kind, 1, args.single_requests, args.tokens, count)
+            )
+            out["single"] = single
+            out["clients"] = {
+                n: asyncio.run(run_concurrent(server, kind, n, args.per_client, args.tokens, count))
+                for n in args.clients
+            }
+            out["turns"] = asyncio.run(run_conversation(server, kind, args.turns, args.turn_tokens))
+        finally:
+            server.stop()
+    if name != "mlx_lm.server" and not args.quick:
+        out["swap"] = measure_swap(name, kind, models, args)
+    return out
+
+
+def measure_swap(
+    name: str, kind: str, models: dict[str, Path], args: argparse.Namespace
+) -> dict[str, Any]:
+    keys = [kind, f"{kind}-b"]
+    from mlxd.config.kv import kv_bytes_per_token, read_model_config
+
+    weights = sum(f.stat().st_size for f in models[kind].glob("*.safetensors"))
+    cfg = read_model_config(str(models[kind])) or {}
+    kv = (kv_bytes_per_token(cfg) or 0) * 2048 * 32 + (kv_bytes_per_token(cfg) or 0) * 8192
+    budget_gb = round((weights + kv) * 1.5 / 2**30, 4)  # fits one model with its caches, not two
+    with tempfile.TemporaryDirectory(prefix="mlxd-swap-") as tmp:
+        server = make_server(name, models, keys, Path(tmp), budget_gb)
+        server.start(Path(tmp) / "server.log")
+        try:
+            asyncio.run(wait_ready(server, kind))
+            return asyncio.run(run_swap(server, keys, args.swap_rounds, args.tokens))
+        finally:
+            server.stop()
+
+
+# ---- the report --------------------------------------------------------------------------
+
+
+def rows_of(
+    results: dict[str, dict[str, Any]], args: argparse.Namespace
+) -> list[tuple[str, str, bool, dict[str, float | None]]]:
+    """(row label, unit, higher is better, figure per server)."""
+
+    def get(fn: Any) -> dict[str, float | None]:
+        out = {}
+        for s, r in results.items():
+            try:
+                out[s] = fn(r)
+            except (KeyError, TypeError):
+                out[s] = None
+        return out
+
+    rows = [
+        ("single stream: TTFT", "ms", False, get(lambda r: r["single"]["ttft_p50"] * 1000)),
+        ("single stream: decode", "tok/s", True, get(lambda r: r["single"]["decode_tok_s"])),
+    ]
+    for n in args.clients:
+        rows.append(
+            (f"{n} clients: aggregate", "tok/s", True, get(lambda r, n=n: r["clients"][n]["tok_s"]))
+        )
+        rows.append(
+            (
+                f"{n} clients: TTFT p50",
+                "ms",
+                False,
+                get(lambda r, n=n: r["clients"][n]["ttft_p50"] * 1000),
+            )
+        )
+        rows.append(
+            (
+                f"{n} clients: TTFT p99",
+                "ms",
+                False,
+                get(lambda r, n=n: r["clients"][n]["ttft_p99"] * 1000),
+            )
+        )
+    for t in range(args.turns):
+        rows.append(
+            (
+                f"conversation turn {t + 1}: TTFT",
+                "ms",
+                False,
+                get(lambda r, t=t: r["turns"][t] * 1000),
+            )
+        )
+    rows.append(("swap A/B: mean request", "s", False, get(lambda r: r["swap"]["mean_s"])))
+    rows.append(("cold start to first token", "s", False, get(lambda r: r["cold_start_s"])))
+    return rows
+
+
+def ratio(row: tuple[str, str, bool, dict[str, float | None]]) -> float | None:
+    _label, _unit, higher, figs = row
+    mine = figs.get("mlxd")
+    peers = [v for k, v in figs.items() if k != "mlxd" and v]
+    if not mine or not peers:
+        return None
+    best = max(peers) if higher else min(peers)
+    return mine / best if higher else best / mine  # >= 1.00: mlxd at or above the better peer
+
+
+def render(
+    all_results: dict[str, dict[str, dict[str, Any]]],
+    args: argparse.Namespace,
+    versions: dict[str, str],
+) -> str:
+    load = os.getloadavg()[0]
+    lines = [
+        "# mlxd vs vllm-mlx and mlx_lm.server",
+        "",
+        f"Machine: {platform.system()} {platform.release()} {platform.machine()}, {os.cpu_count()} CPUs; "
+        f"Python {platform.python_version()}; load average {load:.2f} at the end",
+        f"Date: {dt.datetime.now().strftime('%Y-%m-%d %H:%M')}",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        f"Command: `python bench/compare.py {' '.join(sys.argv[1:])}`",
+        "",
+        f"Greedy chat streams of {args.tokens} tokens (conversation turns: {args.turn_tokens}); tokens "
+        "counted by this script with the model's tokenizer. Ratio: mlxd / better peer, oriented so "
+        "that >= 1.00 means mlxd is at or above the better peer (for times: peer / mlxd).",
+        "",
+    ]
+    for kind, results in all_results.items():
+        servers = list(results)
+        lines += [
+            f"## {kind} model",
+            "",
+            "| row | unit | " + " | ".join(servers) + " | ratio |",
+            "|---|---|" + "---:|" * (len(servers) + 1),
+        ]
+        for row in rows_of(results, args):
+            figs = row[3]
+            cells = [f"{figs[s]:.1f}" if figs.get(s) is not None else "-" for s in servers]
+            r = ratio(row)
+            lines.append(
+                f"| {row[0]} | {row[1]} | " + " | ".join(cells) + f" | {r:.2f} |"
+                if r
+                else f"| {row[0]} | {row[1]} | " + " | ".join(cells) + " | - |"
+            )
+        errs = {
+            s: sum(c["errors"] for c in results[s].get("clients", {}).values()) for s in servers
+        }
+        lines += [
+            "",
+            "Errors in the concurrent rows: " + ", ".join(f"{s} {e}" for s, e in errs.items()),
+            "",
+        ]
+        own = results.get("mlxd", {}).get("clients", {})
+        if 1 in own and 8 in own:
+            lines.append(
+                f"mlxd 8 clients / 1 client aggregate: {own[8]['tok_s'] / own[1]['tok_s']:.2f}x"
+            )
+            lines.append("")
+    return "\n".join(lines)
+
+
+def plot(
+    all_results: dict[str, dict[str, dict[str, Any]]], args: argparse.Namespace, out: Path
+) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no results.png", file=sys.stderr)
+        return
+    kinds = list(all_results)
+    fig, axes = plt.subplots(len(kinds), 2, figsize=(11, 4 * len(kinds)), squeeze=False)
+    for i, kind in enumerate(kinds):
+        for s, r in all_results[kind].items():
+            xs = [n for n in args.clients if n in r.get("clients", {})]
+            axes[i][0].plot(xs, [r["clients"][n]["tok_s"] for n in xs], marker="o", label=s)
+            turns = r.get("turns", [])
+            axes[i][1].plot(
+                range(1, len(turns) + 1), [(t or 0) * 1000 for t in turns], marker="o", label=s
+            )
+        axes[i][0].set(title=f"{kind}: aggregate tok/s", xlabel="clients", ylabel="tok/s")
+        axes[i][1].set(title=f"{kind}: TTFT per conversation turn", xlabel="turn", ylabel="ms")
+        axes[i][0].legend()
+        axes[i][1].legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tiny,small")
+    ap.add_argument("--servers", default=",".join(SERVERS))
+    ap.add_argument("--clients", default="1,4,8,16,32")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument(
+        "--per-client", type=int, default=3, help="requests per client in the concurrent rows"
+    )
+    ap.add_argument("--single-requests", type=int, default=5)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--turn-tokens", type=int, default=32)
+    ap.add_argument("--swap-rounds", type=int, default=6)
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke pass: tiny model, 1 and 4 clients, 3 turns"
+    )
+    ap.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    args = ap.parse_args()
+    if args.quick:
+        args.models, args.clients, args.turns, args.per_client, args.single_requests = (
+            "tiny",
+            "1,4",
+            3,
+            1,
+            2,
+        )
+        args.tokens, args.turn_tokens = 16, 8
+    args.clients = [int(c) for c in args.clients.split(",")]
+    kinds = args.models.split(",")
+    servers = args.servers.split(",")
+    models = write_models(kinds)
+    from importlib.metadata import version
+
+    versions = {"mlxd": version("mlxd"), "mlx": version("mlx"), "mlx-lm (mlxd)": version("mlx-lm")}
+    for s in servers:
+        if s != "mlxd":
+            pkg = PEER_PACKAGES[s][0]
+            versions[s] = version_of(peer_python(s), pkg)
+    all_results: dict[str, dict[str, dict[str, Any]]] = {}
+    for kind in kinds:
+        all_results[kind] = {}
+        for s in servers:
+            print(f"{kind}: {s} ...", file=sys.stderr)
+            all_results[kind][s] = measure(s, kind, models, args)
+    text = render(all_results, args, versions)
+    print(text)
+    if not args.quick:
+        Path(args.out).write_text(text)
+        (WORK / "results.json").write_text(json.dumps(all_results, indent=1, default=str))
+        plot(all_results, args, HERE / "results.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
