@@ -214,6 +214,8 @@ class Result:
     seconds: float = 0.0
     text: str = ""
     error: str | None = None
+    #: the text of the first content chunk (a server may send several tokens in it)
+    first: str = ""
 
 
 async def chat(
@@ -248,7 +250,9 @@ async def chat(
                         parts.append(piece)
     except Exception as e:  # counted as an error of the row
         return Result(False, error=type(e).__name__, seconds=time.perf_counter() - t0)
-    return Result(True, ttft, time.perf_counter() - t0, "".join(parts))
+    return Result(
+        True, ttft, time.perf_counter() - t0, "".join(parts), first=parts[0] if parts else ""
+    )
 
 
 async def wait_ready(server: Server, model: str, limit_s: float = 600) -> float:
@@ -307,8 +311,11 @@ async def run_concurrent(
         wall = time.perf_counter() - t0
     ok = [r for r in results if r.ok]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
+    # decode: tokens after the first chunk over the time after it (undefined for one-chunk replies)
     decode = [
-        (count(r.text) - 1) / (r.seconds - r.ttft) for r in ok if r.ttft and r.seconds > r.ttft
+        (count(r.text) - count(r.first)) / (r.seconds - r.ttft)
+        for r in ok
+        if r.ttft is not None and r.seconds > r.ttft and count(r.text) > count(r.first)
     ]
     return {
         "tok_s": sum(count(r.text) for r in ok) / wall,

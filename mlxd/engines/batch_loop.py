@@ -128,7 +128,8 @@ class BatchLoop:
         self._seqs: dict[int, _Seq] = {}
         self._cache: PromptCache | None = None
         self.steps = 0
-        #: the most KV bytes the running batch has held (sampled every few steps)
+        #: the KV bytes the running batch holds, and the most it has held (sampled every 16 steps)
+        self.kv_bytes = 0
         self.kv_peak_bytes = 0
 
     # ---- any thread ----------------------------------------------------------------------
@@ -143,11 +144,11 @@ class BatchLoop:
         self._submit(self.run)
 
     def usage(self) -> dict[str, int]:
-        """Bytes held now: the running batch's KV and the prompt cache (approximate, lock-free)."""
+        """Bytes held: the running batch's KV (sampled every few steps on the MLX thread), its
+        peak, and the prompt cache. Plain ints written by the MLX thread: safe to read anywhere."""
         cache = self._cache
-        gen = self._gen
         return {
-            "kv_cache": int(gen.prompt_cache_nbytes) if gen is not None else 0,
+            "kv_cache": self.kv_bytes if self._seqs else 0,
             "kv_cache_peak": self.kv_peak_bytes,
             "prompt_cache": cache.nbytes if cache is not None else 0,
         }
@@ -174,8 +175,9 @@ class BatchLoop:
             self.steps += 1
             self._progress(prompt_responses)
             self._deliver(gen_responses)
-            if self.steps % 16 == 0:
-                self.kv_peak_bytes = max(self.kv_peak_bytes, int(self._gen.prompt_cache_nbytes))
+            if self.steps % 16 == 0 and self._gen is not None:
+                self.kv_bytes = int(self._gen.prompt_cache_nbytes)
+                self.kv_peak_bytes = max(self.kv_peak_bytes, self.kv_bytes)
 
     def close(self) -> None:
         """Drop the generator and the prompt cache (on the MLX thread, before the unload)."""

@@ -422,28 +422,56 @@ class MlxTextEngine:
         try:
             async with job.sink.receive:
                 async for item in job.sink.receive:
-                    if isinstance(item, TextDelta):
-                        self._observe("token", job.stats)
-                        yield item
-                    elif isinstance(item, TokenTick):
-                        self._observe("token", job.stats)
-                    elif isinstance(item, PrefillProgress):
-                        self._observe("prefill", job.stats)
-                    elif isinstance(item, Finished):
-                        finished = True
-                        self._observe("end", job.stats)
-                        yield item
-                        return
-                    elif isinstance(item, MlxdError):
-                        raise item
-                    elif isinstance(item, BaseException):
-                        raise EngineError(
-                            f"{self.name}: generation failed: {type(item).__name__}: {item}"
-                        ) from item
+                    for event in self._events(job, item):
+                        if isinstance(event, Finished):
+                            finished = True
+                        yield event
+                        if finished:
+                            return
             raise EngineError(f"{self.name}: generation ended without a result")
         finally:
             if not finished:
                 scheduler.withdraw(job)
+
+    def _events(self, job: Job, item: object) -> list[GenerationEvent]:
+        """What the consumer gets for ``item`` and the items already waiting behind it.
+
+        Text that has piled up while the consumer was busy (a slow client, many
+        streams on one event loop) goes out as one delta, so a lagging stream
+        catches up in one write instead of one per token; a consumer that keeps
+        up still gets one delta per token.
+        """
+        out: list[GenerationEvent] = []
+        texts: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        while True:
+            if isinstance(item, TextDelta):
+                self._observe("token", job.stats)
+                texts.append(item.text)
+                logprobs.extend(item.logprobs)
+            elif isinstance(item, TokenTick):
+                self._observe("token", job.stats)
+            elif isinstance(item, PrefillProgress):
+                self._observe("prefill", job.stats)
+            elif isinstance(item, Finished):
+                self._observe("end", job.stats)
+                break
+            elif isinstance(item, MlxdError):
+                raise item
+            elif isinstance(item, BaseException):
+                raise EngineError(
+                    f"{self.name}: generation failed: {type(item).__name__}: {item}"
+                ) from item
+            try:
+                item = job.sink.receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                item = None
+                break
+        if texts:
+            out.append(TextDelta("".join(texts), tuple(logprobs)))
+        if isinstance(item, Finished):
+            out.append(item)
+        return out
 
     def _observe(self, event: str, stats: GenerationStats) -> None:
         if self.observer is not None:

@@ -27,6 +27,8 @@ def model_status(manager: Manager, name: str) -> dict[str, Any]:
         "memory_source": manager._memory_source.get(name),
         #: what a load commits, by part (weights + kv_cache + prompt_cache = estimated_bytes)
         "memory": manager.memory_parts(name),
+        #: what a resident engine holds now beyond its weights (batched mlx-lm models)
+        "memory_in_use": _in_use(manager, name),
         "estimated_bytes": r.spec.size_bytes,
         "last_used_at": manager.wall_of(r.last_used),
         "last_error": r.last_error,
@@ -42,6 +44,12 @@ def model_status(manager: Manager, name: str) -> dict[str, Any]:
             "bytes_total": info.progress.bytes_total,
         },
     }
+
+
+def _in_use(manager: Manager, name: str) -> dict[str, int] | None:
+    """``{kv_cache, kv_cache_peak, prompt_cache}`` bytes of an engine that reports them, else None."""
+    usage = getattr(manager._engines.get(name), "memory_usage", None)
+    return dict(usage()) if callable(usage) else None
 
 
 def status(manager: Manager) -> dict[str, Any]:

@@ -204,6 +204,8 @@ async def test_kv_admission_keeps_the_batch_within_kv_cache(tiny_model_dir: Path
         eng.observer = watch
         results = await _together(eng, [completion(p, max_tokens=100) for p in PROMPTS])
         assert most == 2 and len(results) == 4
+        peak = eng.memory_usage()["kv_cache_peak"]
+        assert 0 < peak <= eng.kv_cache_bytes  # what mlx-lm really held stayed within the room
         with pytest.raises(InvalidRequest) as err:
             await collect(eng, completion("hello", max_tokens=600))
         assert err.value.param == "max_tokens" and "kv_cache_gb" in err.value.message
@@ -265,3 +267,34 @@ def _no_eos(_tokens: object, logits: object) -> object:
 
     assert isinstance(logits, mx.array)
     return mx.where(mx.arange(logits.shape[-1]) == 1, -mx.inf, logits)
+
+
+async def test_a_long_prompt_is_prefilled_between_the_running_streams_tokens(
+    batched: MlxTextEngine,
+) -> None:
+    """A newcomer's long prompt is prefilled in chunks between decode steps: the running
+    stream keeps getting tokens while the newcomer's prefill progresses."""
+    seen: list[tuple[str, str | None]] = []
+    batched.observer = lambda event, stats: seen.append((event, stats.request_id))
+    running = completion("once", max_tokens=400, logits_processors=(_no_eos,), request_id="a")
+    long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 20)
+    newcomer = completion(long_prompt, max_tokens=4, request_id="b")
+    started = trio.Event()
+
+    async def stream_a() -> None:
+        async for ev in batched.generate(running):
+            if isinstance(ev, TextDelta):
+                started.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream_a)
+        await started.wait()
+        _, fin, _ = await collect(batched, newcomer)
+        nursery.cancel_scope.cancel()
+    assert fin.prompt_tokens > 100
+    chunks = [i for i, (ev, rid) in enumerate(seen) if ev == "prefill" and rid == "b"]
+    assert len(chunks) >= 10  # prompt_tokens / prefill_step chunks
+    during = [rid for ev, rid in seen[chunks[0] : chunks[-1]] if ev == "token"]
+    # about one token of "a" between every two chunks of "b" (give or take the step where "b"
+    # joined the generation batch)
+    assert during.count("a") >= len(chunks) - 2
