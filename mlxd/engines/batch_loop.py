@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mlxd.engines import memory
 from mlxd.engines.base import TokenLogprob
 from mlxd.engines.mlx_thread import Job, PrefillProgress
 from mlxd.engines.prompt_cache import PromptCache
@@ -131,6 +132,8 @@ class BatchLoop:
         #: the KV bytes the running batch holds, and the most it has held (sampled every 16 steps)
         self.kv_bytes = 0
         self.kv_peak_bytes = 0
+        #: the largest generation (prompt + completion tokens) finished since the loop was idle
+        self._largest = 0
 
     # ---- any thread ----------------------------------------------------------------------
 
@@ -161,23 +164,34 @@ class BatchLoop:
             self._take_new()
             self._drop_cancelled()
             if not self._seqs:
+                # idle: drop the generator (a fresh one per busy period holds nothing stale) and
+                # give back a large generation's freed buffers (the prompt cache's stay counted)
+                if self._gen is not None:
+                    self._gen.close()
+                    self._gen = None
+                memory.after_generation(self._largest)
+                self._largest = 0
                 with self._lock:
                     if not self._inbox:
                         self._running = False
                         return
                 continue
-            try:
-                prompt_responses, gen_responses = self._gen.next()
-            except Exception as e:
-                log.exception("a batched decode step failed")
-                self._fail_all(e)
-                continue
-            self.steps += 1
-            self._progress(prompt_responses)
-            self._deliver(gen_responses)
-            if self.steps % 16 == 0 and self._gen is not None:
-                self.kv_bytes = int(self._gen.prompt_cache_nbytes)
-                self.kv_peak_bytes = max(self.kv_peak_bytes, self.kv_bytes)
+            self._step()
+
+    def _step(self) -> None:
+        """One ``BatchGenerator.next()`` and its deliveries (its arrays die with this frame)."""
+        try:
+            prompt_responses, gen_responses = self._gen.next()
+        except Exception as e:
+            log.exception("a batched decode step failed")
+            self._fail_all(e)
+            return
+        self.steps += 1
+        self._progress(prompt_responses)
+        self._deliver(gen_responses)
+        if self.steps % 16 == 0 and self._gen is not None:
+            self.kv_bytes = int(self._gen.prompt_cache_nbytes)
+            self.kv_peak_bytes = max(self.kv_peak_bytes, self.kv_bytes)
 
     def close(self) -> None:
         """Drop the generator and the prompt cache (on the MLX thread, before the unload)."""
@@ -258,6 +272,7 @@ class BatchLoop:
             st.outcome = outcome
         st.ended_at = time.monotonic()
         self._on_done(seq.job, None)
+        self._largest = max(self._largest, st.prompt_tokens + st.completion_tokens)
 
     def _progress(self, responses: list[Any]) -> None:
         for r in responses:

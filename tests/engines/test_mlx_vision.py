@@ -170,5 +170,4 @@ async def test_vision_refuses_bad_images_before_queueing(vision_engine: MlxVisio
             GenerationRequest(kind="chat", messages=(image_message("x", "file:///etc/passwd"),)),
         )
     assert err.value.param == "messages[0].content[1].image_url.url"
-    refused = list(vision_engine.history)[before:]
-    assert all(st.started_at is None and st.outcome == "withdrawn" for st in refused)
+    assert len(vision_engine.history) == before

@@ -53,7 +53,9 @@ from mlxd.engines.mlx_text import MlxTextEngine
 from tests.engines.mlx_helpers import collect, completion, tiny_config
 
 async def main():
-    engine = MlxTextEngine(tiny_config(sys.argv[1]))
+    # the prompt cache is off: on, it keeps the request's KV on purpose (bounded by
+    # prompt_cache_gb, which the model commits; see tests/engines/test_batching.py)
+    engine = MlxTextEngine(tiny_config(sys.argv[1], prompt_cache_bytes=0))
     await engine.load(lambda _p: None)
     counters = lambda: (int(mx.get_active_memory()), int(mx.get_cache_memory()))
     await collect(engine, completion("warm up " * 20, max_tokens=8))
