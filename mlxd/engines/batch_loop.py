@@ -159,7 +159,25 @@ class BatchLoop:
     # ---- the MLX thread --------------------------------------------------------------------
 
     def run(self) -> None:
-        """Step until no job is left (see the module docstring)."""
+        """Step until no job is left (see the module docstring).
+
+        Whatever goes wrong, no job is left hanging: an unexpected error fails
+        every job in the batch and in the inbox, and the loop can start again.
+        """
+        try:
+            self._run()
+        except BaseException as e:
+            log.exception("the batch loop failed")
+            with self._lock:
+                pending = list(self._inbox)
+                self._inbox.clear()
+                self._running = False
+            self._fail_all(e)
+            for job in pending:
+                job.stats.outcome, job.stats.ended_at = "error", time.monotonic()
+                self._on_done(job, e)
+
+    def _run(self) -> None:
         while True:
             self._take_new()
             self._drop_cancelled()

@@ -298,3 +298,19 @@ async def test_a_long_prompt_is_prefilled_between_the_running_streams_tokens(
     # about one token of "a" between every two chunks of "b" (give or take the step where "b"
     # joined the generation batch)
     assert during.count("a") >= len(chunks) - 2
+
+
+async def test_a_failing_logits_processor_fails_its_request_and_the_engine_goes_on(
+    batched: MlxTextEngine,
+) -> None:
+    """An exception inside a decode step ends the batch's requests with an EngineError (none is
+    left hanging) and the next request is served by a fresh generator."""
+    from mlxd.errors import EngineError
+
+    def broken(_tokens: object, _logits: object) -> object:
+        raise RuntimeError("grammar exploded")
+
+    with pytest.raises(EngineError, match="grammar exploded"):
+        await collect(batched, completion("hello", max_tokens=5, logits_processors=(broken,)))
+    _, fin, _ = await collect(batched, completion("hello", max_tokens=5))
+    assert fin.completion_tokens == 5
