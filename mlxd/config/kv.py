@@ -13,7 +13,7 @@ Defaults when the config leaves ``kv_cache_gb`` / ``prompt_cache_gb`` out:
   every sequence as long as its longest one (mlx-lm's ``BatchKVCache``);
 * ``prompt_cache``: :data:`DEFAULT_PROMPT_CACHE_TOKENS` tokens of earlier prompts,
   only where the engine keeps a prompt cache (batched mlx-lm models); 0 for
-  serial models (``max_batch_size: 1``, ``mllm: true``);
+  serial models (``max_batch_size: 1``, ``mllm: true``, distributed);
 * fake engines: 0 and 0, so their committed bytes stay their configured size.
 
 When ``config.json`` cannot be read yet (a Hugging Face model not downloaded,
@@ -99,7 +99,12 @@ def context_length(cfg: dict[str, Any]) -> int | None:
 
 def keeps_prompt_cache(model: ModelConfig) -> bool:
     """Whether the engine of ``model`` keeps a prompt cache (batched mlx-lm text models)."""
-    return model.engine == "mlx" and not model.mllm and model.max_batch_size > 1
+    return (
+        model.engine == "mlx"
+        and not model.mllm
+        and model.distributed is None
+        and model.max_batch_size > 1
+    )
 
 
 def resolve_cache_sizes(model: ModelConfig) -> CacheSizes:

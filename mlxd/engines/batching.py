@@ -14,8 +14,9 @@ sequences whose longest may grow to ``L`` tokens (prompt + ``max_tokens``)
 holds up to ``n x ceil(L / 256) x 256 x KV bytes per token``; that is the
 figure admission keeps within ``kv_cache`` (:func:`batch_kv_bytes`). A
 request that does not fit waits in the queue (first come, first served: the
-head is never overtaken) until running generations finish; a request that
-could not fit even alone is refused before queueing (:func:`check_fits_alone`).
+head is never overtaken) until running generations finish. A request that
+could not fit even alone is capped before queueing (:func:`cap_to_kv`): it
+generates as many tokens as fit, or is refused if its prompt alone does not.
 When the KV bytes per token are unknown (``kv_cache`` 0: a model whose
 config.json was not on disk when its memory was estimated) admission is
 bounded by ``max_batch_size`` only.
@@ -40,18 +41,26 @@ def batch_kv_bytes(kv_tokens: list[int], bytes_per_token: int) -> int:
     return len(kv_tokens) * longest * bytes_per_token
 
 
-def check_fits_alone(kv_tokens: int, bytes_per_token: int | None, kv_budget: int) -> None:
-    """Refuse (400) a request whose KV could not fit the model's ``kv_cache`` even alone."""
+def cap_to_kv(
+    prompt_tokens: int, max_tokens: int, bytes_per_token: int | None, kv_budget: int
+) -> int:
+    """The ``max_tokens`` a request may run with so that its KV fits ``kv_cache`` even alone.
+
+    A prompt whose KV alone does not fit is refused (400); a request whose prompt
+    + ``max_tokens`` would not fit generates as many tokens as do (it ends with
+    finish_reason ``length``, as at a context limit). Unknown sizes: unchanged.
+    """
     if not bytes_per_token or kv_budget <= 0:
-        return
-    need = batch_kv_bytes([kv_tokens], bytes_per_token)
-    if need > kv_budget:
+        return max_tokens
+    room = (kv_budget // bytes_per_token) // KV_STEP * KV_STEP  # tokens, in whole KV steps
+    if prompt_tokens >= room:
         raise InvalidRequest(
-            f"this request's KV cache (prompt + max_tokens = {kv_tokens:,} tokens, "
-            f"{format_bytes(need)}) is larger than the model's kv_cache_gb "
-            f"({format_bytes(kv_budget)}); lower max_tokens or shorten the prompt",
-            param="max_tokens",
+            f"the prompt's KV cache ({prompt_tokens:,} tokens, "
+            f"{format_bytes(prompt_tokens * bytes_per_token)}) does not fit the model's "
+            f"kv_cache_gb ({format_bytes(kv_budget)}, {room:,} tokens); shorten the prompt",
+            param="messages",
         )
+    return min(max_tokens, room - prompt_tokens)
 
 
 class BatchScheduler(SerialScheduler):

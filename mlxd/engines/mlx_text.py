@@ -52,7 +52,7 @@ from mlxd.engines.base import (
     TokenLogprob,
 )
 from mlxd.engines.batch_loop import BatchLoop
-from mlxd.engines.batching import BatchScheduler, check_fits_alone
+from mlxd.engines.batching import BatchScheduler, cap_to_kv
 from mlxd.engines.mlx_thread import (
     GenerationStats,
     Job,
@@ -410,8 +410,11 @@ class MlxTextEngine:
         request = await self.prepare(request)
         kv_tokens = 0  # what batch admission reserves: prompt + max_tokens (text models)
         if request.prompt_ids is not None:
-            kv_tokens = len(request.prompt_ids) + request.max_tokens
-            check_fits_alone(kv_tokens, self.kv_bytes_per_token, self.kv_cache_bytes)
+            n = len(request.prompt_ids)
+            capped = cap_to_kv(n, request.max_tokens, self.kv_bytes_per_token, self.kv_cache_bytes)
+            if capped != request.max_tokens:
+                request = replace(request, max_tokens=capped)
+            kv_tokens = n + capped
         scheduler.check_capacity()
         data = await self._job_data(request)
         job = Job(request=request, sink=Sink(), data=data, kv_tokens=kv_tokens)

@@ -185,7 +185,8 @@ async def test_logits_processors_and_logprobs_are_per_request(batched: MlxTextEn
 
 async def test_kv_admission_keeps_the_batch_within_kv_cache(tiny_model_dir: Path) -> None:
     """With room for two sequences' KV, four requests run at most two at a time and all finish;
-    a request whose KV could never fit is refused before queueing."""
+    a request that could not fit even alone is capped to the room, or refused if its prompt
+    alone does not fit."""
     eng = MlxTextEngine(tiny_config(tiny_model_dir, max_batch_size=4), prefill_step=8)
     await eng.load(lambda _p: None)
     try:
@@ -206,9 +207,15 @@ async def test_kv_admission_keeps_the_batch_within_kv_cache(tiny_model_dir: Path
         assert most == 2 and len(results) == 4
         peak = eng.memory_usage()["kv_cache_peak"]
         assert 0 < peak <= eng.kv_cache_bytes  # what mlx-lm really held stayed within the room
+        # more than fits even alone: capped to the room (finish_reason length) ...
+        _, fin, _ = await collect(
+            eng, completion("hello", max_tokens=5000, logits_processors=(_no_eos,))
+        )
+        assert (fin.finish_reason, fin.prompt_tokens + fin.completion_tokens) == ("length", 512)
+        # ... and a prompt that alone does not fit is refused
         with pytest.raises(InvalidRequest) as err:
-            await collect(eng, completion("hello", max_tokens=600))
-        assert err.value.param == "max_tokens" and "kv_cache_gb" in err.value.message
+            await collect(eng, completion("hello world " * 400, max_tokens=5))
+        assert err.value.param == "messages" and "kv_cache_gb" in err.value.message
     finally:
         await eng.stop()
 
