@@ -127,3 +127,18 @@ def resolve_cache_sizes(model: ModelConfig) -> CacheSizes:
     else:
         pc = bpt * DEFAULT_PROMPT_CACHE_TOKENS if keeps_prompt_cache(model) else 0
     return CacheSizes(kv, pc, bpt, "derived")
+
+
+def residency_cache_sizes(model: ModelConfig, path: Path) -> tuple[int | None, int, int]:
+    """``(KV bytes per token, kv_cache, prompt_cache)`` for a residency of ``model`` loaded from
+    ``path``: the sizes in ``model`` (the manager hands over what the load committed), else the
+    defaults (a config built in code)."""
+    cfg = read_model_config(str(path))
+    bpt = kv_bytes_per_token(cfg) if cfg is not None else None
+    sizes = resolve_cache_sizes(model)
+    kv, pc = model.kv_cache_bytes, model.prompt_cache_bytes
+    return (
+        bpt,
+        kv if kv is not None else sizes.kv_cache,
+        pc if pc is not None else sizes.prompt_cache,
+    )

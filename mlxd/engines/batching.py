@@ -24,6 +24,9 @@ bounded by ``max_batch_size`` only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from mlxd.engines.batch_loop import BatchLoop
 from mlxd.engines.mlx_thread import Job, MlxThread, SerialScheduler, call_soon
 from mlxd.errors import InvalidRequest
@@ -82,6 +85,43 @@ class BatchScheduler(SerialScheduler):
         self.max_batch = max_batch
         self.kv_budget = kv_budget
         self.kv_bytes_per_token = kv_bytes_per_token
+
+    @classmethod
+    def start(
+        cls,
+        thread: MlxThread,
+        model: Callable[[], tuple[Any, Any]],
+        *,
+        name: str,
+        max_queue: int,
+        max_batch: int,
+        prefill_step: int,
+        kv_budget: int,
+        kv_bytes_per_token: int | None,
+        prompt_cache_bytes: int,
+    ) -> BatchScheduler:
+        """A scheduler and its :class:`BatchLoop` on ``thread`` (``model() -> (model, tokenizer)``)."""
+        box: list[BatchScheduler] = []
+        loop = BatchLoop(
+            lambda fn: thread.submit(fn),
+            model=model,
+            max_batch=max_batch,
+            prefill_step=prefill_step,
+            prompt_cache_bytes=prompt_cache_bytes,
+            on_done=lambda job, error: box[0].done_on_thread(job, error),
+        )
+        box.append(
+            cls(
+                thread,
+                loop,
+                max_queue=max_queue,
+                max_batch=max_batch,
+                kv_budget=kv_budget,
+                kv_bytes_per_token=kv_bytes_per_token,
+                name=name,
+            )
+        )
+        return box[0]
 
     def kv_reserved(self) -> int:
         """The KV bytes the running batch may grow to (what admission keeps within ``kv_budget``)."""

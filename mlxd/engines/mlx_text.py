@@ -48,7 +48,6 @@ from mlxd.engines.base import (
     GenerationRequest,
     LoadProgress,
     ProgressCallback,
-    TextDelta,
     TokenLogprob,
 )
 from mlxd.engines.batch_loop import BatchLoop
@@ -60,10 +59,9 @@ from mlxd.engines.mlx_thread import (
     PrefillProgress,
     SerialScheduler,
     Sink,
-    TokenTick,
     call_soon,
 )
-from mlxd.engines.streaming import StopText, deliver_token
+from mlxd.engines.streaming import StopText, deliver_token, pending_events
 from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError
 
 PREFILL_STEP_ENV = "MLXD_PREFILL_STEP"
@@ -240,16 +238,12 @@ class MlxTextEngine:
 
     def _size_caches(self, path: Path) -> None:
         """Whether this model can batch, and the KV sizes it may use (what its load committed)."""
-        from mlxd.config.kv import kv_bytes_per_token, read_model_config, resolve_cache_sizes
+        from mlxd.config.kv import residency_cache_sizes
 
         self.can_batch = self._cache_batchable()
-        cfg = read_model_config(str(path))
-        self.kv_bytes_per_token = kv_bytes_per_token(cfg) if cfg is not None else None
-        # the manager hands over what it committed; a config built in code gets the defaults
-        sizes = resolve_cache_sizes(self.config)
-        kv, pc = self.config.kv_cache_bytes, self.config.prompt_cache_bytes
-        self.kv_cache_bytes = kv if kv is not None else sizes.kv_cache
-        self.prompt_cache_bytes = pc if pc is not None else sizes.prompt_cache
+        self.kv_bytes_per_token, self.kv_cache_bytes, self.prompt_cache_bytes = (
+            residency_cache_sizes(self.config, path)
+        )
 
     def _cache_batchable(self) -> bool:
         """mlx-lm batches a model whose every per-layer KV cache can be merged into a batch."""
@@ -266,27 +260,19 @@ class MlxTextEngine:
         if mc.max_batch_size <= 1 or not self.can_batch:
             return SerialScheduler(thread, self._run_one, max_queue=mc.max_queue, name=self.name)
         assert self.prefill_step is not None
-        sched: list[BatchScheduler] = []
-        self.batch = BatchLoop(
-            lambda fn: thread.submit(fn),
-            model=lambda: (self._model, self._tokenizer),
+        scheduler = BatchScheduler.start(
+            thread,
+            lambda: (self._model, self._tokenizer),
+            name=self.name,
+            max_queue=mc.max_queue,
             max_batch=mc.max_batch_size,
             prefill_step=self.prefill_step,
+            kv_budget=self.kv_cache_bytes,
+            kv_bytes_per_token=self.kv_bytes_per_token,
             prompt_cache_bytes=self.prompt_cache_bytes,
-            on_done=lambda job, error: sched[0].done_on_thread(job, error),
         )
-        sched.append(
-            BatchScheduler(
-                thread,
-                self.batch,
-                max_queue=mc.max_queue,
-                max_batch=mc.max_batch_size,
-                kv_budget=self.kv_cache_bytes,
-                kv_bytes_per_token=self.kv_bytes_per_token,
-                name=self.name,
-            )
-        )
-        return sched[0]
+        self.batch = scheduler.loop
+        return scheduler
 
     def memory_usage(self) -> dict[str, int]:
         """KV bytes held now by running generations and the prompt cache, and the KV peak."""
@@ -425,7 +411,7 @@ class MlxTextEngine:
         try:
             async with job.sink.receive:
                 async for item in job.sink.receive:
-                    for event in self._events(job, item):
+                    for event in pending_events(job, item, self._observe, self.name):
                         if isinstance(event, Finished):
                             finished = True
                         yield event
@@ -435,46 +421,6 @@ class MlxTextEngine:
         finally:
             if not finished:
                 scheduler.withdraw(job)
-
-    def _events(self, job: Job, item: object) -> list[GenerationEvent]:
-        """What the consumer gets for ``item`` and the items already waiting behind it.
-
-        Text that has piled up while the consumer was busy (a slow client, many
-        streams on one event loop) goes out as one delta, so a lagging stream
-        catches up in one write instead of one per token; a consumer that keeps
-        up still gets one delta per token.
-        """
-        out: list[GenerationEvent] = []
-        texts: list[str] = []
-        logprobs: list[TokenLogprob] = []
-        while True:
-            if isinstance(item, TextDelta):
-                self._observe("token", job.stats)
-                texts.append(item.text)
-                logprobs.extend(item.logprobs)
-            elif isinstance(item, TokenTick):
-                self._observe("token", job.stats)
-            elif isinstance(item, PrefillProgress):
-                self._observe("prefill", job.stats)
-            elif isinstance(item, Finished):
-                self._observe("end", job.stats)
-                break
-            elif isinstance(item, MlxdError):
-                raise item
-            elif isinstance(item, BaseException):
-                raise EngineError(
-                    f"{self.name}: generation failed: {type(item).__name__}: {item}"
-                ) from item
-            try:
-                item = job.sink.receive.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                item = None
-                break
-        if texts:
-            out.append(TextDelta("".join(texts), tuple(logprobs)))
-        if isinstance(item, Finished):
-            out.append(item)
-        return out
 
     def _observe(self, event: str, stats: GenerationStats) -> None:
         if self.observer is not None:

@@ -13,10 +13,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
-from mlxd.engines.base import Finished, TextDelta, TokenLogprob
+import trio
+
+from mlxd.engines.base import Finished, GenerationEvent, TextDelta, TokenLogprob
+from mlxd.engines.mlx_thread import TOKEN_TICK, PrefillProgress, TokenTick
+from mlxd.errors import EngineError, MlxdError
 
 if TYPE_CHECKING:
-    from mlxd.engines.mlx_thread import Job
+    from mlxd.engines.mlx_thread import GenerationStats, Job
 
 
 class StopText:
@@ -87,8 +91,6 @@ def deliver_token(
     ``stop_now(job)`` decides whether a cancelled job stops here (default: its
     cancel flag; the distributed engine makes its ranks agree).
     """
-    from mlxd.engines.mlx_thread import TOKEN_TICK
-
     st = job.stats
     now = time.monotonic()
     if st.first_token_at is None:
@@ -112,3 +114,44 @@ def deliver_token(
     st.outcome = reason
     job.emit(Finished(reason, st.prompt_tokens, n_tokens, cached_tokens))
     return True
+
+
+def pending_events(
+    job: Job, item: object, observe: Callable[[str, GenerationStats], None], name: str
+) -> list[GenerationEvent]:
+    """What the consumer gets for ``item`` and the items already waiting behind it.
+
+    Text that has piled up while the consumer was busy (a slow client, many
+    streams on one event loop) goes out as one delta, so a lagging stream
+    catches up in one write instead of one per token; a consumer that keeps
+    up still gets one delta per token.
+    """
+    out: list[GenerationEvent] = []
+    texts: list[str] = []
+    logprobs: list[TokenLogprob] = []
+    while True:
+        if isinstance(item, TextDelta):
+            observe("token", job.stats)
+            texts.append(item.text)
+            logprobs.extend(item.logprobs)
+        elif isinstance(item, TokenTick):
+            observe("token", job.stats)
+        elif isinstance(item, PrefillProgress):
+            observe("prefill", job.stats)
+        elif isinstance(item, Finished):
+            observe("end", job.stats)
+            break
+        elif isinstance(item, MlxdError):
+            raise item
+        elif isinstance(item, BaseException):
+            raise EngineError(f"{name}: generation failed: {type(item).__name__}: {item}") from item
+        try:
+            item = job.sink.receive.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel):
+            item = None
+            break
+    if texts:
+        out.append(TextDelta("".join(texts), tuple(logprobs)))
+    if isinstance(item, Finished):
+        out.append(item)
+    return out
