@@ -51,6 +51,9 @@ class CacheSizes:
     source: str
 
 
+_FAKE_DEFAULT = CacheSizes(0, 0, None, "fake")
+
+
 def read_model_config(source: str) -> dict[str, Any] | None:
     """The ``config.json`` of a local model directory or of a cached Hugging Face repo."""
     path = Path(source).expanduser()
@@ -111,6 +114,8 @@ def resolve_cache_sizes(model: ModelConfig) -> CacheSizes:
     """The one rule for a model's ``kv_cache`` and ``prompt_cache`` bytes (module docstring)."""
     kv_set, pc_set = model.kv_cache_bytes, model.prompt_cache_bytes
     if model.engine == "fake":
+        if kv_set is None and pc_set is None:
+            return _FAKE_DEFAULT  # one shared value: a reload of 10,000 fakes stays quick
         return CacheSizes(kv_set or 0, pc_set or 0, None, "fake")
     cfg = read_model_config(model.source)
     bpt = kv_bytes_per_token(cfg) if cfg is not None else None

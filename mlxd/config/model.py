@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from mlxd.config.kv import resolve_cache_sizes
 from mlxd.config.readers import classify_source
 from mlxd.errors import ConfigError
 from mlxd.residency.policy import ContentionPolicy
@@ -263,8 +264,6 @@ def resolve_estimate(model: ModelConfig, measured: Mapping[str, int]) -> MemoryE
         return None
     if weights[1] == "unknown":
         return MemoryEstimate(0, "unknown")  # never loaded: no caches either
-    from mlxd.config.kv import resolve_cache_sizes
-
     caches = resolve_cache_sizes(model)
     total = weights[0] + caches.kv_cache + caches.prompt_cache
     return MemoryEstimate(total, weights[1], weights[0], caches.kv_cache, caches.prompt_cache)
