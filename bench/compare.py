@@ -536,7 +536,9 @@ def plot(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("no results.png: install the bench extra (pip install -e '.[bench]')", file=sys.stderr)
+        print(
+            "no results.png: install the bench extra (pip install -e '.[bench]')", file=sys.stderr
+        )
         return
     kinds = list(all_results)
     fig, axes = plt.subplots(len(kinds), 2, figsize=(11, 4 * len(kinds)), squeeze=False)
