@@ -167,7 +167,7 @@ class Daemon:
         hc.accesslog = None
         hc.errorlog = logging.getLogger("hypercorn.error")
         hc.keep_alive_timeout = 5
-        setattr(hc, expect.LIMIT_ATTR, int(server.max_body_mb * 1024 * 1024))
+        setattr(hc, expect.LIMIT_ATTR, server.max_body_bytes)
         expect.install()  # 413 before "100 Continue" (mlxd.http.expect)
         try:
             await serve(app, hc, shutdown_trigger=self._http_stop.wait, task_status=task_status)  # type: ignore[arg-type]

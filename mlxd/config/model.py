@@ -19,7 +19,7 @@ from mlxd.config.kv import resolve_cache_sizes
 from mlxd.config.readers import classify_source
 from mlxd.errors import ConfigError
 from mlxd.residency.policy import ContentionPolicy
-from mlxd.units import GIB
+from mlxd.units import GIB, MIB
 
 DEMO_KINDS = ("tiny", "small", "vision")
 ISOLATIONS = ("thread", "process")
@@ -46,6 +46,11 @@ class ServerConfig:
     api_key_env: str = "MLXD_API_KEY"
     shutdown_grace_s: float = 10.0
     max_body_mb: float = 32.0
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The request body limit in bytes (``max_body_mb`` MiB), for Quart and for 100-continue."""
+        return int(self.max_body_mb * MIB)
 
 
 @dataclass(frozen=True, slots=True)

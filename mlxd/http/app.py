@@ -34,7 +34,6 @@ from mlxd.errors import (
 from mlxd.http import admin_api, dashboard, openai_api
 from mlxd.http.context import AppState, state
 from mlxd.http.openapi import openapi_document
-from mlxd.units import MIB
 
 log = logging.getLogger("mlxd.http")
 
@@ -71,7 +70,7 @@ def create_app(app_state: AppState) -> QuartTrio:
     app.extensions["mlxd"] = app_state
     app.config["RESPONSE_TIMEOUT"] = None  # streams may run long; Quart's 60 s default cuts them
     app.config["BODY_TIMEOUT"] = 60
-    app.config["MAX_CONTENT_LENGTH"] = int(app_state.config.server.max_body_mb * MIB)
+    app.config["MAX_CONTENT_LENGTH"] = app_state.config.server.max_body_bytes
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     app.register_blueprint(openai_api.bp)
     app.register_blueprint(admin_api.bp)
