@@ -7,6 +7,16 @@ SIGTERM/SIGINT starts a graceful shutdown: new requests get 503
 ``server.shutdown_grace_s``; the manager unloads everything; the run row gets
 ``clean_stop = 1``; exit 0. A second signal exits at once (the next start
 then recovers from the journal).
+
+Shutdown has a hard limit, ``shutdown_grace_s + HARD_LIMIT_S`` after the
+signal, whatever clients and engines do: the manager ends the leases still
+open (their connections are closed) and gives up on engine stops
+``MANAGER_LIMIT_S`` after the grace; the journal commits the run's last rows
+and its end; hypercorn gets ``HTTP_GRACE_S``, then the connections still open
+are closed; at the limit the writer is stopped. ``clean_stop = 1`` is written
+only when the run is *whole*: every lease ended by its request or by
+preemption before the limit, every model ``unloaded`` or ``failed``, and every
+earlier row committed.
 """
 
 from __future__ import annotations
@@ -19,7 +29,6 @@ from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 
 from mlxd import __version__
 from mlxd.config import Config
@@ -29,6 +38,7 @@ from mlxd.http import expect
 from mlxd.http.app import create_app
 from mlxd.http.context import AppState
 from mlxd.http.metrics import Metrics
+from mlxd.http.server import Connections, serve
 from mlxd.journal.journal import Journal, RecoveryReport
 from mlxd.residency.manager import Manager
 from mlxd.residency.states import Reason
@@ -36,13 +46,20 @@ from mlxd.units import format_bytes
 
 log = logging.getLogger("mlxd")
 
-#: hypercorn's own graceful timeout after the manager has shut down; idle
-#: keep-alive connections hold exit for this long (docs/platform-facts.md,
-#: "Hypercorn holds exit for idle keep-alive connections")
-HTTP_GRACE_S = 3.0
+#: the whole shutdown ends this long after the grace, whatever clients and engines do
+HARD_LIMIT_S = 5.0
+#: the manager gives up on leases and engine stops this long after the grace
+MANAGER_LIMIT_S = 2.5
+#: hypercorn's graceful timeout once the manager has shut down (every lease has
+#: ended by then); connections still open after it are closed
+HTTP_GRACE_S = 1.0
+#: at the end, the journal's writer gets this long to finish and exit
+JOURNAL_CLOSE_S = 0.5
 JOURNAL_WATCH_S = 0.5
-#: how long shutdown waits for the journal to commit its last rows
-JOURNAL_FLUSH_S = 10.0
+#: a journal writer that does not answer this long makes /health degraded ...
+JOURNAL_STALL_S = 2.0
+#: ... and this long, is killed and replaced (its unconfirmed rows are written again)
+JOURNAL_KILL_S = 10.0
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
@@ -66,7 +83,14 @@ class Daemon:
         self.api_key = api_key
         self.ready_file = ready_file
         self.install_signal_handlers = install_signal_handlers
-        self.journal = Journal(config.journal.path, synchronous=config.journal.synchronous)
+        self.journal = Journal(
+            config.journal.path,
+            synchronous=config.journal.synchronous,
+            flush_timeout=JOURNAL_CLOSE_S,
+            stall_s=JOURNAL_STALL_S,
+            kill_s=JOURNAL_KILL_S,
+        )
+        self.connections = Connections()
         self.manager: Manager | None = None
         self.state: AppState | None = None
         self.urls: list[str] = []
@@ -104,6 +128,7 @@ class Daemon:
                 journal=self.journal,
                 api_key=self.api_key,
                 config_path=self.config_path,
+                connections=self.connections,
             )
             root.start_soon(self._watch_journal, manager)
             await self._fail_missing(manager)
@@ -113,32 +138,51 @@ class Daemon:
             self._announce()
             task_status.started(self.urls)
             await self._shutdown.wait()
-            log.info("shutting down: new requests get 503; running ones have %g s",
-                     self.config.server.shutdown_grace_s)
-            self.state.draining = True
-            await manager.shutdown(self.config.server.shutdown_grace_s)
-            await self._flush_journal()
-            self.state.close_event_streams()
-            self._http_stop.set()
-            await self._http_done.wait()
-            self.journal.end_run(clean=True)
-            clean = await self._flush_journal()
+            clean = await self._stop(manager)
             root.cancel_scope.cancel()
         if clean:
             log.info("mlxd stopped cleanly")
         else:
-            log.warning("mlxd stopped, but the journal could not record a clean stop")
+            log.warning("mlxd stopped, but not cleanly (see above); the next start recovers")
 
-    async def _flush_journal(self) -> bool:
-        """Wait (bounded) until every journal row is committed; False if it cannot be."""
-        with trio.move_on_after(JOURNAL_FLUSH_S):
+    async def _stop(self, manager: Manager) -> bool:
+        """The graceful shutdown, within its hard limit; True if a clean stop was recorded.
+
+        The run's record is complete once the manager has shut down (no lease
+        can start after that), so it is written before the HTTP server closes
+        its connections: a slow teardown of many clients cannot cost the clean stop.
+        """
+        assert self.state is not None
+        grace = self.config.server.shutdown_grace_s
+        t0 = trio.current_time()
+        until = t0 + grace + HARD_LIMIT_S - JOURNAL_CLOSE_S
+        log.info("shutting down: new requests get 503; running ones have %g s", grace)
+        self.state.draining = True
+        whole = await manager.shutdown(grace, limit_s=grace + MANAGER_LIMIT_S)
+        committed = await self._flush_journal(until)
+        clean = whole and committed and not self.journal.rejected
+        recorded = False
+        try:
+            self.journal.end_run(clean=clean)
+            recorded = await self._flush_journal(until)
+        except JournalError as e:
+            log.error("journal: cannot record the end of the run: %s", e.message)
+        self.state.close_event_streams()  # after the flush: they send the last rows, then end
+        self._http_stop.set()
+        with trio.move_on_at(until):
+            await self._http_done.wait()
+        return recorded and clean
+
+    async def _flush_journal(self, until: float) -> bool:
+        """Wait (until ``until`` at most) for every journal row to commit; False if not."""
+        with trio.move_on_at(until):
             try:
                 await self.journal.wait_committed()
             except JournalError as e:
                 log.error("journal: %s", e.message)
                 return False
             return True
-        log.error("journal: rows still unwritten after %g s (%s)", JOURNAL_FLUSH_S,
+        log.error("journal: rows still unwritten at the shutdown limit (%s)",
                   self.journal.last_error)
         return False
 
@@ -170,7 +214,10 @@ class Daemon:
         setattr(hc, expect.LIMIT_ATTR, server.max_body_bytes)
         expect.install()  # 413 before "100 Continue" (mlxd.http.expect)
         try:
-            await serve(app, hc, shutdown_trigger=self._http_stop.wait, task_status=task_status)  # type: ignore[arg-type]
+            await serve(
+                app, hc, self.connections, shutdown_trigger=self._http_stop.wait,
+                task_status=task_status,
+            )
         finally:
             self._http_done.set()
 

@@ -65,6 +65,8 @@ class ManagerConfig:
     idle_unload_seconds: float = 0.0
     restore_on_start: bool = True
     contention_policy: ContentionPolicy = field(default_factory=ContentionPolicy)
+    #: an engine stop that takes longer counts as failed (and is retried later)
+    stop_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,25 @@ class DistributedSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class FaultSettings:
+    """``faults:``: make a model's engine misbehave on purpose (the fault-injection tests).
+
+    Any engine (fake or MLX) injects them at its real points; see
+    :mod:`mlxd.engines.faults`. None of them is ever set in a production config.
+    """
+
+    #: ``raise`` (every load), ``raise_once`` (the first), ``hang`` (never ends,
+    #: cancellable), ``ignore_cancel`` (keeps going ``delay_s`` after being cancelled)
+    load: Literal["raise", "raise_once", "hang", "ignore_cancel"] | None = None
+    #: ``raise`` (every stop), ``raise_once`` (the first), ``hang`` (never returns)
+    stop: Literal["raise", "raise_once", "hang"] | None = None
+    #: ``raise`` (mid-stream) or ``hang`` (between two tokens), after ``after_tokens`` tokens
+    generate: Literal["raise", "hang"] | None = None
+    after_tokens: int = 1
+    delay_s: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
     source: str
@@ -136,6 +157,8 @@ class ModelConfig:
     kv_cache_bytes: int | None = None
     prompt_cache_bytes: int | None = None
     fake: FakeSettings | None = None
+    #: faults to inject (testing only; None: none)
+    faults: FaultSettings | None = None
     #: directory from which ``file://`` image URLs may be read (None: no local files)
     image_dir: Path | None = None
     #: offline demo model: when set and ``source`` holds no model yet, the engine writes

@@ -14,13 +14,14 @@ import os
 import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from mlxd.config import distributed as distributed_rules
 from mlxd.config.model import (
     DEMO_KINDS,
     Config,
     FakeSettings,
+    FaultSettings,
     JournalConfig,
     ManagerConfig,
     Measured,
@@ -52,6 +53,7 @@ MANAGER_KEYS = (
     "idle_unload_seconds",
     "restore_on_start",
     "contention_policy",
+    "stop_timeout_s",
 )
 POLICY_KEYS = ("strategy", "wait_timeout_s", "preempt_after_s")
 SOURCE_KEYS = ("path", "source", "model")
@@ -70,11 +72,13 @@ MODEL_KEYS = (
     "kv_cache_gb",
     "prompt_cache_gb",
     "fake",
+    "faults",
     "image_dir",
     "demo",
     "isolation",
     "distributed",
 )
+FAULT_KEYS = ("load", "stop", "generate", "after_tokens", "delay_s")
 FAKE_KEYS = (
     "load_seconds",
     "unload_seconds",
@@ -201,6 +205,7 @@ class Parser:
             idle_unload_seconds=t.number("idle_unload_seconds", 0.0),
             restore_on_start=t.boolean("restore_on_start", True),
             contention_policy=self._policy(t.table("contention_policy", POLICY_KEYS)),
+            stop_timeout_s=t.number("stop_timeout_s", 60.0, positive=True),
         )
 
     def _policy(self, t: Table) -> ContentionPolicy:
@@ -209,10 +214,6 @@ class Parser:
         if "wait_timeout_s" in t.raw:
             timeout = t.optional_number("wait_timeout_s", positive=True)
             policy = ContentionPolicy.of(strategy, wait_timeout_s=timeout)
-            if strategy == "fail":
-                self.warnings.append(
-                    f"{t.path('wait_timeout_s')}: ignored: strategy 'fail' never waits"
-                )
         after = t.optional_number("preempt_after_s")
         if after is not None and strategy != "wait_then_preempt":
             self.warnings.append(
@@ -269,6 +270,7 @@ class Parser:
             kv_cache_bytes=self._cache_gb(t, "kv_cache_gb", engine),
             prompt_cache_bytes=self._cache_gb(t, "prompt_cache_gb", engine),
             fake=fake,
+            faults=self._faults(t),
             image_dir=self._image_dir(t, mllm, name),
             demo=demo,
             isolation=distributed_rules.isolation(t, engine, dist is not None),
@@ -374,6 +376,18 @@ class Parser:
             fail_unloads=f.int_list("fail_unloads", minimum=1),
             reply=f.string("reply", _FAKE.reply),
             memory_bytes=None if memory is None else self._gb_to_bytes(f, "memory_gb", memory),
+        )
+
+    def _faults(self, t: Table) -> FaultSettings | None:
+        if not t.has("faults"):
+            return None
+        f = t.table("faults", FAULT_KEYS)
+        return FaultSettings(
+            load=cast(Any, f.optional_string("load", choices=("raise", "raise_once", "hang", "ignore_cancel"))),
+            stop=cast(Any, f.optional_string("stop", choices=("raise", "raise_once", "hang"))),
+            generate=cast(Any, f.optional_string("generate", choices=("raise", "hang"))),
+            after_tokens=f.integer("after_tokens", 1, minimum=0),
+            delay_s=f.number("delay_s", 2.0),
         )
 
     def _demo(self, t: Table, engine: str, mllm: bool) -> Literal["tiny", "small", "vision"] | None:

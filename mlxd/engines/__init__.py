@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from mlxd.engines.base import Engine
 from mlxd.engines.fake import FakeFleet
+from mlxd.engines.faults import Faults
 
 if TYPE_CHECKING:
     from mlxd.config import ModelConfig
@@ -28,17 +29,24 @@ if TYPE_CHECKING:
 EngineFactory = Callable[["ModelConfig"], Engine]
 
 
-def in_process_engine(model: ModelConfig, fleet: FakeFleet | None = None) -> Engine:
-    """The engine class of ``model``, to run in this process (on its own MLX thread)."""
+def in_process_engine(
+    model: ModelConfig, fleet: FakeFleet | None = None, faults: Faults | None = None
+) -> Engine:
+    """The engine class of ``model``, to run in this process (on its own MLX thread).
+
+    ``faults``: the model's injected faults (made from its ``faults:`` key if not given).
+    """
     if model.engine == "fake":
         return (fleet or FakeFleet())(model)
+    if faults is None and model.faults is not None:
+        faults = Faults(model.name, model.faults)
     if model.mllm:
         from mlxd.engines.mlx_vision import MlxVisionEngine
 
-        return MlxVisionEngine(model)
+        return MlxVisionEngine(model, faults=faults)
     from mlxd.engines.mlx_text import MlxTextEngine
 
-    return MlxTextEngine(model)
+    return MlxTextEngine(model, faults=faults)
 
 
 class DefaultEngines:
@@ -47,13 +55,18 @@ class DefaultEngines:
 
     def __init__(self, fleet: FakeFleet | None = None) -> None:
         self.fleet = fleet or FakeFleet()
+        #: the ``faults:`` scripts of MLX models, kept across their residencies
+        self.faults: dict[str, Faults] = {}
 
     def __call__(self, model: ModelConfig) -> Engine:
         if model.isolation == "process" or model.distributed is not None:
             from mlxd.engines.process import ProcessEngine
 
             return ProcessEngine(model)
-        return in_process_engine(model, self.fleet)
+        faults = None
+        if model.faults is not None:  # kept across residencies (raise_once: once per model)
+            faults = self.faults.setdefault(model.name, Faults(model.name, model.faults))
+        return in_process_engine(model, self.fleet, faults)
 
 
 __all__ = ["DefaultEngines", "Engine", "EngineFactory", "FakeFleet", "in_process_engine"]

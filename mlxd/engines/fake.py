@@ -26,6 +26,7 @@ from mlxd.engines.base import (
     ProgressCallback,
     TextDelta,
 )
+from mlxd.engines.faults import Faults, InjectedFault
 from mlxd.errors import EngineDied, Overloaded
 from mlxd.faults import crash_point
 
@@ -83,6 +84,8 @@ class FakeModel:
     gates: dict[str, Gate] = field(default_factory=dict)
     #: the residency loaded last (what :meth:`FakeEngine.die` is called on in tests)
     current: FakeEngine | None = None
+    #: the ``faults:`` script (raise, hang, ignore cancellation; see mlxd.engines.faults)
+    faults: Faults | None = None
 
     def gate(self, phase: str) -> Gate:
         """Park the next engines of this model at ``phase`` (load, unload, generate)."""
@@ -112,6 +115,7 @@ class FakeModel:
             max_prompt_tokens=model.max_prompt_tokens,
             fail_loads=set(s.fail_loads),
             fail_unloads=set(s.fail_unloads),
+            faults=Faults(model.name, model.faults) if model.faults is not None else None,
         )
 
 
@@ -142,6 +146,8 @@ class FakeEngine:
         self.model = model
         self._holding = False
         self._stopped = False
+        #: a stop of this engine failed (it must never serve a request again)
+        self.stop_failed = False
         self._lock = trio.Lock()  # FIFO: requests are served in arrival order
         self._queued = 0
         #: set by :meth:`die`: the residency ended on its own, as a killed worker process does
@@ -158,6 +164,12 @@ class FakeEngine:
         m.resident += 1
         try:
             progress(LoadProgress(phase="loading", bytes_done=0, bytes_total=m.memory_bytes))
+            fault = m.faults.on_load() if m.faults is not None else None
+            if fault == "hang":
+                await trio.sleep_forever()
+            if fault == "ignore_cancel" and m.faults is not None:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(m.faults.settings.delay_s)
             await m._at("load")
             await trio.sleep(m.load_seconds)
             crash_point("manager.mid_load")  # loaded, the manager not told: still `loading`
@@ -182,10 +194,16 @@ class FakeEngine:
         await m._at("unload")
         await trio.sleep(m.unload_seconds)
         crash_point("manager.mid_unload")  # stopped, the manager not told: still `unloading`
-        if attempt in m.fail_unloads:
+        try:
+            if attempt in m.fail_unloads:
+                raise ScriptedFailure(f"scripted failure of unload {attempt} of {m.name}")
+            if m.faults is not None and m.faults.on_stop() == "hang":
+                await trio.sleep_forever()
+        except (ScriptedFailure, InjectedFault):
+            self.stop_failed = True
             m.stops_failed += 1
             m.record(f"stop {attempt} failed")
-            raise ScriptedFailure(f"scripted failure of unload {attempt} of {m.name}")
+            raise
         self._stopped = True
         if self._holding:
             self._holding = False
@@ -247,6 +265,8 @@ class FakeEngine:
                 finish: str = "length"
                 delay = 1.0 / m.tokens_per_second if m.tokens_per_second > 0 else 0.0
                 while produced < request.max_tokens:
+                    if m.faults is not None and m.faults.on_token(produced) == "hang":
+                        await trio.sleep_forever()
                     await trio.sleep(delay)
                     self._check_alive()
                     piece = next(words) + " "

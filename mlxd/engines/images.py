@@ -10,12 +10,23 @@ Accepted forms of ``{"type": "image_url", "image_url": {"url": URL}}`` (the
 * ``http(s)://``: refused (the daemon does not fetch URLs on a client's behalf).
 
 Limits: :data:`MAX_IMAGES` per request, :data:`MAX_IMAGE_BYTES` encoded bytes
-per image, :data:`MAX_PIXELS` decoded pixels (a decompression-bomb guard).
-Every refusal is an :class:`~mlxd.errors.InvalidRequest` whose ``param`` names
-the field (``messages[1].content[0].image_url``).
+per image, :data:`MAX_PIXELS` pixels per image and :data:`MAX_REQUEST_PIXELS`
+pixels for all the images of one request (decompression-bomb guards: a few
+kilobytes of PNG can decode to gigabytes). Every refusal is an
+:class:`~mlxd.errors.InvalidRequest` whose ``param`` names the field
+(``messages[1].content[0].image_url``).
 
-Decoding is CPU work: call :func:`decode_request_images` off the Trio thread
-(``trio.to_thread.run_sync``); it does no MLX work.
+Two steps, so that nothing is decoded before the request is admitted:
+
+1. :func:`check_request_images`, in the HTTP handler before any lease: reads
+   each image's bytes and only its *header* (its size), and applies every
+   limit; cheap, whatever the images claim to hold;
+2. :func:`decode_request_images`, in the vision engine, once the request holds
+   its lease and has passed the model's queue admission, one request at a time
+   per engine.
+
+Both are CPU work: call them off the Trio thread (``trio.to_thread.run_sync``);
+they do no MLX work.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from mlxd.errors import InvalidRequest
 MAX_IMAGES = int(os.environ.get("MLXD_MAX_IMAGES", "16"))
 MAX_IMAGE_BYTES = int(os.environ.get("MLXD_MAX_IMAGE_BYTES", str(20 * 1024 * 1024)))
 MAX_PIXELS = int(os.environ.get("MLXD_MAX_IMAGE_PIXELS", str(50_000_000)))
+MAX_REQUEST_PIXELS = int(os.environ.get("MLXD_MAX_REQUEST_PIXELS", str(50_000_000)))
 
 IMAGE_PART_TYPES = ("image_url", "input_image", "image")
 
@@ -123,18 +135,66 @@ def image_bytes(url: Any, image_dir: Path | None, param: str) -> bytes:
     )
 
 
-def open_image(data: bytes, param: str) -> Any:
-    """Decode ``data`` to an RGB PIL image, refusing what is not an image or is too large."""
+def _pil() -> Any:
     try:
         from PIL import Image
     except ImportError as e:  # pillow comes with the vlm extra
+        raise InvalidRequest(f"images need pillow (pip install 'mlxd[vlm]'): {e}") from e
+    return Image
+
+
+def image_size(data: bytes, param: str) -> tuple[int, int]:
+    """Width and height from the image's header alone (nothing is decoded)."""
+    image = _pil()
+    try:
+        with image.open(io.BytesIO(data)) as img:
+            w, h = img.size
+    except Exception as e:  # PIL.UnidentifiedImageError, truncated headers, PIL's own bomb check
         raise InvalidRequest(
-            f"images need pillow (pip install 'mlxd[vlm]'): {e}", param=param
-        ) from e
+            f"not a readable image: {type(e).__name__}: {e}", param=param
+        ) from None
+    return int(w), int(h)
+
+
+def check_request_images(messages: Sequence[Any], *, image_dir: Path | None = None) -> list[bytes]:
+    """Every image of a request as encoded bytes, after every limit is checked from headers.
+
+    Refuses (400) more than :data:`MAX_IMAGES` images, an image over
+    :data:`MAX_IMAGE_BYTES` or :data:`MAX_PIXELS`, and images that add up to
+    more than :data:`MAX_REQUEST_PIXELS`, without decoding any of them.
+    """
+    parts = image_parts(messages)
+    if len(parts) > MAX_IMAGES:
+        raise InvalidRequest(
+            f"at most {MAX_IMAGES} images per request, got {len(parts)}", param="messages"
+        )
+    out: list[bytes] = []
+    total = 0
+    for param, url in parts:
+        data = image_bytes(url, image_dir, param)
+        w, h = image_size(data, param)
+        if w * h > MAX_PIXELS:
+            raise InvalidRequest(
+                f"image of {w}x{h} pixels is larger than {MAX_PIXELS} pixels", param=param
+            )
+        total += w * h
+        if total > MAX_REQUEST_PIXELS:
+            raise InvalidRequest(
+                f"the images of this request add up to more than {MAX_REQUEST_PIXELS} pixels"
+                f" (counted from their headers, up to this one of {w}x{h})",
+                param=param,
+            )
+        out.append(data)
+    return out
+
+
+def open_image(data: bytes, param: str) -> Any:
+    """Decode ``data`` to an RGB PIL image, refusing what is not an image or is too large."""
+    image = _pil()
     if len(data) > MAX_IMAGE_BYTES:
         raise InvalidRequest(f"image larger than {MAX_IMAGE_BYTES} bytes", param=param)
     try:
-        img = Image.open(io.BytesIO(data))
+        img = image.open(io.BytesIO(data))
         w, h = img.size
         if w * h > MAX_PIXELS:
             raise InvalidRequest(
@@ -155,29 +215,23 @@ def decode_request_images(
 ) -> list[Any]:
     """Every image of a request as RGB PIL images.
 
-    If the caller already decoded them (``GenerationRequest.images``: PIL images
-    or encoded bytes, in the order of the parts), those are used and the parts
-    only mark where the images go; otherwise the parts of ``messages`` are decoded.
+    ``images``: what :func:`check_request_images` returned (encoded bytes), or
+    PIL images, in the order of the parts (which then only mark where the
+    images go); without them, the parts of ``messages`` are checked first.
     """
-    parts = image_parts(messages)
-    count = len(images) if images else len(parts)
-    if count > MAX_IMAGES:
+    if not images:
+        images = check_request_images(messages, image_dir=image_dir)
+    if len(images) > MAX_IMAGES:
         raise InvalidRequest(
-            f"at most {MAX_IMAGES} images per request, got {count}", param="messages"
+            f"at most {MAX_IMAGES} images per request, got {len(images)}", param="messages"
         )
     out: list[Any] = []
-    if images:
-        for k, given in enumerate(images):
-            param = f"images[{k}]"
-            if isinstance(given, bytes | bytearray):
-                out.append(open_image(bytes(given), param))
-            elif hasattr(given, "convert"):
-                out.append(
-                    given.convert("RGB") if getattr(given, "mode", "RGB") != "RGB" else given
-                )
-            else:
-                raise InvalidRequest("images must be PIL images or bytes", param=param)
-        return out
-    for param, url in parts:
-        out.append(open_image(image_bytes(url, image_dir, param), param))
+    for k, given in enumerate(images):
+        param = f"images[{k}]"
+        if isinstance(given, bytes | bytearray):
+            out.append(open_image(bytes(given), param))
+        elif hasattr(given, "convert"):
+            out.append(given.convert("RGB") if getattr(given, "mode", "RGB") != "RGB" else given)
+        else:
+            raise InvalidRequest("images must be PIL images or bytes", param=param)
     return out

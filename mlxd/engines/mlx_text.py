@@ -52,10 +52,12 @@ from mlxd.engines.base import (
 )
 from mlxd.engines.batch_loop import BatchLoop
 from mlxd.engines.batching import BatchScheduler, cap_to_kv
+from mlxd.engines.faults import Faults
 from mlxd.engines.mlx_thread import (
     GenerationStats,
     Job,
     MlxThread,
+    Pending,
     PrefillProgress,
     SerialScheduler,
     Sink,
@@ -122,9 +124,12 @@ class MlxTextEngine:
         *,
         prefill_step: int | None = None,
         observer: Observer | None = None,
+        faults: Faults | None = None,
     ) -> None:
         self.name = model.name
         self.config = model
+        #: injected faults (``faults:`` in the config; testing only)
+        self.faults = faults
         #: None until the load picks the device's default (unless given)
         self.prefill_step: int | None = prefill_step
         self.observer = observer
@@ -147,7 +152,13 @@ class MlxTextEngine:
         self.kv_cache_bytes = 0
         self.prompt_cache_bytes = 0
         self._ready = False
+        #: stop() was called: no new generation, no new load
         self._stopped = False
+        #: the unload job on the MLX thread, while a stop waits for it (kept if that wait is
+        #: cut short, so the next stop() waits for the same job rather than queueing another)
+        self._unloading: Pending[None] | None = None
+        #: a stop succeeded: everything is freed and the thread has ended
+        self._released = False
         self._has_chat_template = False
         # owned by the MLX thread: written and read only there
         self._model: Any = None
@@ -219,6 +230,11 @@ class MlxTextEngine:
     ) -> None:
         import mlx.core as mx
 
+        fault = self.faults.on_load() if self.faults is not None else None
+        if fault == "hang" and self.faults is not None:
+            self.faults.hang_thread()
+        if fault == "ignore_cancel" and self.faults is not None:
+            time.sleep(self.faults.settings.delay_s)  # an uninterruptible load, as mlx-lm's is
         if self.config.demo:
             self._write_demo(path, report)
         if cancel.is_set():
@@ -304,7 +320,15 @@ class MlxTextEngine:
         return model, tokenizer
 
     async def stop(self) -> None:
-        if self._stopped:
+        """Free the model; safe to call again after it raised or was cancelled.
+
+        Each call waits for the unload job on the MLX thread (queued behind the
+        running job, which stops within one token, or behind a load that cannot
+        be interrupted). A call cut short leaves that job queued for the next
+        call to wait for; a job that failed is queued again by the next call.
+        Only when one succeeds is the thread ended and the engine released.
+        """
+        if self._released:
             return
         self._stopped = True
         self._ready = False
@@ -314,16 +338,24 @@ class MlxTextEngine:
             )
         thread = self._thread
         if thread is None:
+            self._released = True
             return
+        if self._unloading is None:
+            self._unloading = thread.start(self._unload_on_thread)
         try:
-            # queued behind the running job (if any), which stops within one token
-            await thread.run(self._unload_on_thread)
-        finally:
-            thread.close_nowait()  # even if cancelled: the thread unloads, then ends on its own
+            await self._unloading.result()
+        except Exception:
+            self._unloading = None  # the next stop() tries again
+            raise
+        thread.close_nowait()
         await thread.aclose()
+        self._released = True
         memory.malloc_trim()  # again, after the thread's clear_streams freed its stream buffers
 
     def _unload_on_thread(self) -> None:
+        fault = self.faults.on_stop() if self.faults is not None else None
+        if fault == "hang" and self.faults is not None:
+            self.faults.hang_thread()
         if self.batch is not None:
             self.batch.close()  # the generator and the prompt cache hold MLX arrays
         self._model = None
@@ -431,7 +463,10 @@ class MlxTextEngine:
     def _stop_now(self, job: Job) -> bool:
         """On the MLX thread, at each point a generation may stop (its start, each prefill
         chunk, each token): whether it stops. The distributed engine makes every rank
-        agree on the answer (:mod:`mlxd.engines.lockstep`)."""
+        agree on the answer (:mod:`mlxd.engines.lockstep`). An injected generation fault
+        (``faults: generate``) strikes here, once ``after_tokens`` tokens are out."""
+        if self.faults is not None and self.faults.on_token(job.stats.completion_tokens) == "hang":
+            self.faults.hang_thread()  # wedged: the cancel flag is not looked at
         return job.cancel.is_set()
 
     def _run_one(self, job: Job) -> None:

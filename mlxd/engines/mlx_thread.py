@@ -40,7 +40,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import outcome
 import trio
@@ -121,6 +121,12 @@ class MlxThread:
             raise EngineError(f"{self.name}: the MLX thread is closed")
         self._jobs.put((fn, args, done))
 
+    def start(self, fn: Callable[..., T], *args: Any) -> Pending[T]:
+        """Queue ``fn(*args)`` and return a handle to await its result (from any task, again and again)."""
+        pending: Pending[T] = Pending()
+        self.submit(fn, *args, done=pending._finish)
+        return pending
+
     async def run(
         self, fn: Callable[..., T], *args: Any, cancel: threading.Event | None = None
     ) -> T:
@@ -168,13 +174,44 @@ class MlxThread:
         return not self._thread.is_alive()
 
 
+class Pending(Generic[T]):
+    """The result of a job queued with :meth:`MlxThread.start`, awaited on the Trio side."""
+
+    def __init__(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._done = trio.Event()
+        self._result: outcome.Outcome[T] | None = None
+
+    def _finish(self, result: outcome.Outcome[T]) -> None:  # on the MLX thread
+        self._result = result
+        call_soon(self._token, self._done.set)
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    async def result(self) -> T:
+        """Wait for the job (cancellable: the job goes on) and return or raise what it did."""
+        await self._done.wait()
+        result = self._result
+        if isinstance(result, outcome.Error):
+            raise result.error  # not unwrap(): an outcome unwraps once, this may be awaited again
+        assert isinstance(result, outcome.Value)
+        return result.value  # type: ignore[no-any-return]
+
+
+#: at exit, threads still running get this long in all to finish (a hung one is left behind)
+EXIT_JOIN_S = 2.0
+
+
 @atexit.register
 def _close_live_threads() -> None:  # pragma: no cover - exercised by the cycle test's clean exit
     threads = list(_LIVE)
     for t in threads:
         t.close_nowait()
+    deadline = time.monotonic() + EXIT_JOIN_S
     for t in threads:
-        t.join(timeout=10.0)
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 class Sink:

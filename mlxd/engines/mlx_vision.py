@@ -7,9 +7,12 @@ streaming, stop strings and cancellation rules are inherited unchanged.
 * mlx-vlm is imported lazily, on the MLX thread, at load: without the extra a
   load fails with a typed ``model_load_failed`` that says how to install it.
 * Images come from OpenAI ``image_url`` content parts (:mod:`mlxd.engines.images`:
-  base64 ``data:`` URLs; ``file://`` only under the model's ``image_dir``),
-  decoded on a worker thread before the request is queued, so a bad image is
-  a 400 naming the field and never reaches the MLX thread.
+  base64 ``data:`` URLs; ``file://`` only under the model's ``image_dir``).
+  The HTTP layer checks every limit from their headers before the request
+  waits for anything; the engine decodes them on a worker thread once the
+  request holds its lease and has passed the queue check, one request at a
+  time, before it is queued, so a bad image is a 400 naming the field and
+  never reaches the MLX thread.
 * mlx-vlm's LLaVA processor forwards tokenizer kwargs (``padding``...) to the
   image processor, which transformers 5 rejects (mlx-vlm#870); the loaded
   processor drops those keywords (docs/platform-facts.md, "mlx-vlm's LLaVA
@@ -34,6 +37,7 @@ import trio
 from mlxd.config import ModelConfig
 from mlxd.engines import prompt_limits, sources
 from mlxd.engines.base import GenerationRequest
+from mlxd.engines.faults import Faults
 from mlxd.engines.mlx_text import (
     MlxTextEngine,
     Observer,
@@ -75,10 +79,13 @@ class MlxVisionEngine(MlxTextEngine):
         *,
         prefill_step: int | None = None,
         observer: Observer | None = None,
+        faults: Faults | None = None,
     ) -> None:
-        super().__init__(model, prefill_step=prefill_step, observer=observer)
+        super().__init__(model, prefill_step=prefill_step, observer=observer, faults=faults)
         # owned by the MLX thread
         self._processor: Any = None
+        #: image decoding, one request at a time (each can be tens of megapixels)
+        self._decoding = trio.CapacityLimiter(1)
 
     def _allow_patterns(self) -> tuple[str, ...]:
         return sources.VISION_PATTERNS
@@ -127,10 +134,12 @@ class MlxVisionEngine(MlxTextEngine):
             return []
         from mlxd.engines.images import decode_request_images
 
+        # Under the request's admission (its lease, the queue check), one decode at a time.
         return await trio.to_thread.run_sync(
             lambda: decode_request_images(
                 request.messages, request.images, image_dir=self.config.image_dir
-            )
+            ),
+            limiter=self._decoding,
         )
 
     # ---- on the MLX thread --------------------------------------------------------------------

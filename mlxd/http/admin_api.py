@@ -20,6 +20,7 @@ from mlxd.http import sse
 from mlxd.http.context import AppState, state
 from mlxd.http.metrics import CONTENT_TYPE
 from mlxd.http.openai_api import model_object
+from mlxd.residency import views
 from mlxd.residency.states import Reason
 
 log = logging.getLogger("mlxd.http")
@@ -67,6 +68,8 @@ def _journal_status(st: AppState) -> dict[str, Any]:
         "last_seq": st.journal.last_seq,
         "committed_seq": st.journal.committed_seq,
         "rejected_rows": len(st.journal.rejected),
+        "writer_pid": st.journal.writer_pid,
+        "restarts": st.journal.restarts,
     }
 
 
@@ -193,6 +196,7 @@ def health_report(st: AppState) -> dict[str, Any]:
             reasons.append(f"load of '{info.model}' stuck for {took:.0f} s (expected < {limit:.0f} s)")
     if st.manager.core.load_gate:
         reasons.append(f"new loads refused: {st.manager.core.load_gate}")
+    reasons += views.failing_stops(st.manager)
     status = "shutting_down" if st.draining else ("degraded" if reasons else "ok")
     return {
         "status": status,

@@ -12,6 +12,7 @@ from quart import current_app
 
 from mlxd.config import Config
 from mlxd.http.metrics import Metrics
+from mlxd.http.server import Connections
 from mlxd.residency.manager import Manager
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ class AppState:
     closing: bool = False
     #: the live waits of /admin/events streams, cancelled at shutdown
     event_waits: set[trio.CancelScope] = field(default_factory=set)
+    #: the open HTTP connections (to close one whose lease the manager ended)
+    connections: Connections = field(default_factory=Connections)
 
     def close_event_streams(self) -> None:
         self.closing = True

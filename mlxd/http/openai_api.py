@@ -3,22 +3,30 @@
 A generation holds a lease for its whole life. Non-streaming: the handler
 holds it inside ``lease.scope()``. Streaming: the response body (an async
 generator, which must not hold a cancel scope across ``yield``) owns the lease,
-opens ``lease.scope()`` around each wait for the next token, and releases the
+opens ``lease.scope()`` around each wait for the next token, and ends the
 lease in its ``finally`` -- which runs the moment the client disconnects
 (Quart cancels the body at its current await). Preemption cancels the scope,
 so the stream ends between two tokens with an SSE error event
 ``{"error": {..., "code": "preempted"}}`` that the OpenAI client raises.
+Either way the lease ends with ``lease.finish(exc)`` (the one outcome rule is
+:func:`mlxd.residency.lease.outcome_of`; a cancelled request is ``disconnected``).
+
+A body that cannot send (the client stopped reading) does not hold the model
+hostage: the manager ends a preempted lease itself, and the body's abandon hook
+(:func:`_abandon_stream`) closes the engine's iterator (cancelling its job) and
+the connection.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from contextlib import aclosing, contextmanager
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
 
@@ -27,9 +35,17 @@ from quart import Blueprint, Response, request
 
 from mlxd.engines.base import Finished, GenerationEvent, TextDelta
 from mlxd.engines.prompt_limits import check_chars, check_prompt_chars, limits_for
-from mlxd.errors import InvalidRequest, MlxdError, ModelNotFound, Overloaded, ShuttingDown
+from mlxd.errors import (
+    EngineError,
+    InvalidRequest,
+    MlxdError,
+    ModelNotFound,
+    Overloaded,
+    ShuttingDown,
+)
 from mlxd.http import bodyscan, sse
 from mlxd.http.context import AppState, state
+from mlxd.http.server import Connections, Key
 from mlxd.http.validation import ParsedRequest, parse_request
 from mlxd.residency.lease import Lease
 from mlxd.residency.states import Outcome
@@ -133,11 +149,12 @@ async def parse(kind: str) -> ParsedRequest:
     if mc is not None:  # before the lease: no model is loaded for a prompt that cannot fit
         check_prompt_chars(parsed.model, parsed.generation, limits_for(mc))
     if mc is not None and mc.mllm and parsed.generation.kind == "chat":
-        from mlxd.engines.images import decode_request_images, image_parts
+        from mlxd.engines.images import check_request_images, image_parts
 
         if image_parts(parsed.generation.messages):
+            # Headers only: the engine decodes once the request is admitted (holds its lease).
             images = await trio.to_thread.run_sync(
-                lambda: decode_request_images(parsed.generation.messages, image_dir=mc.image_dir)
+                lambda: check_request_images(parsed.generation.messages, image_dir=mc.image_dir)
             )
             parsed = replace(parsed, generation=replace(parsed.generation, images=tuple(images)))
     return parsed
@@ -161,35 +178,16 @@ async def _prepare(st: AppState, lease: Lease, parsed: ParsedRequest) -> ParsedR
     """After the lease, before any response: the queue bound and the engine's prompt checks.
 
     A refusal here is a plain HTTP error (400 ``context_length_exceeded``, 503
-    ``overloaded``), also for a stream, and releases the lease.
+    ``overloaded``), also for a stream, and ends the lease.
     """
-    with released_on_failure(st, lease):
+    try:
         _check_queue(st, lease)
         with lease.scope():  # tokenizing a long prompt is cancellable, and preemptible
             generation = await lease.engine.prepare(parsed.generation)
+    except BaseException as e:
+        lease.finish(e)
+        raise
     return replace(parsed, generation=generation)
-
-
-@contextmanager
-def released_on_failure(st: AppState, lease: Lease) -> Iterator[None]:
-    """Release ``lease`` with the outcome of however the block fails, and re-raise."""
-    try:
-        yield
-    except trio.Cancelled:
-        lease.release(_outcome_for_cancel(st, lease))
-        raise
-    except MlxdError:
-        lease.release(_outcome_for_cancel(st, lease) if lease.preempted else Outcome.ERROR)
-        raise
-    except Exception:
-        lease.release(Outcome.ERROR)
-        raise
-
-
-def _outcome_for_cancel(st: AppState, lease: Lease) -> Outcome:
-    if lease.preempted:
-        return Outcome.SHUTDOWN if lease.preempted_by_shutdown else Outcome.PREEMPTED
-    return Outcome.SHUTDOWN if st.draining else Outcome.DISCONNECTED
 
 
 class ResponseBuilder:
@@ -260,12 +258,16 @@ async def generate(kind: str) -> Any:
     parsed = await parse(kind)
     t_request = trio.current_time()
     lease = await st.manager.acquire(
-        parsed.model, request_id=parsed.generation.request_id, route=request.path
+        parsed.model,
+        request_id=parsed.generation.request_id,
+        route=request.path,
+        cancel_outcome=Outcome.DISCONNECTED,  # a cancelled request: its client went away
     )
     parsed = await _prepare(st, lease, parsed)
     builder = ResponseBuilder(kind, parsed.model, parsed.include_usage)
     if parsed.stream:
-        body = stream_body(st, lease, parsed, builder, t_request)
+        connection = Connections.key_of(request.scope)
+        body = stream_body(st, lease, parsed, builder, t_request, connection)
         # Start the body now, up to its first chunk: a started generator always runs
         # its ``finally`` (Quart closes it, or Trio's finalizer does when it is dropped),
         # so the lease is released even if the client leaves before the body is sent.
@@ -273,28 +275,40 @@ async def generate(kind: str) -> Any:
         return sse.response(
             _prepend(first, body), {"X-Request-Id": parsed.generation.request_id or ""}
         )
-    with released_on_failure(st, lease):
-        text: list[str] = []
-        fin: Finished | None = None
-        t_first: float | None = None
-        with lease.scope():
-            async with aclosing(lease.engine.generate(parsed.generation)) as events:
-                async for ev in events:
-                    if isinstance(ev, TextDelta):
-                        if t_first is None:
-                            t_first = trio.current_time()
-                        text.append(ev.text)
-                    else:
-                        fin = ev
-    assert fin is not None, "an engine ended a generation without Finished"
-    lease.set_usage(fin.prompt_tokens, fin.completion_tokens)
-    lease.release(Outcome.COMPLETED)
+    text: list[str] = []
+    fin: Finished | None = None
+    t_first: float | None = None
+    try:
+        async with lease:
+            with lease.scope():
+                async with aclosing(lease.engine.generate(parsed.generation)) as events:
+                    async for ev in events:
+                        if isinstance(ev, TextDelta):
+                            if t_first is None:
+                                t_first = trio.current_time()
+                            text.append(ev.text)
+                        else:
+                            fin = ev
+            if fin is None:
+                raise EngineError("the engine ended the generation unexpectedly")
+            lease.set_usage(fin.prompt_tokens, fin.completion_tokens)
+    except MlxdError:
+        raise
+    except Exception as e:
+        raise engine_failed(e) from e
     _observe(st, parsed.model, t_request, t_first, fin)
     return Response(
         json.dumps(builder.whole("".join(text), fin)),
         mimetype="application/json",
         headers={"X-Request-Id": parsed.generation.request_id or ""},
     )
+
+
+def engine_failed(e: Exception) -> EngineError:
+    """An engine's own exception, logged with an id, as the 502 its client gets."""
+    ref = uuid.uuid4().hex[:12]
+    log.error("generation failed (error id %s)", ref, exc_info=e)
+    return EngineError(f"the engine failed: {type(e).__name__} (error id {ref})")
 
 
 def _observe(st: AppState, model: str, t0: float, t_first: float | None, fin: Finished) -> None:
@@ -316,12 +330,28 @@ async def _prepend(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIter
         await rest.aclose()
 
 
+async def _abandon_stream(
+    st: AppState, events: AsyncGenerator[GenerationEvent, None], connection: Key | None
+) -> None:
+    """The manager ended this stream's lease: cancel the engine's job, close the connection."""
+    with contextlib.suppress(RuntimeError):  # running in the body's task: its scope is cancelled
+        await events.aclose()
+    if connection is not None:
+        st.connections.abort(connection)
+
+
 async def stream_body(
-    st: AppState, lease: Lease, parsed: ParsedRequest, builder: ResponseBuilder, t_request: float
+    st: AppState,
+    lease: Lease,
+    parsed: ParsedRequest,
+    builder: ResponseBuilder,
+    t_request: float,
+    connection: Key | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    outcome = Outcome.ERROR
+    error: BaseException | None = None
     t_first: float | None = None
     events = lease.engine.generate(parsed.generation)
+    lease.on_abandon(lambda: _abandon_stream(st, events, connection))
     try:
         # The first chunk needs no await (see generate()): the role delta, or a comment.
         yield builder.chunk(None, first=True) if builder.kind == "chat" else sse.comment("mlxd")
@@ -339,27 +369,26 @@ async def stream_body(
             if parsed.include_usage:
                 yield builder.usage_chunk(ev)
             yield sse.DONE
-            outcome = Outcome.COMPLETED
             _observe(st, builder.model, t_request, t_first, ev)
             return
     except StopAsyncIteration:
         log.error("engine for %s ended without a Finished event", lease.model)
-        yield sse.data(MlxdError("the engine ended the generation unexpectedly").body())
+        error = EngineError("the engine ended the generation unexpectedly")
+        yield sse.data(error.body())
     except MlxdError as e:
-        outcome = _outcome_for_cancel(st, lease) if lease.preempted else Outcome.ERROR
+        error = e
         yield sse.data(e.body())
-    except trio.Cancelled:
-        outcome = _outcome_for_cancel(st, lease)
-        raise
     except Exception as e:
-        ref = uuid.uuid4().hex[:12]
-        log.exception("generation failed (error id %s)", ref)
-        yield sse.data(MlxdError(f"the engine failed: {type(e).__name__} (error id {ref})").body())
+        error = e
+        yield sse.data(engine_failed(e).body())
+    except BaseException as e:  # cancelled, or closed before its end: the client left
+        error = e
+        raise
     finally:
         # Closing the engine's iterator sets its stop flag; bounded, as every shield is.
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
+        with trio.CancelScope(shield=True), trio.move_on_after(5), contextlib.suppress(RuntimeError):
             await events.aclose()
-        lease.release(outcome)
+        lease.finish(error)
 
 
 @bp.post("/v1/chat/completions")

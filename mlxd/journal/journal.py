@@ -38,9 +38,21 @@ writer retries with exponential backoff; the first successful commit writes
 them all and turns ``healthy`` true again. A row the database rejects for what
 it is (a constraint: duplicate lease id, unknown lease, bad vocabulary) cannot
 succeed on retry: it alone is left out, the rest of its batch commits, and
-``wait_committed`` on its seq raises :class:`~mlxd.errors.JournalError`. If the
-writer process dies, the journal is closed: waiters get ``JournalError`` and
-``run()`` raises it.
+``wait_committed`` on its seq raises :class:`~mlxd.errors.JournalError`.
+
+The writer process is supervised. If it dies (killed, crashed) once the run
+has begun, ``healthy`` turns false, waiters get ``JournalError`` (their rows
+stay queued), and a new writer is started (after a backoff if it fails to
+open: read-only file system, full disk...). The new writer reports the
+file's highest sequence number; every record above it (and above the
+watermark) that the old one had not confirmed is sent again, in order, ahead
+of what arrived meanwhile, so no row is lost, doubled or reordered (a
+measurement, the one row without a sequence number of its own, is inserted
+again only if it is not there). A writer that stops answering (stopped with
+SIGSTOP, hung) turns ``healthy`` false after ``stall_s`` and is killed and
+replaced after ``kill_s`` (the daemon turns this watchdog on; it runs on real
+time). Records never wait: ``record`` keeps queueing them while no writer runs. A writer that dies before the run has begun (while it
+opens or recovers) is fatal: ``run()`` raises.
 
 Readers (:meth:`history`, :meth:`leases`, :meth:`events_after`,
 :meth:`latest_measurements`) open their own read-only connection per call.
@@ -65,24 +77,21 @@ import contextlib
 import logging
 import math
 import os
-import sqlite3
-import subprocess
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from mlxd.errors import JournalError
-from mlxd.framing import Frames, frame
-from mlxd.journal import reads
-from mlxd.journal.migrate import Synchronous, open_readonly
+from mlxd.journal.link import WriterLink
+from mlxd.journal.migrate import Synchronous
+from mlxd.journal.reads import JournalFile
 from mlxd.journal.rows import ENCODERS, RESIDENT, EndRun, RecoveryReport, Wire
 from mlxd.journal.subscription import PUBLISHED_FIELDS, Subscription, payload_of
-from mlxd.journal.writer import ERROR_KINDS, Settings
-from mlxd.journal.writer import command as writer_command
+from mlxd.journal.writer import Settings
 from mlxd.residency.events import ManagerEvent
 
 __all__ = ["RESIDENT", "Journal", "RecoveryReport", "Subscription"]
@@ -94,9 +103,12 @@ log = logging.getLogger("mlxd.journal.journal")
 FLUSH_INTERVAL = 0.01
 #: a batch this big is sent without waiting for the interval
 FLUSH_RECORDS = 2000
+#: a writer that died is replaced after this long, doubling while new ones fail to open
+RESTART_FIRST_S = 0.1
+RESTART_MAX_S = 5.0
 
 
-class Journal:
+class Journal(JournalFile):
     """The daemon's journal. Construct, ``await nursery.start(journal.run)``, then ``begin_run``."""
 
     def __init__(
@@ -110,13 +122,14 @@ class Journal:
         flush_interval: float = FLUSH_INTERVAL,
         retry_initial: float = 0.05,
         retry_max: float = 5.0,
+        stall_s: float | None = None,
+        kill_s: float = 10.0,
         subscriber_buffer: int = 1024,
         migrations: Path | None = None,
     ) -> None:
-        self.path = Path(path).expanduser()
+        super().__init__(path, busy_timeout_ms=busy_timeout_ms)
         self.synchronous: Synchronous = synchronous
         self._wall_clock = wall_clock
-        self._busy_timeout_ms = busy_timeout_ms
         self._flush_timeout = flush_timeout
         self._subscriber_buffer = subscriber_buffer
         self._settings = Settings(
@@ -128,13 +141,15 @@ class Journal:
             migrations=str(migrations) if migrations is not None else None,
             daemon_pid=os.getpid(),
         )
-        self._process: trio.Process | None = None
-        self._frames = Frames()
-        self._ready = trio.Event()
-        self._exited = trio.Event()
-        self._open_error: Exception | None = None
-        #: why the writer process ended, when it did so by itself
-        self._exit_error: str | None = None
+        self._stall_s = stall_s
+        self._kill_s = kill_s
+        #: the current writer process (a new link after a restart)
+        self._link: WriterLink | None = None
+        #: when a message went to the writer while nothing was in flight (stall watchdog)
+        self._sent_at = 0.0
+        self._restarts = 0
+        #: commits of the writer processes before the current one
+        self._commit_base = 0
         #: the last seq handed out; invariant: _committed <= _sent <= _last_seq
         self._last_seq = 0
         #: the last seq sent to the writer process
@@ -155,10 +170,6 @@ class Journal:
         self._recovering = False
         self._recovered: tuple[bool, Any] | None = None
         self._started = False
-        #: the shielded scope of the message being written, if any
-        self._send_scope: trio.CancelScope | None = None
-        #: a write was cut mid-message: nothing more can be sent
-        self._stream_cut = False
         #: True from begin_run until end_run or shutdown: record()'s one check
         self._accepting = False
         self._running = False
@@ -215,76 +226,124 @@ class Journal:
     @property
     def writer_pid(self) -> int | None:
         """The writer process's pid while it runs."""
-        return self._process.pid if self._process is not None else None
+        return self._link.pid if self._link is not None else None
+
+    @property
+    def restarts(self) -> int:
+        """How many times a writer process that died or hung was replaced."""
+        return self._restarts
 
     # ---- lifecycle ----------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start the writer process (it opens and migrates); on cancellation flush and stop it."""
+        """Start the writer process (it opens and migrates) and keep one running; on
+        cancellation flush and stop it (see the module docstring)."""
         if self._started:
             raise RuntimeError("Journal.run() may be called only once")
         self._started = True
+        backoff = RESTART_FIRST_S
         try:
-            self._process = await trio.lowlevel.open_process(
-                writer_command(),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-            )
-        except OSError as e:
-            raise JournalError(f"journal: cannot start the writer process: {e}") from e
-        try:
-            with contextlib.suppress(trio.BrokenResourceError):  # died at once: the reader says so
-                await self._send(("open", self._settings))
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read_reports)
-                await self._ready.wait()
-                if self._open_error is None and not self._exited.is_set():
-                    self._running = True
-                    nursery.start_soon(self._flush_loop)
-                    task_status.started()
-                    try:
-                        await self._exited.wait()
-                    finally:  # a message being written gets flush_timeout to finish, no more
-                        if self._send_scope is not None:
-                            self._send_scope.deadline = trio.current_time() + self._flush_timeout
-                nursery.cancel_scope.cancel()
-            if self._open_error is not None:
-                raise self._open_error
-            # The writer only stops by itself on an unexpected error (a bug): surface it.
-            raise JournalError(f"journal: the writer process stopped: {self._exit_error}")
+            while True:
+                first = not self._running
+                self._link = link = await WriterLink.start(
+                    self._settings, None if first else self._last_seq
+                )
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(link.read, self._dispatch)
+                    await link.ready.wait()
+                    if link.open_error is None and not link.exited.is_set():
+                        backoff = RESTART_FIRST_S
+                        if first:
+                            self._last_seq = self._sent = self._committed = link.ready_seq
+                            self._running = True
+                            task_status.started()
+                        else:
+                            self._resume(link.ready_seq)
+                        nursery.start_soon(self._flush_loop, link)
+                        if self._stall_s is not None:
+                            nursery.start_soon(self._watchdog, link, self._stall_s)
+                        try:
+                            await link.exited.wait()
+                        finally:  # a message being written gets flush_timeout to finish, no more
+                            if link.send_scope is not None:
+                                link.send_scope.deadline = trio.current_time() + self._flush_timeout
+                    nursery.cancel_scope.cancel()
+                if first and link.open_error is not None:
+                    raise link.open_error
+                if self._run_id is None:  # nothing begun, nothing to resume
+                    raise JournalError(f"journal: the writer process stopped: {link.exit_error}")
+                self._writer_lost(link)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, RESTART_MAX_S)
         finally:
             self._running = False
             await self._shutdown()
 
+    def _writer_lost(self, link: WriterLink) -> None:
+        """The writer process died or hung after the run began: keep the rows, wake waiters."""
+        why = link.open_error or link.exit_error
+        self._healthy = False
+        self._last_error = f"the journal writer process stopped ({why}); restarting it"
+        self._attempt_failures += 1
+        self._commit_base = self._commits
+        log.error("journal: %s", self._last_error)
+        self._wake()
+
+    def _resume(self, file_seq: int) -> None:
+        """A new writer is ready: send again, in order, every record the file does not have."""
+        start = max(file_seq, self._committed)
+        records = [(first + i, w) for first, batch in self._inflight for i, w in enumerate(batch)]
+        records += [(self._sent + 1 + i, w) for i, w in enumerate(self._pending)]
+        self._inflight.clear()
+        self._publish(
+            [(seq, w) for seq, w in records if self._committed < seq <= start
+             and w[0] in PUBLISHED_FIELDS and seq not in self._rejected]
+        )
+        self._committed = self._sent = start
+        self._pending = [w for seq, w in records if seq > start]
+        self._restarts += 1
+        log.warning("journal: writer process restarted (%d records to write again)",
+                    len(self._pending))
+        if not self._pending:
+            self._healthy = True
+        self._flusher_parked = False
+        self._flush_wanted.set()
+        self._wake()
+
+    async def _watchdog(self, link: WriterLink, stall_s: float) -> None:
+        """A writer that does not answer for ``stall_s`` makes the journal unhealthy; at
+        ``kill_s`` it is killed (and ``run`` replaces it). Real time only: its timer would
+        make a virtual clock jump while the writer works (so it is off unless asked for)."""
+        while True:
+            await trio.sleep(min(stall_s, 1.0))
+            if not self._inflight:
+                continue
+            silent = trio.current_time() - max(link.last_report, self._sent_at)
+            if silent >= self._kill_s:
+                log.error("journal: the writer process has not answered for %.0f s; killing it",
+                          silent)
+                link.exit_error = f"it did not answer for {silent:.0f} s"
+                link.kill()
+                return
+            if silent >= stall_s and self._healthy:
+                self._healthy = False
+                self._last_error = f"the journal writer process has not answered for {silent:.0f} s"
+                log.warning("journal: %s", self._last_error)
+                self._wake()
+
     async def _shutdown(self) -> None:
         self._accepting = False
-        process = self._process
-        assert process is not None and process.stdin is not None
-        with trio.move_on_after(self._flush_timeout) as scope:
-            scope.shield = True
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                if not self._stream_cut:
-                    if self._pending and not self._exited.is_set():
-                        await self._send_pending()
-                    await self._send(("stop",))
-            await process.stdin.aclose()  # end of input: the writer exits even if it said nothing
-            await self._read_reports()
-            await process.wait()
-        with trio.CancelScope(shield=True):
-            if process.returncode is None:
-                process.kill()
-                if not self._exited.is_set():
-                    log.error(
-                        "journal: gave up flushing after %.1fs; %d records not written (%s)",
-                        self._flush_timeout,
-                        self._last_seq - self._committed,
-                        self._last_error,
-                    )
-            await process.wait()
-            if process.stdout is not None:
-                await process.stdout.aclose()
+        link = self._link
+        last: list[tuple[Any, ...]] = []
+        if link is not None and self._pending and self._run_id is not None and link.ready.is_set():
+            last = [self._take_pending()]
+        exited = link is None or await link.close(last, self._flush_timeout, self._dispatch)
+        if not exited and self._last_seq > self._committed:
+            log.error(
+                "journal: gave up flushing after %.1fs; %d records not written (%s)",
+                self._flush_timeout, self._last_seq - self._committed, self._last_error,
+            )
         self._closed = True
-        self._exited.set()
         for sub in list(self._subscribers):
             sub._send.close()
         self._subscribers.clear()
@@ -301,12 +360,14 @@ class Journal:
             raise RuntimeError("begin_run() may be called only once")
         self._recovering = True
         first = self._last_seq + 1
+        link = self._link
+        assert link is not None
         with contextlib.suppress(trio.BrokenResourceError):  # the writer died: see below
-            await self._send(("recover", pid, version, config_path, self._wall_clock(), first))
-        while self._recovered is None and not self._exited.is_set():
+            await link.send(("recover", pid, version, config_path, self._wall_clock(), first))
+        while self._recovered is None and not link.exited.is_set():
             await self._progress.wait()
         if self._recovered is None:
-            why = f"the writer process stopped: {self._exit_error}"
+            why = f"the writer process stopped: {link.exit_error}"
             raise JournalError(f"journal: cannot start a run in {self.path}: {why}")
         ok, value = self._recovered
         if not ok:
@@ -367,7 +428,7 @@ class Journal:
             self._flush_wanted.set()
         failures = self._attempt_failures
         while self._committed < target:
-            if self._closed or self._exited.is_set():
+            if self._closed:
                 raise JournalError(f"journal: closed before seq {target} was written")
             if self._attempt_failures != failures:
                 raise JournalError(f"journal: cannot write: {self._last_error}")
@@ -386,24 +447,7 @@ class Journal:
 
     # ---- the pipes ----------------------------------------------------------------------
 
-    async def _send(self, message: tuple[Any, ...]) -> None:
-        """Write one message whole: a cancelled write would cut the stream mid-message.
-
-        So it is shielded; only at shutdown does it get a deadline (``flush_timeout``),
-        after which the stream is unusable and the writer is killed.
-        """
-        assert self._process is not None and self._process.stdin is not None
-        with trio.CancelScope(shield=True) as scope:
-            self._send_scope = scope
-            try:
-                await self._process.stdin.send_all(frame(message))
-            finally:
-                self._send_scope = None
-        if scope.cancelled_caught:
-            self._stream_cut = True
-            raise trio.BrokenResourceError("journal: the writer stopped reading")
-
-    async def _flush_loop(self) -> None:
+    async def _flush_loop(self, link: WriterLink) -> None:
         """Send what ``record`` queued to the writer, in as few messages as latency allows.
 
         Every message is a pipe write that wakes the writer on another core and
@@ -428,7 +472,7 @@ class Journal:
                     self._flush_wanted = trio.Event()
                     self._flusher_parked = True
                     await self._flush_wanted.wait()
-                while self._inflight and not self._exited.is_set():
+                while self._inflight and not link.exited.is_set():
                     await self._progress.wait()
                 delay = last_send + self._flush_interval - trio.current_time()
                 if delay > 0 and not self._urgent and len(self._pending) < FLUSH_RECORDS:
@@ -437,34 +481,20 @@ class Journal:
                         await self._flush_wanted.wait()
                 self._urgent = False
                 last_send = trio.current_time()
-                await self._send_pending()
+                await link.send(self._take_pending())
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the writer is gone: the reader reports it
 
-    async def _send_pending(self) -> None:
+    def _take_pending(self) -> tuple[Any, ...]:
+        """The ``records`` message of everything queued; it is in flight from now on."""
         batch, self._pending = self._pending, []
         first = self._sent + 1
         self._sent += len(batch)
+        if not self._inflight:
+            self._sent_at = trio.current_time()
         self._inflight.append((first, batch))
         assert self._run_id is not None
-        await self._send(("records", first, self._run_id, batch))
-
-    async def _read_reports(self) -> None:
-        """Read the writer's reports until it closes its end (it exited or died)."""
-        assert self._process is not None and self._process.stdout is not None
-        stdout = self._process.stdout
-        while not self._exited.is_set():
-            try:
-                data = await stdout.receive_some(1 << 16)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
-            if not data:
-                if self._exit_error is None:
-                    self._exit_error = "it died" + (" mid-message" if self._frames.partial else "")
-                self._on_exit()
-                return
-            for message in self._frames.feed(data):
-                self._dispatch(message)
+        return ("records", first, self._run_id, batch)
 
     # ---- the writer's reports -------------------------------------------------------------
 
@@ -480,22 +510,10 @@ class Journal:
             self._attempt_failures = failures
             log.warning("journal: write failed (%s); retrying in %.2fs", error, backoff)
             self._wake()
-        elif kind == "ready":
-            self._last_seq = self._sent = self._committed = message[1]
-            for level, line in message[2]:
-                log.log(level, "%s", line)
-            self._ready.set()
         elif kind == "recovered":
             self._recovered = (message[1], message[2])
             self._commits += 1
             self._wake()
-        elif kind == "open_error":
-            _, error_kind, text = message
-            self._open_error = ERROR_KINDS.get(error_kind, JournalError)(text)
-            self._ready.set()
-        elif kind == "exit":
-            self._exit_error = message[1] or self._exit_error or "it exited"
-            self._on_exit()
         else:
             raise JournalError(f"journal: unknown report from the writer process: {message!r}")
 
@@ -503,16 +521,11 @@ class Journal:
         self._progress.set()
         self._progress = trio.Event()
 
-    def _on_exit(self) -> None:
-        self._ready.set()
-        self._exited.set()
-        self._wake()
-
     def _on_batch(self, last: int, rejected: list[tuple[int, str]], commits: int) -> None:
         if not self._healthy:
             log.warning("journal: writing again after: %s", self._last_error)
             self._healthy = True
-        self._commits = commits
+        self._commits = self._commit_base + commits
         self._committed = max(self._committed, last)
         for seq, why in rejected:
             self._rejected[seq] = why
@@ -546,49 +559,6 @@ class Journal:
                 if not sub._offer(seq, payload):
                     self._subscribers.discard(sub)
                     break
-
-    # ---- readers (own read-only connection per call) ------------------------------------------
-
-    @contextlib.contextmanager
-    def _reader(self) -> Iterator[sqlite3.Connection]:
-        conn = open_readonly(self.path, busy_timeout_ms=self._busy_timeout_ms)
-        try:
-            yield conn
-        except sqlite3.Error as e:
-            raise JournalError(f"journal: cannot read {self.path}: {e}") from e
-        finally:
-            conn.close()
-
-    def history(
-        self, model: str | None = None, since: float | None = None, limit: int | None = 50
-    ) -> list[dict[str, Any]]:
-        """The last ``limit`` transitions (of ``model``, at or after ``since``), oldest first."""
-        with self._reader() as conn:
-            return reads.read_transitions(conn, model=model, since=since, limit=limit)
-
-    def leases(
-        self,
-        model: str | None = None,
-        since: float | None = None,
-        limit: int | None = 50,
-        *,
-        open_only: bool = False,
-    ) -> list[dict[str, Any]]:
-        """The last ``limit`` leases (of ``model``, acquired at or after ``since``), oldest first."""
-        with self._reader() as conn:
-            return reads.read_leases(
-                conn, model=model, since=since, limit=limit, open_only=open_only
-            )
-
-    def events_after(self, seq: int, limit: int = 1000) -> list[dict[str, Any]]:
-        """Committed events with a seq above ``seq`` (SSE resume from ``Last-Event-ID``)."""
-        with self._reader() as conn:
-            return reads.read_events_after(conn, seq, limit)
-
-    def latest_measurements(self) -> dict[str, int]:
-        """Each model's latest measured footprint in bytes (the memory estimate's second source)."""
-        with self._reader() as conn:
-            return reads.read_latest_measurements(conn)
 
     def subscribe(self, buffer: int | None = None) -> Subscription:
         """Live committed events; see :class:`Subscription` and the module doc for resuming."""

@@ -15,12 +15,13 @@ exits 2, a missing journal file exits 1, each with one line on stderr.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -177,3 +178,55 @@ def journal_measurements(journal: JournalConfig) -> dict[str, int]:
         log.debug("could not read measurements from %s: %s", path, e)
         return {}
     return {model: size for model, size in found.items() if size > 0}
+
+
+class JournalFile:
+    """Reads of a journal file, each on its own read-only connection (the daemon's
+    :class:`~mlxd.journal.journal.Journal` reads its own file this way)."""
+
+    def __init__(self, path: Path | str, *, busy_timeout_ms: int = 5000) -> None:
+        self.path = Path(path).expanduser()
+        self._busy_timeout_ms = busy_timeout_ms
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        from mlxd.journal.migrate import open_readonly
+
+        conn = open_readonly(self.path, busy_timeout_ms=self._busy_timeout_ms)
+        try:
+            yield conn
+        except sqlite3.Error as e:
+            raise JournalError(f"journal: cannot read {self.path}: {e}") from e
+        finally:
+            conn.close()
+
+    def history(
+        self, model: str | None = None, since: float | None = None, limit: int | None = 50
+    ) -> list[dict[str, Any]]:
+        """The last ``limit`` transitions (of ``model``, at or after ``since``), oldest first."""
+        with self._reader() as conn:
+            return read_transitions(conn, model=model, since=since, limit=limit)
+
+    def leases(
+        self,
+        model: str | None = None,
+        since: float | None = None,
+        limit: int | None = 50,
+        *,
+        open_only: bool = False,
+    ) -> list[dict[str, Any]]:
+        """The last ``limit`` leases (of ``model``, acquired at or after ``since``), oldest first."""
+        with self._reader() as conn:
+            return read_leases(
+                conn, model=model, since=since, limit=limit, open_only=open_only
+            )
+
+    def events_after(self, seq: int, limit: int = 1000) -> list[dict[str, Any]]:
+        """Committed events with a seq above ``seq`` (SSE resume from ``Last-Event-ID``)."""
+        with self._reader() as conn:
+            return read_events_after(conn, seq, limit)
+
+    def latest_measurements(self) -> dict[str, int]:
+        """Each model's latest measured footprint in bytes (the memory estimate's second source)."""
+        with self._reader() as conn:
+            return read_latest_measurements(conn)

@@ -20,6 +20,10 @@ The daemon sends, in order:
 * ``("recover", pid, version, config_path, now, first_seq)``: start-up recovery
   (:func:`mlxd.journal.rows.recover`), run between batches, answered by
   ``("recovered", ok, report_and_rows_or_error)``;
+* ``("replay_until", seq)``: after ``open``, from a daemon whose previous writer
+  process died: records up to ``seq`` may be sent again. Those with an
+  ``events`` row are resent only above the file's highest seq, but a
+  measurement has none, so one already in the file is not inserted again;
 * ``("stop",)``: write what is queued, then exit.
 
 The child answers with ``("ready", max_seq, notes)`` (lines for the log) or ``("open_error", kind,
@@ -85,7 +89,17 @@ from mlxd.faults import crash_point
 from mlxd.framing import Frames, child_command, frame
 from mlxd.journal import retention
 from mlxd.journal.migrate import Synchronous, migrate, open_database
-from mlxd.journal.rows import Item, Op, Plan, Rejected, Wire, plan, prepare, recover
+from mlxd.journal.rows import (
+    MEASUREMENT,
+    Item,
+    Op,
+    Plan,
+    Rejected,
+    Wire,
+    plan,
+    prepare,
+    recover,
+)
 
 #: At most this many records go into one transaction (whole messages: it may be a little over).
 MAX_BATCH = 1000
@@ -209,6 +223,8 @@ class Writer:
         self.notes: list[tuple[int, str]] = []
         self.attempt_failures = 0
         self.commits = 0
+        #: records up to this seq may be in the file already (see ``replay_until``)
+        self._replay_until = 0
 
     def run(self, inbox: Inbox) -> None:
         """Open the file, then write what the daemon sends until it says stop or goes away."""
@@ -278,6 +294,8 @@ class Writer:
                     recover, pid=pid, version=version, config_path=config_path, now=now, seq=first
                 )
                 self._pending.append(Call(fn, self._recovered))
+            elif kind == "replay_until":
+                self._replay_until = message[1]
             elif kind == "stop":
                 self._stopping = True
         if inbox.closed and not self._stopping:
@@ -363,6 +381,8 @@ class Writer:
 
     def _commit(self, conn: sqlite3.Connection, items: list[Item]) -> list[tuple[int, str]]:
         """Write ``items`` in one transaction; returns the (seq, why) of the rejected ones."""
+        if items and items[0][0] <= self._replay_until:
+            items = [it for it in items if not self._written_already(conn, it)]
         try:
             batch = plan(items)
             conn.execute("BEGIN IMMEDIATE")
@@ -402,6 +422,16 @@ class Writer:
             raise
         self.commits += 1
         return rejected
+
+    def _written_already(self, conn: sqlite3.Connection, item: Item) -> bool:
+        """A replayed measurement that the dead writer process had written (see replay_until)."""
+        seq, _, w = item
+        if seq > self._replay_until or w[0] != MEASUREMENT:
+            return False
+        found = conn.execute(
+            "SELECT 1 FROM measurements WHERE model = ? AND at = ? LIMIT 1", (w[1], w[2])
+        ).fetchone()
+        return found is not None
 
     @staticmethod
     def _rollback(conn: sqlite3.Connection) -> None:

@@ -14,10 +14,12 @@ Waiters are served first come, first served. After every event one pass
 * grants a lease (or satisfies a residency waiter) when its model is ``loaded``;
 * joins the load when its model is ``loading`` (single flight);
 * waits when its model is on its way out (``draining``, ``unloading``, or a
-  cancelled load still tearing down): a late joiner starts a fresh load;
+  failed or cancelled load still tearing down): a late joiner starts a fresh
+  load. Under ``fail`` it does not wait for a drain, nor for a stuck stop (below);
 * otherwise needs a load of ``need`` bytes. The pass tracks ``free`` (budget
   minus committed bytes, minus what earlier waiters already claimed) and
-  ``incoming`` (bytes of models already on their way out, not yet claimed). A
+  ``incoming`` (bytes of models already on their way out, not yet claimed;
+  under ``fail`` only those whose engine stop is in flight, never a drain). A
   load starts only when ``need <= free``. Otherwise the waiter claims room:
   first idle ``loaded`` models are evicted (least recently used first, never
   pinned), then the contention policy picks busy victims (LRU, never pinned)
@@ -29,7 +31,16 @@ Waiters are served first come, first served. After every event one pass
   ``loaded`` (the drain is called off), unless an admin unload or shutdown
   drains it.
 
-Invariants (checked by :meth:`Core.check_invariants`, used by the property test):
+Every waiter, under every strategy, has the deadline ``wait_timeout_s`` (none
+only for ``wait`` without one) for whatever it waits on: room, its own model's
+drain or unload, a stuck stop.
+
+An engine stop that fails keeps the model counted and lease-free until a
+retried stop succeeds (see "Engine stops that fail" in :mod:`.states`); until
+the retry the model is *stuck*: nobody's victim, and ``fail`` does not wait for it.
+
+Invariants (checked by :meth:`~mlxd.residency.registry.Registry.check_invariants`,
+used by the property test):
 
 * committed bytes (``loading + loaded + draining + unloading``) never exceed the budget;
 * at most one load per model is in flight;
@@ -80,93 +91,21 @@ from mlxd.residency.messages import (
     UnloadFinished,
     WaiterKind,
 )
-from mlxd.residency.policy import ContentionPolicy
+from mlxd.residency.policy import ContentionPolicy, stop_retry_delay
 from mlxd.residency.records import ADMIN_DRAIN, SHUTDOWN_DRAIN, ModelRecord, Waiter
+from mlxd.residency.registry import Registry
 from mlxd.residency.states import Reason, State, check_transition
-
-# ---- internal records ------------------------------------------------------------------
-
-
-
-
-
-
 
 # ---- the core --------------------------------------------------------------------------
 
 
-class Core:
+class Core(Registry):
     """Residency state machine. Feed events to :meth:`step`; carry out the commands."""
 
     def __init__(self, specs: Iterable[ModelSpec], budget_bytes: int, policy: ContentionPolicy) -> None:
-        self.budget = int(budget_bytes)
-        self.policy = policy
-        self.models: dict[str, ModelRecord] = {s.name: ModelRecord(s) for s in specs}
-        #: every waiter by id; each model's ``queue`` holds its own in arrival order
-        self.waiters: dict[int, Waiter] = {}
-        self.lease_model: dict[str, str] = {}
-        self.load_gate: str | None = None
-        self.shutting_down = False
-        self.now = 0.0
+        super().__init__(specs, budget_bytes, policy)
         self._load_ids = itertools.count(1)
         self._out: list[Command] = []
-
-    # -- queries ---------------------------------------------------------------------
-
-    @property
-    def committed(self) -> int:
-        return sum(r.committed_bytes for r in self.models.values() if r.holds_budget)
-
-    def state(self, model: str) -> State:
-        return self.models[model].state
-
-    @property
-    def shutdown_complete(self) -> bool:
-        return self.shutting_down and all(
-            r.state in (State.UNLOADED, State.FAILED) or r.abandoned_at_shutdown
-            for r in self.models.values()
-        )
-
-    def next_deadline(self) -> float | None:
-        """The earliest time at which a :class:`Tick` could change something."""
-        times: list[float] = []
-        for r in self.models.values():
-            head = r.head
-            if head is None:
-                continue
-            if r.blocked and r.queue_deadline is not None:
-                times.append(r.queue_deadline)
-            if head.preempt_at is not None and any(
-                not self.models[v].preempted for v in r.claims if v in self.models
-            ):
-                times.append(head.preempt_at)
-        for r in self.models.values():
-            due = self._idle_due(r)
-            if due is not None:
-                times.append(due)
-        return min(times) if times else None
-
-    def _idle_due(self, r: ModelRecord) -> float | None:
-        if (
-            r.state is State.LOADED
-            and not r.leases
-            and not r.spec.pinned
-            and r.spec.idle_unload_s > 0
-            and r.last_used is not None
-            and not self.shutting_down
-        ):
-            return r.last_used + r.spec.idle_unload_s
-        return None
-
-    def check_invariants(self) -> None:
-        """Raise AssertionError if a promise of the module docstring is broken."""
-        assert self.committed <= self.budget, (self.committed, self.budget)
-        for name, r in self.models.items():
-            if r.leases:
-                assert r.state in (State.LOADED, State.DRAINING), (name, r.state)
-            for lid in r.leases:
-                assert self.lease_model[lid] == name
-        assert len(self.lease_model) == sum(len(r.leases) for r in self.models.values())
 
     # -- the step function -----------------------------------------------------------
 
@@ -200,7 +139,7 @@ class Core:
             )
             return
         p = self.policy
-        bound = p.wait_timeout_s if p.strategy != "fail" else None
+        bound = p.wait_timeout_s
         delay = p.preempt_delay_s
         w = Waiter(
             id=ev.waiter_id,
@@ -232,32 +171,52 @@ class Core:
             self._move(r, State.LOADED, r.load_reason)
             r.last_used = ev.now
             r.last_error = None
-        else:
-            r.last_error = ev.error
-            self._move(r, State.FAILED, Reason.LOAD_FAILED, error=ev.error)
-            for w in list(r.queue.values()):
-                self._reject(w, LoadFailed(f"loading '{w.model}' failed: {ev.error}"))
+            return
+        for w in list(r.queue.values()):
+            self._reject(w, LoadFailed(f"loading '{w.model}' failed: {ev.error}"))
+        if ev.stop_error is not None:  # the partial engine may hold memory: stay `loading`
+            r.load_cancelling = True
+            r.teardown = (State.FAILED, ev.error)
+            self._stop_failed(r, ev.stop_error)
+            return
+        r.last_error = ev.error
+        self._move(r, State.FAILED, Reason.LOAD_FAILED, error=ev.error)
 
     def _on_LoadAborted(self, ev: LoadAborted) -> None:
         r = self.models.get(ev.model)
         if r is None or r.state is not State.LOADING or r.load_id != ev.load_id:
+            return
+        if ev.stop_error is not None:  # the partial engine may hold memory: stay `loading`
+            r.teardown = (State.UNLOADED, None)
+            self._stop_failed(r, ev.stop_error)
             return
         r.load_cancelling = False
         self._move(r, State.UNLOADED, r.abort_reason)
 
     def _on_UnloadFinished(self, ev: UnloadFinished) -> None:
         r = self.models.get(ev.model)
-        if r is None or r.state is not State.UNLOADING:
+        if r is None or not r.stopping:
             return
-        if ev.error is None:
-            self._move(r, State.UNLOADED, r.out_reason)
+        r.stopping = False
+        if ev.error is not None:
+            self._stop_failed(r, ev.error)
+            if r.state is State.UNLOADING:
+                # Shown in the journal; both rows in this one step, so no lease comes between.
+                self._move(r, State.LOADED, Reason.UNLOAD_FAILED, error=ev.error)
+                self._move(r, State.UNLOADING, Reason.UNLOAD_FAILED)
+            return
+        r.stop_failures = 0
+        r.retry_at = None
+        if r.teardown is not None:  # a failed or abandoned load's partial engine
+            to, error = r.teardown
+            r.teardown = None
+            r.load_cancelling = False
+            reason = Reason.LOAD_FAILED if to is State.FAILED else r.abort_reason
+            if error is not None:
+                r.last_error = error
+            self._move(r, to, reason, error=error)
         else:
-            r.last_error = ev.error
-            self._move(r, State.LOADED, Reason.UNLOAD_FAILED, error=ev.error)
-            r.drain_owner = None
-            r.last_used = ev.now
-            if self.shutting_down:
-                r.abandoned_at_shutdown = True
+            self._move(r, State.UNLOADED, r.out_reason)
 
     def _on_Release(self, ev: Release) -> None:
         model = self.lease_model.pop(ev.lease_id, None)
@@ -268,9 +227,12 @@ class Core:
         r.last_used = ev.now
         if r.state is State.DRAINING and not r.leases:
             self._move(r, State.UNLOADING, r.out_reason)
-            self._out.append(StartUnload(model))
+            self._start_stop(r)
 
     def _on_Tick(self, ev: Tick) -> None:
+        for r in self.models.values():
+            if r.retry_at is not None and ev.now >= r.retry_at:
+                self._retry_stop(r)
         for r in self.models.values():
             if not r.blocked or r.queue_deadline is None or ev.now < r.queue_deadline:
                 continue
@@ -292,6 +254,8 @@ class Core:
             raise ModelNotFound(ev.model)
         if r.state is State.LOADING:
             raise Conflict(f"'{ev.model}' is loading; unload it once it is loaded")
+        if r.stuck:
+            self._retry_stop(r)  # an operator asking again: do not wait for the backoff
         self._vacate(r, Reason.ADMIN, ADMIN_DRAIN)
         if ev.preempt and r.state is State.DRAINING:
             self._preempt(r, shutdown=False)
@@ -317,6 +281,8 @@ class Core:
                 r.abort_reason = Reason.SHUTDOWN
             else:
                 self._vacate(r, Reason.SHUTDOWN, SHUTDOWN_DRAIN)
+            if r.stuck:
+                self._retry_stop(r)
 
     def _on_ShutdownDeadline(self, ev: ShutdownDeadline) -> None:
         if not self.shutting_down:
@@ -368,11 +334,7 @@ class Core:
         Returns True if a drain was called off.
         """
         free = self.budget - self.committed
-        incoming = sum(
-            r.committed_bytes
-            for r in self.models.values()
-            if r.state in (State.DRAINING, State.UNLOADING)
-        )
+        incoming = sum(r.committed_bytes for r in self.models.values() if self._outgoing(r))
         claimed: dict[str, str] = {}  # victim on its way out -> model whose waiters claimed it
         waiting = sorted(
             (r for r in self.models.values() if r.queue), key=lambda r: next(iter(r.queue))
@@ -388,7 +350,10 @@ class Core:
                 continue
             r.blocked = True
             if r.state not in (State.UNLOADED, State.FAILED):
-                continue  # on its way out, or a cancelled load still tearing down
+                # on its way out, or a failed or cancelled load still tearing down
+                if not self.policy.waits and (r.state is State.DRAINING or r.stuck):
+                    self._reject_queue(r, refusals.model_leaving(r.spec.name, r.state, r.retry_at, self.now))
+                continue
             name, need = r.spec.name, r.spec.size_bytes
             if need > self.budget:
                 self._reject_queue(r, refusals.exceeds_budget(name, need, self.budget))
@@ -505,16 +470,20 @@ class Core:
         ]
         return sorted(cands, key=lambda r: (r.last_used or 0.0, r.spec.name))
 
+    def _outgoing(self, v: ModelRecord) -> bool:
+        """Whether a waiter may count on ``v``'s bytes coming free (claim them)."""
+        if v.stuck:
+            return False  # its stop failed; not until the retry
+        if v.state is State.UNLOADING:
+            return True
+        return v.state is State.DRAINING and self.policy.waits  # `fail` never waits for a drain
+
     def _claim_victims(self, r: ModelRecord, rest: int, claimed: dict[str, str]) -> None:
         """Let ``r``'s waiters claim unclaimed bytes on their way out, unloading ones first."""
         if rest <= 0:
             return
         outgoing = sorted(
-            (
-                v
-                for v in self.models.values()
-                if v.state in (State.UNLOADING, State.DRAINING) and v.spec.name not in claimed
-            ),
+            (v for v in self.models.values() if self._outgoing(v) and v.spec.name not in claimed),
             key=lambda v: (v.state is State.DRAINING, v.last_used or 0.0, v.spec.name),
         )
         for v in outgoing:
@@ -563,7 +532,21 @@ class Core:
     def _begin_unload(self, r: ModelRecord, reason: Reason) -> None:
         r.out_reason = reason
         self._move(r, State.UNLOADING, reason)
+        self._start_stop(r)
+
+    def _start_stop(self, r: ModelRecord) -> None:
+        r.stopping = True
         self._out.append(StartUnload(r.spec.name))
+
+    def _stop_failed(self, r: ModelRecord, error: str) -> None:
+        """The engine stop failed: keep its bytes, retry after a growing delay."""
+        r.stop_failures += 1
+        r.last_error = error
+        r.retry_at = self.now + stop_retry_delay(r.stop_failures)
+
+    def _retry_stop(self, r: ModelRecord) -> None:
+        r.retry_at = None
+        self._start_stop(r)
 
     def _begin_drain(self, r: ModelRecord, reason: Reason, owner: int | None) -> None:
         r.out_reason = reason

@@ -4,13 +4,36 @@ A :class:`Lease` is an async context manager handed out by
 :meth:`mlxd.residency.manager.Manager.acquire`. Work that preemption must be
 able to stop runs inside ``with lease.scope():``; preemption cancels those
 scopes and the holder sees :class:`mlxd.errors.Preempted` (``ShuttingDown``
-when the shutdown grace ran out). The outcome a lease is journaled with is
-decided here, in :func:`outcome_of`, for every way a request can end.
+when the shutdown grace ran out).
+
+How a lease ends: one rule
+--------------------------
+A lease ends exactly once. Its holder ends it with ``async with lease:`` or
+:meth:`Lease.finish` (``finish(exc)``: the exception the request ended with, or
+None), and :func:`outcome_of` is the one rule that turns that into the
+journaled outcome:
+
+* the manager preempted it (for another model, or at the end of the shutdown
+  grace) and the request did not complete: ``preempted`` / ``shutdown``,
+  whatever error the holder saw;
+* no exception: ``completed``;
+* a cancellation (Trio's, or the response body closed before its end):
+  the holder's ``cancel_outcome``, ``disconnected`` for an HTTP request (the
+  client went away), ``cancelled`` otherwise;
+* any other exception: ``error``.
+
+The manager owns the end of a lease it preempted: if the holder has not ended
+it :data:`LEASE_END_S` after the preemption (say its response body is stuck
+writing to a client that stopped reading), the manager ends it itself with
+the preemption's outcome, then runs the holder's abandon hooks
+(:meth:`Lease.on_abandon`: the HTTP layer cancels the engine job and closes the
+connection). A later ``finish`` by the holder changes nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +45,33 @@ from mlxd.residency.states import Outcome
 
 if TYPE_CHECKING:
     from mlxd.residency.manager import Manager
+
+log = logging.getLogger("mlxd.residency.lease")
+
+#: a preempted lease whose holder has not ended it this many seconds later is ended by the manager
+LEASE_END_S = 0.25
+
+AbandonHook = Callable[[], Awaitable[None]]
+
+
+def is_cancellation(exc: BaseException | None) -> bool:
+    """Whether ``exc`` means the holder's work was cancelled (not that it failed)."""
+    if isinstance(exc, trio.Cancelled | GeneratorExit):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup((trio.Cancelled, GeneratorExit)) is not None
+    return False
+
+
+def outcome_of(lease: Lease, exc: BaseException | None) -> Outcome:
+    """The journaled outcome of ``lease`` when its request ended with ``exc`` (the one rule)."""
+    if exc is None:
+        return Outcome.COMPLETED
+    if lease.preempted:
+        return lease.preempt_outcome
+    if is_cancellation(exc):
+        return lease.cancel_outcome
+    return Outcome.ERROR
 
 
 class Lease:
@@ -35,12 +85,15 @@ class Lease:
         engine: Engine,
         request_id: str | None,
         route: str | None,
+        cancel_outcome: Outcome = Outcome.CANCELLED,
     ) -> None:
         self.id = lease_id
         self.model = model
         self.engine = engine
         self.request_id = request_id
         self.route = route
+        #: the outcome when the holder's work is cancelled (see :func:`outcome_of`)
+        self.cancel_outcome = cancel_outcome
         self.acquired_at = trio.current_time()
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
@@ -48,8 +101,15 @@ class Lease:
         self.preempted_by_shutdown = False
         self.released = False
         self.outcome: Outcome | None = None
+        #: set when the lease has ended (however it ended)
+        self.ended = trio.Event()
         self._manager = manager
         self._scopes: set[trio.CancelScope] = set()
+        self._abandon_hooks: list[AbandonHook] = []
+
+    @property
+    def preempt_outcome(self) -> Outcome:
+        return Outcome.SHUTDOWN if self.preempted_by_shutdown else Outcome.PREEMPTED
 
     def preempted_error(self) -> MlxdError:
         if self.preempted_by_shutdown:
@@ -61,10 +121,10 @@ class Lease:
     @contextmanager
     def scope(self) -> Iterator[trio.CancelScope]:
         """A region that preemption cancels; raises the preemption error if it did."""
+        if self.preempted:  # the engine may be gone: the region does not run at all
+            raise self.preempted_error()
         with trio.CancelScope() as cs:
             self._scopes.add(cs)
-            if self.preempted:
-                cs.cancel()
             try:
                 yield cs
             finally:
@@ -76,36 +136,69 @@ class Lease:
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = completion_tokens
 
+    def on_abandon(self, hook: AbandonHook) -> None:
+        """Run ``hook`` if the manager has to end this lease itself (see the module docstring)."""
+        self._abandon_hooks.append(hook)
+
+    def finish(self, exc: BaseException | None = None) -> None:
+        """End the lease: the request ended with ``exc`` (None: it completed). Idempotent."""
+        self._end(outcome_of(self, exc))
+
+    def release(self) -> None:
+        """End the lease as completed (the request is done). Idempotent."""
+        self.finish(None)
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.finish(exc)
+
+    # -- the manager's side ------------------------------------------------------------
+
+    def _end(self, outcome: Outcome) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.outcome = outcome
+        self.ended.set()
+        self._manager._release(self)
+
     def _preempt(self, shutdown: bool) -> None:
         self.preempted = True
         self.preempted_by_shutdown = shutdown
         for cs in list(self._scopes):
             cs.cancel()
 
-    def release(self, outcome: Outcome | None = None) -> None:
-        """Give the lease back (idempotent; safe in ``finally`` and under cancellation)."""
-        if self.released:
-            return
-        self.released = True
-        if outcome is None:
-            outcome = self._preempt_outcome() if self.preempted else Outcome.COMPLETED
-        self.outcome = outcome
-        self._manager._release(self)
+    async def _abandon(self) -> None:
+        """End the lease now with its preemption's outcome, then run the abandon hooks."""
+        self._end(self.preempt_outcome)
+        hooks, self._abandon_hooks = self._abandon_hooks, []
+        for hook in hooks:
+            await hook()
 
-    def _preempt_outcome(self) -> Outcome:
-        return Outcome.SHUTDOWN if self.preempted_by_shutdown else Outcome.PREEMPTED
 
-    async def __aenter__(self) -> Lease:
-        return self
+async def end_when_overdue(lease: Lease) -> None:
+    """The manager's side of a preemption: end ``lease`` if its holder has not, LEASE_END_S on."""
+    with trio.move_on_after(LEASE_END_S):
+        await lease.ended.wait()
+    if lease.released:
+        return
+    log.warning(
+        "lease %s on %s (request %s): its holder did not end it %.1f s after preemption;"
+        " ending it", lease.id, lease.model, lease.request_id, LEASE_END_S,
+    )
+    await abandon([lease])
 
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc is None:
-            self.release(Outcome.COMPLETED)
-        elif isinstance(exc, (Preempted, ShuttingDown)) and self.preempted:
-            self.release(self._preempt_outcome())
-        elif isinstance(exc, trio.Cancelled) or (
-            isinstance(exc, BaseExceptionGroup) and exc.subgroup(trio.Cancelled) is not None
-        ):
-            self.release(self._preempt_outcome() if self.preempted else Outcome.CANCELLED)
-        else:
-            self.release(Outcome.ERROR)
+
+async def abandon(leases: Iterable[Lease]) -> None:
+    """End ``leases`` now (preempted, or ``shutdown`` if they were not), and run their hooks.
+
+    Bounded: hooks that hang get LEASE_END_S in all, shielded from the caller's cancellation.
+    """
+    with trio.move_on_after(LEASE_END_S) as cs:
+        cs.shield = True
+        for lease in list(leases):
+            if not lease.preempted:
+                lease._preempt(shutdown=True)
+            await lease._abandon()

@@ -17,7 +17,13 @@ it however the block ends. Work that preemption must be able to stop runs
 inside ``with lease.scope():``; preemption cancels those scopes and the holder
 sees :class:`mlxd.errors.Preempted` (``ShuttingDown`` when the shutdown grace
 ran out). A streaming response that cannot hold a cancel scope across its
-``yield``s opens ``lease.scope()`` around each await instead.
+``yield``s opens ``lease.scope()`` around each await instead. The manager owns
+the end of a lease it preempted (:func:`~mlxd.residency.lease.end_when_overdue`).
+
+Shutdown (:meth:`Manager.shutdown`) has a hard limit: after the grace it
+preempts what is left, and at the limit it ends every lease still open,
+abandons the engine stops still in flight (they may hold memory: the run is
+then not *whole*, and the daemon does not record a clean stop) and closes.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from mlxd.residency.events import (
     MeasurementEvent,
     TransitionEvent,
 )
-from mlxd.residency.lease import Lease
+from mlxd.residency.lease import Lease, abandon, end_when_overdue
 from mlxd.residency.messages import (
     Acquire,
     AdminUnload,
@@ -81,19 +87,12 @@ from mlxd.residency.messages import (
 )
 from mlxd.residency.states import Outcome, Reason, State
 from mlxd.residency.stats import ModelStats, totals
+from mlxd.residency.stops import EngineStops, describe
 
 log = logging.getLogger("mlxd.residency.manager")
 
 EngineFactory = Callable[[ModelConfig], Engine]
 Subscriber = Callable[[ManagerEvent], object]
-
-
-def describe(exc: BaseException) -> str:
-    """A one-line description of an engine error for ``last_error``."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if isinstance(exc, MlxdError):
-        return exc.message
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @dataclass
@@ -102,6 +101,7 @@ class _Waiter:
     request_id: str | None
     route: str | None
     kind: WaiterKind
+    cancel_outcome: Outcome = Outcome.CANCELLED
     done: trio.Event = field(default_factory=trio.Event)
     lease: Lease | None = None
     error: MlxdError | None = None
@@ -129,7 +129,7 @@ class Manager:
         *,
         measured: Mapping[str, int] | None = None,
         wall_clock: Callable[[], float] = time.time,
-        stop_timeout_s: float = 60.0,
+        stop_timeout_s: float | None = None,
         load_gate: Callable[[], str | None] | None = None,
     ) -> None:
         """``load_gate``, if given, is asked before each new waiter: a reason string
@@ -138,7 +138,10 @@ class Manager:
         self._engines_factory = engines
         self._measured: dict[str, int] = dict(measured or {})
         self._wall = wall_clock
-        self._stop_timeout_s = stop_timeout_s
+        self._stop_timeout_s = (
+            stop_timeout_s if stop_timeout_s is not None else config.manager.stop_timeout_s
+        )
+        self._stops = EngineStops(self._stop_timeout_s)
         self._load_gate_probe = load_gate
         #: where each model's memory estimate comes from (config, measured, weights, fake)
         self._memory_source: dict[str, str | None] = {}
@@ -200,12 +203,15 @@ class Manager:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until :meth:`shutdown` has unloaded everything (or until cancelled)."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._timer)
-            task_status.started()
-            await self._closed.wait()
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._timer)
+                task_status.started()
+                await self._closed.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._nursery = None  # a lease ended after this starts no task
 
     async def _timer(self) -> None:
         while True:
@@ -226,16 +232,24 @@ class Manager:
         return name in self.core.models
 
     async def acquire(
-        self, model: str, *, request_id: str | None = None, route: str | None = None
+        self,
+        model: str,
+        *,
+        request_id: str | None = None,
+        route: str | None = None,
+        cancel_outcome: Outcome = Outcome.CANCELLED,
     ) -> Lease:
         """Wait for a lease on ``model``; raises a typed :class:`MlxdError` if none can be had.
 
         If the caller is cancelled while waiting, it leaves the queue; if it was the
         last waiter of a load in flight, that load is cancelled (abandoned).
+        ``cancel_outcome``: the lease's outcome if its holder is cancelled
+        (``disconnected`` for HTTP requests).
         """
         if not self.has_model(model):
             raise ModelNotFound(model)
         wid, w = self._new_waiter(model, WaiterKind.LEASE, request_id, route)
+        w.cancel_outcome = cancel_outcome
         # Time-ordered (ns, this manager's random salt, a counter): the journal's leases primary
         # key grows at its end (a random uuid4 dirtied a random index page per lease: 3x the
         # SQLite work), and no syscall per lease (os.urandom was 15% of acquire+release).
@@ -243,12 +257,12 @@ class Manager:
         self._dispatch(Acquire(wid, model, lease_id, trio.current_time()))
         try:
             await w.done.wait()
-        except BaseException:
+        except BaseException as e:
             if not w.done.is_set():
                 self._waiters.pop(wid, None)
                 self._dispatch(CancelWaiter(wid, trio.current_time()))
             elif w.lease is not None:
-                w.lease.release(Outcome.CANCELLED)
+                w.lease.finish(e)
             raise
         if w.error is not None:
             raise w.error
@@ -341,17 +355,37 @@ class Manager:
         if reason != self.core.load_gate:
             self._dispatch(SetLoadGate(reason, trio.current_time()))
 
-    async def shutdown(self, grace_s: float) -> None:
-        """Drain for ``grace_s``, then preempt what is left, cancel loads and unload all."""
-        self._dispatch(Shutdown(trio.current_time()))
-        with trio.move_on_after(grace_s):
-            await self._wait_until(lambda: self.core.shutdown_complete)
+    async def shutdown(self, grace_s: float, *, limit_s: float | None = None) -> bool:
+        """Drain for ``grace_s``, then preempt what is left, cancel loads and unload all.
+
+        Gives up ``limit_s`` after the call (default: the grace plus the stop
+        timeout): leases still open are ended (outcome ``shutdown``) and engine
+        stops still in flight are abandoned. Returns True when the run is
+        *whole*: every model ``unloaded`` or ``failed`` and every lease ended
+        by its holder or by preemption, before the limit.
+        """
+        t0 = trio.current_time()
+        limit = t0 + (limit_s if limit_s is not None else grace_s + self._stop_timeout_s)
+        self._dispatch(Shutdown(t0))
+        with trio.move_on_at(min(t0 + grace_s, limit)):
+            await self._wait_until(self._whole)
         self._dispatch(ShutdownDeadline(trio.current_time()))
-        with trio.move_on_after(self._stop_timeout_s):
-            await self._wait_until(lambda: self.core.shutdown_complete)
-        if not self.core.shutdown_complete:
-            log.warning("shutdown: gave up waiting for engines to stop")
+        with trio.move_on_at(limit):
+            await self._wait_until(self._whole)
+        whole = self._whole()
+        if not whole:
+            left = [n for n, r in self.core.models.items() if r.state not in (State.UNLOADED, State.FAILED)]
+            log.warning(
+                "shutdown: gave up after %.1f s; still open: %d lease(s), models %s",
+                trio.current_time() - t0, len(self._leases), ", ".join(left) or "none",
+            )
+            self._stops.abandon_all()
+            await abandon(self._leases.values())
         self._closed.set()
+        return whole
+
+    def _whole(self) -> bool:
+        return self.core.shutdown_complete and not self._leases
 
     @property
     def shutting_down(self) -> bool:
@@ -411,7 +445,8 @@ class Manager:
             await self._wait_change()
 
     def _release(self, lease: Lease) -> None:
-        self._leases.pop(lease.id, None)
+        if self._leases.pop(lease.id, None) is None:
+            return  # ended when shutdown gave up; its outcome is journaled already
         self._emit(
             LeaseReleased(
                 lease_id=lease.id,
@@ -454,12 +489,13 @@ class Manager:
             lease = Lease(self, cmd.lease_id, cmd.model, engine, None, None)
             if w is not None:
                 lease.request_id, lease.route = w.request_id, w.route
+                lease.cancel_outcome = w.cancel_outcome
             self._leases[lease.id] = lease
             self._emit(
                 LeaseAcquired(lease.id, cmd.model, lease.request_id, lease.route, self._wall())
             )
             if w is None:  # the waiter is gone; give the lease straight back
-                lease.release(Outcome.CANCELLED)
+                lease._end(Outcome.CANCELLED)
             else:
                 w.lease = lease
                 w.done.set()
@@ -473,8 +509,9 @@ class Manager:
                 else:
                     w.status = self.model_status(cmd.model)
                 w.done.set()
+        elif self._nursery is None or self._closed.is_set():
+            log.warning("manager closed: %s not carried out", cmd)
         elif isinstance(cmd, StartLoad):
-            assert self._nursery is not None
             self._loads[cmd.model] = LoadInfo(cmd.model, cmd.load_id, trio.current_time())
             # The scope exists before the task runs, so a CancelLoad that comes first
             # (the only waiter left at once) still cancels this very load.
@@ -486,15 +523,15 @@ class Manager:
             if entry is not None and entry[0] == cmd.load_id:
                 entry[1].cancel()
         elif isinstance(cmd, StartUnload):
-            assert self._nursery is not None
             self._nursery.start_soon(self._unload_task, cmd.model)
         elif isinstance(cmd, Preempt):
             if not cmd.shutdown:
                 self.stats.setdefault(cmd.model, ModelStats()).preemptions += len(cmd.lease_ids)
             for lid in cmd.lease_ids:
                 victim = self._leases.get(lid)
-                if victim is not None:
+                if victim is not None and not victim.preempted:
                     victim._preempt(cmd.shutdown)
+                    self._nursery.start_soon(end_when_overdue, victim)
 
     def _on_transition(self, t: Transition) -> None:
         self.last_transition[t.model] = t
@@ -514,19 +551,6 @@ class Manager:
         )
         self._changed.set()
         self._changed = trio.Event()
-
-    async def _stop_engine(self, model: str, engine: Engine) -> str | None:
-        """Stop an engine, shielded and bounded; return an error text or None."""
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(self._stop_timeout_s) as cs:
-                try:
-                    await engine.stop()
-                except Exception as e:
-                    log.warning("stopping %s failed: %s", model, describe(e))
-                    return describe(e)
-            if cs.cancelled_caught:
-                return f"stopping the engine took longer than {self._stop_timeout_s:g} s"
-        return None
 
     async def _load_task(self, model: str, load_id: int, scope: trio.CancelScope) -> None:
         mc = self.config.model(model)
@@ -551,19 +575,24 @@ class Manager:
         except BaseException:
             # The manager itself is being torn down: free the partial engine, then go.
             if engine is not None:
-                await self._stop_engine(model, engine)
+                await self._stops.stop(model, engine)
             raise
         finally:
             self._load_scopes.pop(model, None)
             self._loads.pop(model, None)
         now = trio.current_time()
         if scope.cancel_called or error is not None:
+            stop_error: str | None = None
             if engine is not None:
-                await self._stop_engine(model, engine)
+                stop_error = await self._stops.stop(model, engine)
+                if stop_error is not None:  # it may hold memory: kept until a stop succeeds
+                    self._engines[model] = engine
             if scope.cancel_called:
-                self._dispatch(LoadAborted(model, load_id, trio.current_time()))
+                self._dispatch(LoadAborted(model, load_id, trio.current_time(), stop_error))
             else:
-                self._dispatch(LoadFinished(model, load_id, trio.current_time(), error=error))
+                self._dispatch(
+                    LoadFinished(model, load_id, trio.current_time(), error, stop_error)
+                )
             return
         assert engine is not None
         self._engines[model] = engine
@@ -582,7 +611,7 @@ class Manager:
 
     async def _unload_task(self, model: str) -> None:
         engine = self._engines.get(model)
-        error = None if engine is None else await self._stop_engine(model, engine)
+        error = None if engine is None else await self._stops.stop(model, engine)
         if error is None:
             self._engines.pop(model, None)
         self._dispatch(UnloadFinished(model, trio.current_time(), error=error))

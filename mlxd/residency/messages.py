@@ -53,23 +53,30 @@ class CancelWaiter:
 
 @dataclass(frozen=True, slots=True)
 class LoadFinished:
+    """A load ended; ``error`` if it failed, and ``stop_error`` if stopping its
+    partial engine failed too (the engine may still hold memory)."""
+
     model: str
     load_id: int
     now: float
     error: str | None = None
+    stop_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class LoadAborted:
-    """A cancelled load has ended and its partial engine is stopped."""
+    """A cancelled load has ended and its partial engine is stopped (``stop_error``: it is not)."""
 
     model: str
     load_id: int
     now: float
+    stop_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class UnloadFinished:
+    """An engine stop (of a loaded model, or of a failed load's partial engine) ended."""
+
     model: str
     now: float
     error: str | None = None

@@ -1,4 +1,4 @@
-"""Contention policies: what an acquire does when its model does not fit.
+"""Contention policies (what an acquire does when its model does not fit) and stop retries.
 
 Plain data, read by the residency core (:mod:`mlxd.residency.core`) and built
 by the config loader (:mod:`mlxd.config`). It imports nothing of mlxd.
@@ -61,3 +61,14 @@ class ContentionPolicy:
     @property
     def waits(self) -> bool:
         return self.strategy != "fail"
+
+
+#: a failed engine stop is retried this long after the first failure ...
+STOP_RETRY_FIRST_S = 1.0
+#: ... doubling with each failure in a row, up to this
+STOP_RETRY_MAX_S = 300.0
+
+
+def stop_retry_delay(failures: int) -> float:
+    """Seconds until the next stop attempt after ``failures`` failed ones in a row (>= 1)."""
+    return min(STOP_RETRY_MAX_S, STOP_RETRY_FIRST_S * 2.0 ** max(0, failures - 1))

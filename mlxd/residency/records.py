@@ -36,8 +36,6 @@ class ModelRecord:
     drain_owner: int | None = None
     #: its leases were preempted during this drain
     preempted: bool = False
-    #: shutdown gave up on it (its unload failed during shutdown)
-    abandoned_at_shutdown: bool = False
     #: the waiters of this model, in arrival order
     queue: dict[int, Waiter] = field(default_factory=dict)
     #: its waiters wait for room (subject to their deadlines), not for a load in flight
@@ -46,11 +44,28 @@ class ModelRecord:
     queue_deadline: float | None = None
     #: draining victims its waiters claimed in the last pass
     claims: list[str] = field(default_factory=list)
+    #: an engine stop is in flight (StartUnload issued, UnloadFinished not yet in)
+    stopping: bool = False
+    #: stops of this residency's engine that failed in a row (reset when one succeeds)
+    stop_failures: int = 0
+    #: when the next stop attempt is due, while the last one failed. Until then the
+    #: model is *stuck*: its bytes stay counted, it is nobody's victim (no waiter
+    #: counts on its room), and its own waiters wait (or, under ``fail``, are refused)
+    retry_at: float | None = None
+    #: a load that failed or was abandoned, whose partial engine is still being
+    #: stopped: the model stays ``loading`` (bytes counted) until a stop succeeds,
+    #: then moves to this state (``failed`` with the load's error, or ``unloaded``)
+    teardown: tuple[State, str | None] | None = None
 
     @property
     def holds_budget(self) -> bool:
         """Whether its bytes count against the budget (its state is one of ``COMMITTED``)."""
         return self.state in COMMITTED
+
+    @property
+    def stuck(self) -> bool:
+        """Its last engine stop failed and the next attempt is not due yet."""
+        return self.retry_at is not None
 
     @property
     def head(self) -> Waiter | None:

@@ -25,6 +25,20 @@ def no_room(model: str, need: int, committed: int, budget: int) -> ModelCapacity
     )
 
 
+def model_leaving(model: str, state: str, retry_at: float | None, now: float) -> ModelCapacity:
+    """``fail``: the model itself is on its way out (a drain, or a stop that keeps failing)."""
+    if retry_at is not None:
+        wait = max(1.0, retry_at - now)
+        return ModelCapacity(
+            f"'{model}' cannot be loaded now: stopping its engine failed, and the "
+            f"stop is retried in {wait:.0f} s",
+            retry_after=wait,
+        )
+    return ModelCapacity(
+        f"'{model}' is being unloaded ({state}); the 'fail' strategy does not wait for it"
+    )
+
+
 def waited_too_long(model: str, waited_s: float, wait_timeout_s: float | None) -> CapacityTimeout:
     return CapacityTimeout(
         f"waited {waited_s:.0f} s for room to load '{model}' (wait_timeout_s={wait_timeout_s})"

@@ -40,6 +40,24 @@ Who triggers which edge (all of them through :func:`check_transition`):
 At start-up only, a model the previous run left holding memory gets a journal
 row ``<state> -> unloaded`` with reason ``crash_recovery``; that edge is legal
 only with that reason (see :func:`is_legal`).
+
+Engine stops that fail
+----------------------
+An engine whose ``stop()`` failed may still hold its memory, and nothing says
+it still works: its bytes stay counted and it is never handed to a request
+again. So the model stays in a counted state without leases until a stop
+succeeds, and the table needs no new edge:
+
+* a loaded model stays ``unloading``. The journal shows each failed stop as
+  ``unloading -> loaded`` (reason ``unload_failed``, with the error) and at once
+  ``loaded -> unloading`` (again ``unload_failed``); both rows come from one
+  step of the core, so no lease can be granted between them;
+* the partial engine of a failed or abandoned load keeps the model ``loading``
+  (its waiters are refused or gone); its ``failed`` / ``unloaded`` row comes
+  when a stop succeeds.
+
+The stop is retried after :func:`mlxd.residency.policy.stop_retry_delay`
+(1 s, doubling up to 5 min); an admin unload or shutdown retries at once.
 """
 
 from __future__ import annotations

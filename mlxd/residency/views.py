@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from mlxd.residency.states import State
+from mlxd.units import format_bytes
 
 if TYPE_CHECKING:
     from mlxd.residency.manager import Manager
@@ -32,6 +33,10 @@ def model_status(manager: Manager, name: str) -> dict[str, Any]:
         "estimated_bytes": r.spec.size_bytes,
         "last_used_at": manager.wall_of(r.last_used),
         "last_error": r.last_error,
+        "stop_failures": r.stop_failures,
+        "stop_retry_in_s": None
+        if r.retry_at is None
+        else round(max(0.0, r.retry_at - trio.current_time()), 3),
         "active_leases": len(r.leases),
         "waiters": len(r.queue),
         "idle_unload_seconds": r.spec.idle_unload_s,
@@ -89,3 +94,22 @@ def status(manager: Manager) -> dict[str, Any]:
             for lease in manager._leases.values()
         ],
     }
+
+
+def failing_stops(manager: Manager) -> list[str]:
+    """One line per model whose engine failed to stop and still holds its memory (for /health)."""
+    lines = []
+    now = trio.current_time()
+    for name, r in manager.core.models.items():
+        if r.stop_failures == 0:
+            continue
+        retry = (
+            "being retried now"
+            if r.retry_at is None
+            else f"retried in {max(0.0, r.retry_at - now):.0f} s; not a victim until then"
+        )
+        lines.append(
+            f"'{name}': stopping its engine failed {r.stop_failures} time(s) ({r.last_error});"
+            f" its {format_bytes(r.committed_bytes)} stay counted ({r.state}); {retry}"
+        )
+    return lines

@@ -10,6 +10,12 @@ Config reloads (``Reconfigure``: models added, removed or replaced, a new budget
 and policy) and size changes (``SetSize``, as after a measured load) come in the
 middle of all that: a refused reload changes nothing, a removed model leaves no
 trace, and a residency keeps the bytes it reserved whatever its estimate becomes.
+
+Faults: engine stops fail (of a loaded model, or of a failed or abandoned
+load's partial engine) and are retried; loads and stops hang (they finish
+only when a later rule lets them). Promises under faults: every engine that
+may hold memory is in a state whose bytes are counted; a model whose stop
+failed is nobody's victim until its retry; ``fail`` never waits for a drain.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ from mlxd.residency.messages import (
     UnloadFinished,
     WaiterKind,
 )
-from mlxd.residency.states import TRANSITIONS, State
+from mlxd.residency.states import COMMITTED, TRANSITIONS, State
 from mlxd.units import GIB
 
 NAMES = ["a", "b", "c", "d"]
@@ -82,6 +88,10 @@ class CoreMachine(RuleBasedStateMachine):
         self.leases: dict[str, str] = {}  # lease id -> model
         self.preempted: set[str] = set()
         self.waiters: dict[int, str] = {}  # lease waiters the shell may cancel
+        #: models whose engine may hold memory (from StartLoad until a stop succeeds)
+        self.holding: set[str] = set()
+        #: loads and stops that hang: they finish only after `unhang`
+        self.hung: set[str] = set()
         self.steps = 0
 
     @initialize(
@@ -137,7 +147,9 @@ class CoreMachine(RuleBasedStateMachine):
                 self.waiters.pop(cmd.waiter_id, None)
             elif isinstance(cmd, StartLoad):
                 assert cmd.model not in self.loads, f"second load of {cmd.model} in flight"
+                assert cmd.model not in self.holding, f"{cmd.model}: a second engine while one holds memory"
                 self.loads[cmd.model] = (cmd.load_id, False)
+                self.holding.add(cmd.model)
             elif isinstance(cmd, CancelLoad):
                 load_id, _ = self.loads[cmd.model]
                 assert load_id == cmd.load_id
@@ -177,22 +189,39 @@ class CoreMachine(RuleBasedStateMachine):
         self.preempted.discard(lid)
         self.feed(Release(lid, self.now))
 
-    @precondition(lambda self: bool(self.loads))
-    @rule(data=st.data(), ok=st.booleans())
-    def load_finishes(self, data: st.DataObject, ok: bool) -> None:
-        model = data.draw(st.sampled_from(sorted(self.loads)))
+    @precondition(lambda self: bool(set(self.loads) - self.hung))
+    @rule(data=st.data(), ok=st.booleans(), stop_ok=st.booleans())
+    def load_finishes(self, data: st.DataObject, ok: bool, stop_ok: bool) -> None:
+        """A load ends; a failed or cancelled one's partial engine may fail to stop."""
+        model = data.draw(st.sampled_from(sorted(set(self.loads) - self.hung)))
         load_id, cancelled = self.loads.pop(model)
+        stop_error = None if stop_ok else "partial stop failed"
+        if (cancelled or not ok) and stop_ok:
+            self.holding.discard(model)
         if cancelled:  # the shell always reports a cancelled load as aborted
-            self.feed(LoadAborted(model, load_id, self.now))
+            self.feed(LoadAborted(model, load_id, self.now, stop_error))
         else:
-            self.feed(LoadFinished(model, load_id, self.now, error=None if ok else "boom"))
+            self.feed(LoadFinished(model, load_id, self.now, None if ok else "boom", stop_error))
 
-    @precondition(lambda self: bool(self.unloads))
+    @precondition(lambda self: bool(self.unloads - self.hung))
     @rule(data=st.data(), ok=st.booleans())
     def unload_finishes(self, data: st.DataObject, ok: bool) -> None:
-        model = data.draw(st.sampled_from(sorted(self.unloads)))
+        model = data.draw(st.sampled_from(sorted(self.unloads - self.hung)))
         self.unloads.discard(model)
+        if ok:
+            self.holding.discard(model)
         self.feed(UnloadFinished(model, self.now, error=None if ok else "stuck"))
+
+    @precondition(lambda self: bool((set(self.loads) | self.unloads) - self.hung))
+    @rule(data=st.data())
+    def hang(self, data: st.DataObject) -> None:
+        """The load or stop in flight of a model hangs (ignores cancellation too)."""
+        self.hung.add(data.draw(st.sampled_from(sorted((set(self.loads) | self.unloads) - self.hung))))
+
+    @precondition(lambda self: bool(self.hung))
+    @rule(data=st.data())
+    def unhang(self, data: st.DataObject) -> None:
+        self.hung.discard(data.draw(st.sampled_from(sorted(self.hung))))
 
     @precondition(lambda self: self.core is not None)
     @rule(dt=st.sampled_from([0.5, 1.0, 3.0, 5.0, 11.0, 31.0]))
@@ -201,8 +230,9 @@ class CoreMachine(RuleBasedStateMachine):
         self.feed(Tick(self.now))
         assert self.core is not None
         for w in self.core.waiters.values():  # every acquire resolves within its bound
-            blocked = self.core.models[w.model].blocked
-            assert not (blocked and w.deadline is not None and w.deadline <= self.now), w
+            r = self.core.models[w.model]
+            joining = r.state is State.LOADING and not r.load_cancelling
+            assert joining or w.deadline is None or w.deadline > self.now, (w, r.state)
 
     @precondition(lambda self: self.core is not None)
     @rule(model=st.sampled_from(NAMES), preempt=st.booleans())
@@ -325,8 +355,17 @@ class CoreMachine(RuleBasedStateMachine):
         assert core.committed <= core.budget
         for name, r in core.models.items():
             assert r.state is self.shadow[name]
-            assert (name in self.loads) == (r.state is State.LOADING), name
-            assert (name in self.unloads) == (r.state is State.UNLOADING), name
+            assert (name in self.loads) == (r.state is State.LOADING and r.teardown is None), name
+            assert (name in self.unloads) == r.stopping, name
+            assert not (r.stopping and r.stuck), name
+            if r.state is State.UNLOADING:
+                assert r.stopping or r.stuck, name  # its stop is in flight or will be retried
+            if name in self.holding:  # an engine that may hold memory is counted
+                assert r.state in COMMITTED, (name, r.state)
+            for victim in r.claims:  # a model whose stop failed is nobody's victim
+                assert not core.models[victim].stuck, (name, victim)
+            if core.policy.strategy == "fail" and r.queue:  # `fail` never waits for a drain
+                assert not r.claims and r.state is not State.DRAINING, name
             if r.state is State.DRAINING:
                 # a draining model has live leases, or its unload is already on its way
                 assert r.leases, name

@@ -114,13 +114,15 @@ class DaemonProcess:
     """``mlxd serve`` as a child process on 127.0.0.1 port 0."""
 
     def __init__(self, config_path: Path, state_dir: Path, *, env: dict[str, str] | None = None,
-                 args: tuple[str, ...] = ()) -> None:
+                 args: tuple[str, ...] = (), wrapper: tuple[str, ...] = ()) -> None:
+        """``wrapper``: a command to run ``mlxd serve`` under (e.g. ``setpriv ... --``)."""
         self.config_path = config_path
         self.state_dir = state_dir
         self.ready_file = state_dir / f"ready-{time.monotonic_ns()}"
         self.log_path = state_dir / "daemon.log"
         self.env = {**os.environ, "MLXD_STATE_DIR": str(state_dir), **(env or {})}
         self.args = args
+        self.wrapper = wrapper
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
@@ -128,7 +130,7 @@ class DaemonProcess:
         self.ready_file.unlink(missing_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
-            [*MLXD, "serve", "--config", str(self.config_path), "--port", "0",
+            [*self.wrapper, *MLXD, "serve", "--config", str(self.config_path), "--port", "0",
              "--ready-file", str(self.ready_file), *self.args],
             stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
         )

@@ -35,6 +35,7 @@ def make_config(
     model_idle: dict[str, float] | None = None,
     load_seconds: float = 1.0,
     tokens_per_second: float = 10.0,
+    stop_timeout_s: float = 60.0,
 ) -> Config:
     """A config of fake models with the given sizes in GB."""
     model_idle = model_idle or {}
@@ -56,6 +57,7 @@ def make_config(
             memory_budget_bytes=int(budget_gb * GIB),
             idle_unload_seconds=idle_unload_seconds,
             contention_policy=ContentionPolicy(strategy, wait_timeout_s, preempt_after_s),  # type: ignore[arg-type]
+            stop_timeout_s=stop_timeout_s,
         ),
         models=models,
     )

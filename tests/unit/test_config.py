@@ -266,13 +266,12 @@ def test_policy_preempt_after_on_other_strategy_warns() -> None:
     assert config.warnings[0].startswith("manager.contention_policy.preempt_after_s: ignored")
 
 
-def test_policy_timeout_on_fail_warns() -> None:
-    """wait_timeout_s with strategy ``fail`` is accepted with one warning (fail never waits)."""
+def test_policy_timeout_on_fail_is_its_bound() -> None:
+    """wait_timeout_s with strategy ``fail`` bounds its only waits (for evicted idle models to stop)."""
     raw = one_model(manager="  contention_policy: {strategy: fail, wait_timeout_s: 3}\n")
     config = parse_config(raw)
-    assert config.warnings == (
-        "manager.contention_policy.wait_timeout_s: ignored: strategy 'fail' never waits",
-    )
+    assert config.warnings == ()
+    assert config.manager.contention_policy.wait_timeout_s == 3
 
 
 # ---- the memory budget -------------------------------------------------------------------

@@ -111,21 +111,81 @@ async def test_the_writer_ignores_sigterm_and_sigint(tmp_path: Path) -> None:
         assert j.leases()[0]["id"] == "L"
 
 
-async def test_a_dead_writer_fails_waiters_and_run(tmp_path: Path) -> None:
-    """If the writer process is killed, waiters get JournalError and run() raises it."""
-    j = Journal(tmp_path / "j.db", flush_interval=0)
-    stopped = pytest.RaisesExc(JournalError, match="writer process stopped")
-    with pytest.RaisesGroup(stopped):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(j.run)
-            await j.begin_run(1, "test", None)
-            assert j.writer_pid is not None
-            os.kill(j.writer_pid, signal.SIGKILL)
-            seq = j.record(LeaseAcquired("L", "m", None, None, 1.0))
-            with pytest.raises(JournalError):
+async def _committed_after_restart(j: Journal, seq: int) -> None:
+    """Wait for ``seq`` while the writer is being replaced (each failed attempt raises)."""
+    with trio.fail_after(20):
+        while True:
+            try:
                 await j.wait_committed(seq)
+                return
+            except JournalError:
+                await trio.sleep(0.05)
+
+
+async def test_a_killed_writer_is_replaced_without_losing_a_record(tmp_path: Path) -> None:
+    """If the writer process is killed, waiters get JournalError at once, a new writer is started, and every record, sent before or after the kill, is written once and in order."""
+    async with running(tmp_path / "j.db", flush_interval=0) as j:
+        await j.wait_committed(j.record(LeaseAcquired("A", "m", None, None, 1.0)))
+        measured = j.record(MeasurementEvent("m", 1.5, 100, 0.1))
+        await j.wait_committed(measured)
+        pid = j.writer_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        seq = j.record(LeaseAcquired("L", "m", None, None, 2.0))
+        with pytest.raises(JournalError):
+            await j.wait_committed(seq)
+        assert not j.healthy and "writer process stopped" in (j.last_error or "")
+        await _committed_after_restart(j, seq)
+        assert j.healthy and j.restarts == 1 and j.writer_pid not in (None, pid)
+        await j.wait_committed(j.record(LeaseReleased("L", "m", Outcome.COMPLETED, 3.0)))
+        assert [(r["id"], r["outcome"]) for r in j.leases()] == [("A", None), ("L", "completed")]
+        assert j.latest_measurements() == {"m": 100}
     with pytest.raises(JournalError, match="closed"):
         j.record(LeaseAcquired("L2", "m", None, None, 1.0))
+
+
+def test_a_replayed_measurement_is_not_written_twice(tmp_path: Path) -> None:
+    """Records a dead writer committed but never confirmed come again after ``replay_until``; a measurement among them is not inserted twice (the others are resent only above the file's highest seq)."""
+    import sqlite3
+
+    from mlxd.journal.writer import Settings, Writer
+
+    settings = Settings(str(tmp_path / "j.db"), "normal", 1000, 0.01, 0.1, None, os.getpid())
+    sent: list[tuple[object, ...]] = []
+    writer = Writer(settings, sent.append)
+    conn = writer._open()
+    run_id = conn.execute(
+        "INSERT INTO runs(started_at, pid, version) VALUES (1, 1, 't')"
+    ).lastrowid
+    conn.commit()
+    measure = encode(MeasurementEvent("m", 1.5, 100, 0.1))
+    acquired = encode(LeaseAcquired("A", "m", None, None, 1.0))
+    writer._commit(conn, [(1, run_id, measure), (2, run_id, acquired)])
+    writer._take([("replay_until", 3)], type("Inbox", (), {"closed": False})())  # type: ignore[arg-type]
+    later = encode(MeasurementEvent("m", 2.5, 200, 0.1))
+    writer._commit(conn, [(1, run_id, measure), (3, run_id, later)])
+    assert conn.execute("SELECT at FROM measurements ORDER BY at").fetchall() == [(1.5,), (2.5,)]
+    conn.close()
+    writer._release_lock()
+    with sqlite3.connect(tmp_path / "j.db") as c:
+        assert c.execute("SELECT count(*) FROM leases").fetchone() == (1,)
+
+
+async def test_a_stopped_writer_degrades_then_is_replaced(tmp_path: Path) -> None:
+    """A writer that stops answering (SIGSTOP) makes the journal unhealthy after stall_s, is killed after kill_s and replaced; its records are written."""
+    async with running(tmp_path / "j.db", flush_interval=0, stall_s=0.3, kill_s=1.5) as j:
+        pid = j.writer_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        t0 = trio.current_time()
+        seq = j.record(LeaseAcquired("L", "m", None, None, 1.0))
+        with trio.move_on_after(1.0):  # stall_s is 0.3: unhealthy by then
+            await j.wait_committed(seq)
+        assert not j.healthy and "has not answered" in (j.last_error or "")
+        await _committed_after_restart(j, seq)
+        assert trio.current_time() - t0 >= 1.5
+        assert j.restarts == 1 and j.writer_pid != pid
+        assert [r["id"] for r in j.leases()] == ["L"]
 
 
 async def test_an_awaited_record_is_sent_at_once(tmp_path: Path) -> None:

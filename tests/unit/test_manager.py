@@ -263,21 +263,30 @@ async def test_load_failure_gives_failed_and_next_acquire_retries(autojump_clock
         assert [t[2] for t in h.transitions("a")] == ["loading", "failed", "loading", "loaded"]
 
 
-async def test_unload_failure_keeps_engine_tracked_as_loaded(autojump_clock: trio.abc.Clock) -> None:
-    """When stopping an engine fails, the model stays `loaded` with last_error and its engine still serves."""
+async def test_unload_failure_keeps_bytes_counted_and_retries(autojump_clock: trio.abc.Clock) -> None:
+    """A failed stop keeps the model `unloading` with its bytes counted and no lease on it; the stop is retried 1 s later."""
     fleet = FakeFleet()
     fleet.add(FakeModel("a", GIB, load_seconds=1, fail_unloads={1}))
     async with running(make_config({"a": 1}, 4), fleet) as h:
         await h.manager.load("a")
+        t0 = trio.current_time()
         with pytest.raises(Exception, match="scripted failure of unload 1"):
             await h.manager.unload("a")
-        assert h.state("a") == "loaded"
+        assert h.state("a") == "unloading"
         assert "unload 1" in (h.manager.core.models["a"].last_error or "")
-        assert h.manager.core.committed == GIB
-        async with h.manager.lease("a") as lease:
-            assert lease.engine is not None
-        await h.manager.unload("a")  # the second stop works
-        assert h.state("a") == "unloaded"
+        assert h.manager.core.committed == GIB and fleet["a"].resident == 1
+        lease = await h.manager.acquire("a")  # waits for the retry, then a fresh load
+        assert trio.current_time() - t0 == pytest.approx(1 + 1)  # retry after 1 s, load 1 s
+        assert fleet["a"].stops == 2 and fleet["a"].loads_started == 2
+        lease.release()
+        assert h.transitions("a")[2:] == [
+            ("a", "loaded", "unloading", "admin"),
+            ("a", "unloading", "loaded", "unload_failed"),
+            ("a", "loaded", "unloading", "unload_failed"),
+            ("a", "unloading", "unloaded", "admin"),
+            ("a", "unloaded", "loading", "request"),
+            ("a", "loading", "loaded", "request"),
+        ]
 
 
 async def test_idle_unload_at_exactly_the_configured_second(autojump_clock: trio.abc.Clock) -> None:

@@ -1,0 +1,93 @@
+"""The residency core's books: models, waiters and leases, and what they add up to.
+
+:class:`Registry` holds the records (:mod:`.records`) and answers questions
+about them (committed bytes, the next deadline, whether shutdown is complete)
+without changing anything; :meth:`Registry.check_invariants` states the
+promises they must keep. :class:`mlxd.residency.core.Core` is the only thing
+that changes them, one event at a time. Pure: no Trio, no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from mlxd.residency.messages import ModelSpec
+from mlxd.residency.policy import ContentionPolicy
+from mlxd.residency.records import ModelRecord, Waiter
+from mlxd.residency.states import State
+
+
+class Registry:
+    """The core's books and the questions asked of them; :class:`~mlxd.residency.core.Core` changes them."""
+
+    def __init__(self, specs: Iterable[ModelSpec], budget_bytes: int, policy: ContentionPolicy) -> None:
+        self.budget = int(budget_bytes)
+        self.policy = policy
+        self.models: dict[str, ModelRecord] = {s.name: ModelRecord(s) for s in specs}
+        #: every waiter by id; each model's ``queue`` holds its own in arrival order
+        self.waiters: dict[int, Waiter] = {}
+        #: every live lease's model; invariant: lease ``l`` is in ``models[lease_model[l]].leases``
+        self.lease_model: dict[str, str] = {}
+        #: None, or why new loads are refused (the journal cannot write)
+        self.load_gate: str | None = None
+        self.shutting_down = False
+        #: the latest ``now`` of any event (monotonic seconds); never goes back
+        self.now = 0.0
+
+    # -- queries ---------------------------------------------------------------------
+
+    @property
+    def committed(self) -> int:
+        return sum(r.committed_bytes for r in self.models.values() if r.holds_budget)
+
+    def state(self, model: str) -> State:
+        return self.models[model].state
+
+    @property
+    def shutdown_complete(self) -> bool:
+        return self.shutting_down and all(
+            r.state in (State.UNLOADED, State.FAILED) for r in self.models.values()
+        )
+
+    def next_deadline(self) -> float | None:
+        """The earliest time at which a :class:`Tick` could change something."""
+        times: list[float] = []
+        for r in self.models.values():
+            head = r.head
+            if head is None:
+                continue
+            if r.blocked and r.queue_deadline is not None:
+                times.append(r.queue_deadline)
+            if head.preempt_at is not None and any(
+                not self.models[v].preempted for v in r.claims if v in self.models
+            ):
+                times.append(head.preempt_at)
+        for r in self.models.values():
+            due = self._idle_due(r)
+            if due is not None:
+                times.append(due)
+            if r.retry_at is not None:
+                times.append(r.retry_at)
+        return min(times) if times else None
+
+    def _idle_due(self, r: ModelRecord) -> float | None:
+        if (
+            r.state is State.LOADED
+            and not r.leases
+            and not r.spec.pinned
+            and r.spec.idle_unload_s > 0
+            and r.last_used is not None
+            and not self.shutting_down
+        ):
+            return r.last_used + r.spec.idle_unload_s
+        return None
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if a promise of the module docstring is broken."""
+        assert self.committed <= self.budget, (self.committed, self.budget)
+        for name, r in self.models.items():
+            if r.leases:
+                assert r.state in (State.LOADED, State.DRAINING), (name, r.state)
+            for lid in r.leases:
+                assert self.lease_model[lid] == name
+        assert len(self.lease_model) == sum(len(r.leases) for r in self.models.values())
