@@ -57,7 +57,6 @@ from mlxd.engines.mlx_thread import (
     GenerationStats,
     Job,
     MlxThread,
-    Pending,
     PrefillProgress,
     SerialScheduler,
     Sink,
@@ -154,11 +153,6 @@ class MlxTextEngine:
         self._ready = False
         #: stop() was called: no new generation, no new load
         self._stopped = False
-        #: the unload job on the MLX thread, while a stop waits for it (kept if that wait is
-        #: cut short, so the next stop() waits for the same job rather than queueing another)
-        self._unloading: Pending[None] | None = None
-        #: a stop succeeded: everything is freed and the thread has ended
-        self._released = False
         self._has_chat_template = False
         # owned by the MLX thread: written and read only there
         self._model: Any = None
@@ -320,16 +314,12 @@ class MlxTextEngine:
         return model, tokenizer
 
     async def stop(self) -> None:
-        """Free the model; safe to call again after it raised or was cancelled.
+        """Free the model; safe to call again after it raised or was cut short.
 
-        Each call waits for the unload job on the MLX thread (queued behind the
-        running job, which stops within one token, or behind a load that cannot
-        be interrupted). A call cut short leaves that job queued for the next
-        call to wait for; a job that failed is queued again by the next call.
-        Only when one succeeds is the thread ended and the engine released.
+        The unload is the MLX thread's last job, queued behind the running job
+        (which stops within one token) or a load that cannot be interrupted;
+        see :meth:`~mlxd.engines.mlx_thread.MlxThread.finish` for the retries.
         """
-        if self._released:
-            return
         self._stopped = True
         self._ready = False
         if self._scheduler is not None:
@@ -337,20 +327,9 @@ class MlxTextEngine:
                 EngineError(f"{self.name}: the model was unloaded", retry_after=1.0)
             )
         thread = self._thread
-        if thread is None:
-            self._released = True
-            return
-        if self._unloading is None:
-            self._unloading = thread.start(self._unload_on_thread)
-        try:
-            await self._unloading.result()
-        except Exception:
-            self._unloading = None  # the next stop() tries again
-            raise
-        thread.close_nowait()
-        await thread.aclose()
-        self._released = True
-        memory.malloc_trim()  # again, after the thread's clear_streams freed its stream buffers
+        if thread is not None and not thread.finished:
+            await thread.finish(self._unload_on_thread)
+            memory.malloc_trim()  # again, after the thread's clear_streams freed its buffers
 
     def _unload_on_thread(self) -> None:
         fault = self.faults.on_stop() if self.faults is not None else None

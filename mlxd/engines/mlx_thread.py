@@ -77,6 +77,9 @@ class MlxThread:
             queue.SimpleQueue()
         )
         self._closing = False
+        #: the last job (see :meth:`finish`), and whether it succeeded and the thread ended
+        self._final: Pending[None] | None = None
+        self.finished = False
         self.exited = threading.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         _LIVE.add(self)
@@ -152,6 +155,24 @@ class MlxThread:
                 cancel.set()
             raise
         return box[0].unwrap()
+
+    async def finish(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (an unload) as this thread's last job, then end the thread.
+
+        Safe to call again: a call cut short (cancelled) leaves the job queued
+        and the next call waits for that same job; a job that raised is queued
+        again by the next call; once one has succeeded the thread ends and
+        :attr:`finished` is true.
+        """
+        if self._final is None:
+            self._final = self.start(fn)
+        try:
+            await self._final.result()
+        except Exception:
+            self._final = None
+            raise
+        await self.aclose()
+        self.finished = True
 
     def close_nowait(self) -> None:
         """Ask the thread to end after the jobs already queued. Idempotent."""
