@@ -20,10 +20,9 @@ ran out). A streaming response that cannot hold a cancel scope across its
 ``yield``s opens ``lease.scope()`` around each await instead. The manager owns
 the end of a lease it preempted (:func:`~mlxd.residency.lease.end_when_overdue`).
 
-Shutdown (:meth:`Manager.shutdown`) has a hard limit: after the grace it
-preempts what is left, and at the limit it ends every lease still open,
-abandons the engine stops still in flight (they may hold memory: the run is
-then not *whole*, and the daemon does not record a clean stop) and closes.
+Shutdown (:meth:`Manager.shutdown`) has a hard limit: after the grace it preempts
+what is left; at the limit it ends every lease still open, abandons the engine
+stops in flight (the run is then not *whole*: no clean stop) and closes.
 """
 
 from __future__ import annotations
@@ -109,16 +108,6 @@ class _Waiter:
     status: dict[str, Any] | None = None
 
 
-@dataclass
-class LoadInfo:
-    """A load in flight, for status and health."""
-
-    model: str
-    load_id: int
-    started: float
-    progress: LoadProgress = field(default_factory=LoadProgress)
-
-
 class Manager:
     """Decides which models are resident; see the module docstring."""
 
@@ -138,10 +127,7 @@ class Manager:
         self._engines_factory = engines
         self._measured: dict[str, int] = dict(measured or {})
         self._wall = wall_clock
-        self._stop_timeout_s = (
-            stop_timeout_s if stop_timeout_s is not None else config.manager.stop_timeout_s
-        )
-        self._stops = EngineStops(self._stop_timeout_s)
+        self._stops = EngineStops(stop_timeout_s or config.manager.stop_timeout_s)
         self._load_gate_probe = load_gate
         #: where each model's memory estimate comes from (config, measured, weights, fake)
         self._memory_source: dict[str, str | None] = {}
@@ -158,7 +144,7 @@ class Manager:
         self._waiters: dict[int, _Waiter] = {}
         self._leases: dict[str, Lease] = {}
         self._engines: dict[str, Engine] = {}
-        self._loads: dict[str, LoadInfo] = {}
+        self._loads: dict[str, views.LoadInfo] = {}
         self._load_scopes: dict[str, tuple[int, trio.CancelScope]] = {}
         self._ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
@@ -358,14 +344,12 @@ class Manager:
     async def shutdown(self, grace_s: float, *, limit_s: float | None = None) -> bool:
         """Drain for ``grace_s``, then preempt what is left, cancel loads and unload all.
 
-        Gives up ``limit_s`` after the call (default: the grace plus the stop
-        timeout): leases still open are ended (outcome ``shutdown``) and engine
-        stops still in flight are abandoned. Returns True when the run is
-        *whole*: every model ``unloaded`` or ``failed`` and every lease ended
-        by its holder or by preemption, before the limit.
+        At ``limit_s`` (default: the grace plus the stop timeout) leases still open
+        are ended (``shutdown``) and engine stops in flight abandoned. True when the
+        run is *whole*: every model ``unloaded``/``failed``, every lease ended, in time.
         """
         t0 = trio.current_time()
-        limit = t0 + (limit_s if limit_s is not None else grace_s + self._stop_timeout_s)
+        limit = t0 + (limit_s if limit_s is not None else grace_s + self._stops.timeout_s)
         self._dispatch(Shutdown(t0))
         with trio.move_on_at(min(t0 + grace_s, limit)):
             await self._wait_until(self._whole)
@@ -374,11 +358,8 @@ class Manager:
             await self._wait_until(self._whole)
         whole = self._whole()
         if not whole:
-            left = [n for n, r in self.core.models.items() if r.state not in (State.UNLOADED, State.FAILED)]
-            log.warning(
-                "shutdown: gave up after %.1f s; still open: %d lease(s), models %s",
-                trio.current_time() - t0, len(self._leases), ", ".join(left) or "none",
-            )
+            log.warning("shutdown: gave up after %.1f s with %d lease(s) open; status: %s",
+                        trio.current_time() - t0, len(self._leases), self.status()["models"])
             self._stops.abandon_all()
             await abandon(self._leases.values())
         self._closed.set()
@@ -398,7 +379,7 @@ class Manager:
         """Run-wide loads, load failures, evictions and preemptions (sums of :attr:`stats`)."""
         return totals(self.stats)
 
-    def loads_in_flight(self) -> list[LoadInfo]:
+    def loads_in_flight(self) -> list[views.LoadInfo]:
         return list(self._loads.values())
 
     def measured(self) -> dict[str, int]:
@@ -512,7 +493,7 @@ class Manager:
         elif self._nursery is None or self._closed.is_set():
             log.warning("manager closed: %s not carried out", cmd)
         elif isinstance(cmd, StartLoad):
-            self._loads[cmd.model] = LoadInfo(cmd.model, cmd.load_id, trio.current_time())
+            self._loads[cmd.model] = views.LoadInfo(cmd.model, cmd.load_id, trio.current_time())
             # The scope exists before the task runs, so a CancelLoad that comes first
             # (the only waiter left at once) still cancels this very load.
             scope = trio.CancelScope()

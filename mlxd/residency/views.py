@@ -6,15 +6,27 @@ and its core and build plain dicts; they never change anything.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from mlxd.engines.base import LoadProgress
 from mlxd.residency.states import State
 from mlxd.units import format_bytes
 
 if TYPE_CHECKING:
     from mlxd.residency.manager import Manager
+
+
+@dataclass
+class LoadInfo:
+    """A load in flight, for status and health."""
+
+    model: str
+    load_id: int
+    started: float
+    progress: LoadProgress = field(default_factory=LoadProgress)
 
 
 def model_status(manager: Manager, name: str) -> dict[str, Any]:
