@@ -52,6 +52,14 @@ class MlxdError(Exception):
         return {"Retry-After": str(max(1, round(self.retry_after)))}
 
 
+def describe_error(exc: BaseException) -> str:
+    """One line for any error: an MlxdError's message, else ``Type: first line``."""
+    if isinstance(exc, MlxdError):
+        return exc.message
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 # ---- 4xx: the request is wrong ---------------------------------------------------------
 
 

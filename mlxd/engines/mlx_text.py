@@ -63,7 +63,7 @@ from mlxd.engines.mlx_thread import (
     call_soon,
 )
 from mlxd.engines.streaming import StopText, deliver_token, pending_events
-from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError
+from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError, describe_error
 
 PREFILL_STEP_ENV = "MLXD_PREFILL_STEP"
 #: prompt tokens per prefill chunk; a cancel during prefill waits at most one chunk.
@@ -578,5 +578,4 @@ def describe_load_error(e: BaseException) -> str:
         return f"missing file: {e.filename or e}"
     if isinstance(e, ImportError):
         return f"a required package is missing: {e}"
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return describe_error(e)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlxd import errors
-from mlxd.errors import EngineError, MlxdError
+from mlxd.errors import EngineError, MlxdError, describe_error
 
 WireError = tuple[str, str, "str | None", "float | None"]
 
@@ -46,9 +46,7 @@ def error_to_wire(e: BaseException, context: str) -> WireError:
     """An exception as it crosses the pipe (a foreign one becomes an engine error)."""
     if isinstance(e, MlxdError):
         return (type(e).__name__, e.message, e.param, e.retry_after)
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    message = f"{context}: {type(e).__name__}: {text}" if text else f"{context}: {type(e).__name__}"
-    return ("EngineError", message, None, None)
+    return ("EngineError", f"{context}: {describe_error(e)}", None, None)
 
 
 def error_from_wire(wire: WireError) -> MlxdError:

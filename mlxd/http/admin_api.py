@@ -197,6 +197,7 @@ def health_report(st: AppState) -> dict[str, Any]:
     if st.manager.core.load_gate:
         reasons.append(f"new loads refused: {st.manager.core.load_gate}")
     reasons += views.failing_stops(st.manager)
+    reasons += views.dead_engines(st.manager)
     status = "shutting_down" if st.draining else ("degraded" if reasons else "ok")
     return {
         "status": status,

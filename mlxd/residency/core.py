@@ -70,6 +70,7 @@ from mlxd.residency.messages import (
     CancelLoad,
     CancelWaiter,
     Command,
+    EngineDeath,
     Event,
     Grant,
     LoadAborted,
@@ -180,7 +181,23 @@ class Core(Registry):
             self._stop_failed(r, ev.stop_error)
             return
         r.last_error = ev.error
-        self._move(r, State.FAILED, Reason.LOAD_FAILED, error=ev.error)
+        reason = Reason.ENGINE_DIED if ev.died else Reason.LOAD_FAILED
+        self._move(r, State.FAILED, reason, error=ev.error)
+
+    def _on_EngineDeath(self, ev: EngineDeath) -> None:
+        r = self.models.get(ev.model)
+        if r is None or r.state not in (State.LOADED, State.DRAINING):
+            return  # an unload already has it (stopping a dead engine succeeds)
+        for lid in r.leases:
+            self.lease_model.pop(lid, None)
+        r.leases.clear()
+        r.last_error = ev.error
+        owner, reason = r.drain_owner, r.out_reason
+        r.drain_owner = None
+        r.preempted = False
+        self._move(r, State.FAILED, Reason.ENGINE_DIED, error=ev.error)
+        if owner in (ADMIN_DRAIN, SHUTDOWN_DRAIN):
+            self._move(r, State.UNLOADED, reason)  # it was on its way out anyway
 
     def _on_LoadAborted(self, ev: LoadAborted) -> None:
         r = self.models.get(ev.model)

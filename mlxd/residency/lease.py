@@ -35,12 +35,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from mlxd.engines.base import Engine
 from mlxd.errors import MlxdError, Preempted, ShuttingDown
+from mlxd.residency.messages import WaiterKind
 from mlxd.residency.states import Outcome
 
 if TYPE_CHECKING:
@@ -52,6 +54,22 @@ log = logging.getLogger("mlxd.residency.lease")
 LEASE_END_S = 0.25
 
 AbandonHook = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class LeaseWaiter:
+    """A caller waiting on the manager: for a lease, or (kind RESIDENT) for residency."""
+
+    model: str
+    request_id: str | None
+    route: str | None
+    kind: WaiterKind
+    cancel_outcome: Outcome = Outcome.CANCELLED
+    done: trio.Event = field(default_factory=trio.Event)
+    lease: Lease | None = None
+    error: MlxdError | None = None
+    #: a residency waiter's model status at the moment it was satisfied
+    status: dict[str, Any] | None = None
 
 
 def is_cancellation(exc: BaseException | None) -> bool:

@@ -35,18 +35,15 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import trio
 
 from mlxd.config import Config, MemoryEstimate, ModelConfig
 from mlxd.engines.base import Engine, LoadProgress
-from mlxd.errors import (
-    EngineError,
-    MlxdError,
-    ModelNotFound,
-)
+from mlxd.errors import EngineDied, EngineError, MlxdError, ModelNotFound
+from mlxd.errors import describe_error as describe
 from mlxd.residency import views
 from mlxd.residency.core import Core
 from mlxd.residency.events import (
@@ -56,13 +53,14 @@ from mlxd.residency.events import (
     MeasurementEvent,
     TransitionEvent,
 )
-from mlxd.residency.lease import Lease, abandon, end_when_overdue
+from mlxd.residency.lease import Lease, LeaseWaiter, abandon, end_when_overdue
 from mlxd.residency.messages import (
     Acquire,
     AdminUnload,
     CancelLoad,
     CancelWaiter,
     Command,
+    EngineDeath,
     Event,
     Grant,
     LoadAborted,
@@ -86,26 +84,12 @@ from mlxd.residency.messages import (
 )
 from mlxd.residency.states import Outcome, Reason, State
 from mlxd.residency.stats import ModelStats, totals
-from mlxd.residency.stops import EngineStops, describe
+from mlxd.residency.stops import DeathWatch, EngineStops
 
 log = logging.getLogger("mlxd.residency.manager")
 
 EngineFactory = Callable[[ModelConfig], Engine]
 Subscriber = Callable[[ManagerEvent], object]
-
-
-@dataclass
-class _Waiter:
-    model: str
-    request_id: str | None
-    route: str | None
-    kind: WaiterKind
-    cancel_outcome: Outcome = Outcome.CANCELLED
-    done: trio.Event = field(default_factory=trio.Event)
-    lease: Lease | None = None
-    error: MlxdError | None = None
-    #: a residency waiter's model status at the moment it was satisfied
-    status: dict[str, Any] | None = None
 
 
 class Manager:
@@ -141,11 +125,12 @@ class Manager:
         self._subscribers: tuple[Subscriber, ...] = ()
         self._lease_salt = os.urandom(4).hex()
         self._lease_counter = itertools.count()
-        self._waiters: dict[int, _Waiter] = {}
+        self._waiters: dict[int, LeaseWaiter] = {}
         self._leases: dict[str, Lease] = {}
         self._engines: dict[str, Engine] = {}
         self._loads: dict[str, views.LoadInfo] = {}
         self._load_scopes: dict[str, tuple[int, trio.CancelScope]] = {}
+        self._deaths = DeathWatch(self._engine_died)
         self._ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self._timer_scope: trio.CancelScope | None = None
@@ -276,7 +261,7 @@ class Manager:
         assert w.status is not None
         return w.status
 
-    def request_residency(self, model: str, *, reason: Reason) -> _Waiter:
+    def request_residency(self, model: str, *, reason: Reason) -> LeaseWaiter:
         """Start making ``model`` resident (preload, restore, admin); never abandoned."""
         if not self.has_model(model):
             raise ModelNotFound(model)
@@ -408,13 +393,13 @@ class Manager:
 
     def _new_waiter(
         self, model: str, kind: WaiterKind, request_id: str | None, route: str | None
-    ) -> tuple[int, _Waiter]:
+    ) -> tuple[int, LeaseWaiter]:
         if self._nursery is None:
             raise RuntimeError("Manager.run() must be started before use")
         if self._load_gate_probe is not None:
             self.set_load_gate(self._load_gate_probe())
         wid = next(self._ids)
-        w = _Waiter(model, request_id, route, kind)
+        w = LeaseWaiter(model, request_id, route, kind)
         self._waiters[wid] = w
         return wid, w
 
@@ -537,6 +522,7 @@ class Manager:
         mc = self.config.model(model)
         info = self._loads[model]
         error: str | None = None
+        died = False
         engine: Engine | None = None
         t0 = trio.current_time()
 
@@ -553,6 +539,7 @@ class Manager:
                 except Exception as e:
                     log.warning("loading %s failed: %s", model, describe(e))
                     error = describe(e)
+                    died = isinstance(e, EngineDied)
         except BaseException:
             # The manager itself is being torn down: free the partial engine, then go.
             if engine is not None:
@@ -572,7 +559,9 @@ class Manager:
                 self._dispatch(LoadAborted(model, load_id, trio.current_time(), stop_error))
             else:
                 self._dispatch(
-                    LoadFinished(model, load_id, trio.current_time(), error, stop_error)
+                    LoadFinished(
+                        model, load_id, trio.current_time(), error, stop_error, died=died
+                    )
                 )
             return
         assert engine is not None
@@ -588,9 +577,22 @@ class Manager:
                 est = self.config.estimate(model, self._measured)
                 self._estimates[model] = est
                 self._dispatch(SetSize(model, est.bytes, now))
+        assert self._nursery is not None
+        self._deaths.watch(self._nursery, model, engine)
         self._dispatch(LoadFinished(model, load_id, now))
 
+    async def _engine_died(self, model: str, engine: Engine, error: str) -> None:
+        """A resident engine died on its own: the model fails; what it left is stopped."""
+        if self._engines.get(model) is not engine:
+            return
+        log.error("the engine of %s died: %s", model, error)
+        if self.core.state(model) in (State.LOADED, State.DRAINING):
+            del self._engines[model]  # the core takes the death: the engine is gone
+        self._dispatch(EngineDeath(model, trio.current_time(), error))
+        await self._stops.stop(model, engine)  # whatever it left (other ranks, files)
+
     async def _unload_task(self, model: str) -> None:
+        self._deaths.forget(model)
         engine = self._engines.get(model)
         error = None if engine is None else await self._stops.stop(model, engine)
         if error is None:

@@ -61,6 +61,21 @@ class LoadFinished:
     now: float
     error: str | None = None
     stop_error: str | None = None
+    #: the failure was the engine's process dying (reason ``engine_died``, not ``load_failed``)
+    died: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDeath:
+    """A resident model's engine died on its own (its worker process crashed or was killed).
+
+    Its memory is gone with the process: the model goes ``failed`` and its leases are
+    dropped (their holders see the engine's error and release them with ``error``).
+    """
+
+    model: str
+    now: float
+    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +166,7 @@ Event = (
     Acquire
     | CancelWaiter
     | LoadFinished
+    | EngineDeath
     | LoadAborted
     | UnloadFinished
     | Release

@@ -1,4 +1,5 @@
-"""Engine stops as the manager runs them: shielded, bounded, and abandoned only at shutdown.
+"""How engines end: stops as the manager runs them (shielded, bounded, abandoned only
+at shutdown), and deaths of their own (:class:`DeathWatch`).
 
 A stop frees an engine's memory; a request that leaves (or a cancelled load)
 must not cut it short, so it runs shielded. Two things end the wait early: the
@@ -9,21 +10,14 @@ and :meth:`EngineStops.abandon_all`, when shutdown gives up at its hard limit.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from mlxd.engines.base import Engine
-from mlxd.errors import MlxdError
+from mlxd.errors import describe_error as describe
 
 log = logging.getLogger("mlxd.residency.manager")
-
-
-def describe(exc: BaseException) -> str:
-    """A one-line description of an engine error for ``last_error``."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if isinstance(exc, MlxdError):
-        return exc.message
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class EngineStops:
@@ -58,3 +52,35 @@ class EngineStops:
         self._abandoned = True
         for scope in list(self._scopes):
             scope.cancel()
+
+
+class DeathWatch:
+    """Watches each resident engine for a death of its own (its worker process killed).
+
+    One task per resident model, in the manager's nursery, waits on
+    :meth:`Engine.wait_died` and hands the error to ``on_death``; :meth:`forget`
+    ends it first when the manager stops the engine (a stopping engine is not dying).
+    """
+
+    def __init__(self, on_death: Callable[[str, Engine, str], Awaitable[None]]) -> None:
+        self._on_death = on_death
+        self._scopes: dict[str, trio.CancelScope] = {}
+
+    def watch(self, nursery: trio.Nursery, model: str, engine: Engine) -> None:
+        self.forget(model)
+        scope = self._scopes[model] = trio.CancelScope()
+        nursery.start_soon(self._watch, model, engine, scope)
+
+    def forget(self, model: str) -> None:
+        scope = self._scopes.pop(model, None)
+        if scope is not None:
+            scope.cancel()
+
+    async def _watch(self, model: str, engine: Engine, scope: trio.CancelScope) -> None:
+        with scope:
+            error = await engine.wait_died()
+        if scope.cancelled_caught:
+            return
+        if self._scopes.get(model) is scope:
+            del self._scopes[model]
+        await self._on_death(model, engine, error)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from mlxd.engines.base import LoadProgress
-from mlxd.residency.states import State
+from mlxd.residency.states import Reason, State
 from mlxd.units import format_bytes
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ def model_status(manager: Manager, name: str) -> dict[str, Any]:
         "active_leases": len(r.leases),
         "waiters": len(r.queue),
         "idle_unload_seconds": r.spec.idle_unload_s,
+        "engine": _engine(manager, name),
         "loading": None
         if info is None
         else {
@@ -67,6 +68,26 @@ def _in_use(manager: Manager, name: str) -> dict[str, int] | None:
     """``{kv_cache, kv_cache_peak, prompt_cache}`` bytes of an engine that reports them, else None."""
     usage = getattr(manager._engines.get(name), "memory_usage", None)
     return dict(usage()) if callable(usage) else None
+
+
+def dead_engines(manager: Manager) -> list[str]:
+    """One line per model failed because its engine died (until it loads again), for /health."""
+    return [
+        f"the engine of '{name}' died ({r.last_error}); the next request loads it again"
+        for name, r in manager.core.models.items()
+        if r.state is State.FAILED
+        and (t := manager.last_transition.get(name)) is not None
+        and t.reason is Reason.ENGINE_DIED
+    ]
+
+
+def _engine(manager: Manager, name: str) -> dict[str, Any] | None:
+    """Where a resident model's engine runs (worker pids for ``isolation: process``)."""
+    engine = manager._engines.get(name)
+    if engine is None:
+        return None
+    describe = getattr(engine, "describe", None)
+    return describe() if describe is not None else {"isolation": "thread"}
 
 
 def status(manager: Manager) -> dict[str, Any]:

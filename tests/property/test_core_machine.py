@@ -42,6 +42,7 @@ from mlxd.residency.messages import (
     AdminUnload,
     CancelLoad,
     CancelWaiter,
+    EngineDeath,
     Event,
     Grant,
     LoadAborted,
@@ -92,6 +93,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.holding: set[str] = set()
         #: loads and stops that hang: they finish only after `unhang`
         self.hung: set[str] = set()
+        self.orphans: set[str] = set()  # leases of a dead engine, not yet given back by holders
         self.steps = 0
 
     @initialize(
@@ -222,6 +224,28 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def unhang(self, data: st.DataObject) -> None:
         self.hung.discard(data.draw(st.sampled_from(sorted(self.hung))))
+    @precondition(
+        lambda self: any(s in (State.LOADED, State.DRAINING) for s in self.shadow.values())
+    )
+    @rule(data=st.data())
+    def engine_dies(self, data: st.DataObject) -> None:
+        """A worker process dies: the model fails, its leases are the holders' to give back."""
+        live = sorted(n for n, s in self.shadow.items() if s in (State.LOADED, State.DRAINING))
+        model = data.draw(st.sampled_from(live))
+        for lid in [lid for lid, m in self.leases.items() if m == model]:
+            del self.leases[lid]
+            self.preempted.discard(lid)
+            self.orphans.add(lid)
+        self.holding.discard(model)  # its memory went with the process
+        self.feed(EngineDeath(model, self.now, "killed by SIGKILL"))
+        assert self.shadow[model] in (State.FAILED, State.UNLOADED)
+
+    @precondition(lambda self: bool(self.orphans))
+    @rule(data=st.data())
+    def orphan_released(self, data: st.DataObject) -> None:
+        lid = data.draw(st.sampled_from(sorted(self.orphans)))
+        self.orphans.discard(lid)
+        self.feed(Release(lid, self.now))
 
     @precondition(lambda self: self.core is not None)
     @rule(dt=st.sampled_from([0.5, 1.0, 3.0, 5.0, 11.0, 31.0]))

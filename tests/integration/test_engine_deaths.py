@@ -1,0 +1,243 @@
+"""Engine worker processes that die, seen through HTTP with the real journal.
+
+A worker killed with SIGKILL, or one that calls ``abort()``, mid-stream: the
+daemon keeps serving its other models, the client gets an ``engine_died``
+error event, the lease is journaled ``error``, the model goes ``failed``
+(``engine_died``), ``/health`` says so, and the next request loads it again.
+A load that ignores cancellation is ended within 2 s of being abandoned, and
+its worker (and its memory) with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import trio
+
+from mlxd.journal.replay import check_journal
+from tests.integration.conftest import config_of, fake
+from tests.integration.test_http_residency import CHAT, body, rows, stream_lines, transitions
+from tests.support.daemon import DaemonProcess, Served, serving, write_config
+
+
+def worker_pids(served: Served, model: str) -> list[int]:
+    engine = served.manager.model_status(model)["engine"]
+    return [w["pid"] for w in engine["workers"]] if engine and "workers" in engine else []
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def config(tmp: Path, **p: Any) -> Any:
+    return config_of(
+        {"manager": {"memory_budget_gb": 4},
+         "models": [{**fake("p", 1, tokens_per_second=50), "isolation": "process", **p},
+                    fake("q", 1)]},
+        tmp,
+    )
+
+
+@pytest.mark.parametrize("how", ["sigkill", "abort"])
+async def test_a_worker_dying_mid_stream_fails_one_model_and_the_next_request_reloads_it(
+    tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if how == "abort":  # the worker's 4th token calls abort(); only the first worker inherits it
+        monkeypatch.setenv("MLXD_CRASH_AT", "worker.token:4=abort")
+    async with serving(config(tmp_path), tmp_path) as s, s.client() as c:
+        lines: list[str] = []
+        first = trio.Event()
+        async with trio.open_nursery() as n:
+            n.start_soon(stream_lines, c, body("p", stream=True, max_tokens=10_000), lines, first)
+            await first.wait()
+            [pid] = worker_pids(s, "p")
+            monkeypatch.delenv("MLXD_CRASH_AT", raising=False)
+            if how == "sigkill":
+                os.kill(pid, signal.SIGKILL)
+        error = json.loads(lines[-1])["error"]
+        assert error["code"] == "engine_died" and "[DONE]" not in lines
+        assert gone(pid)
+        model = (await c.get("/v1/models/p")).json()
+        assert model["status"] == "failed"
+        assert ("SIGKILL" if how == "sigkill" else "SIGABRT") in model["last_error"]
+        health = (await c.get("/health")).json()
+        assert health["status"] == "degraded"
+        assert any("engine of 'p' died" in r for r in health["reasons"])
+        # the daemon and its other model never noticed
+        assert (await c.post(CHAT, json=body("q"))).status_code == 200
+        # the next request loads p again, in a new worker
+        r = await c.post(CHAT, json=body("p"))
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+        assert worker_pids(s, "p") != [pid]
+        assert (await c.get("/health")).json()["status"] == "ok"
+        await s.journal.wait_committed()
+        assert [t for t in transitions(s, "p") if t[1] in ("failed", "loaded")] == [
+            ("loading", "loaded", "request"),
+            ("loaded", "failed", "engine_died"),
+            ("loading", "loaded", "request"),
+        ]
+        outcomes = rows(s, "SELECT outcome FROM leases WHERE model = 'p' ORDER BY acquired_at")
+        assert outcomes == [("error",), ("completed",)]
+        assert rows(s, "SELECT count(*) FROM leases WHERE released_at IS NULL") == [(0,)]
+
+
+async def test_a_load_that_ignores_cancellation_is_ended_within_2s(
+    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real MLX engine loads in its worker, which then hangs (deaf to cancellation)
+    with the weights in memory; the client leaves: the worker is gone within 2 s."""
+    monkeypatch.setenv("MLXD_CRASH_AT", "worker.loaded=stall")
+    cfg = config_of({"manager": {"memory_budget_gb": 4},
+                     "models": [{"name": "t", "path": str(tiny_model), "isolation": "process"}]},
+                    tmp_path)
+    async with serving(cfg, tmp_path) as s, s.client() as c:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as n:
+                n.start_soon(c.post, CHAT, body("t"))
+                with trio.fail_after(120):
+                    await s.until(lambda: (s.manager.model_status("t")["loading"] or {}).get("phase") == "done")
+                [worker] = s.manager._loads["t"] and [
+                    p for p in psutil.Process().children() if "mlxd.engines.worker" in " ".join(p.cmdline())
+                ]
+                rss = worker.memory_info().rss
+                scope.cancel()  # the client leaves: the load is abandoned
+        left = time.monotonic()
+        with trio.fail_after(10):
+            await s.until(lambda: s.manager.core.state("t").value == "unloaded")
+        assert gone(worker.pid)
+        took = time.monotonic() - left
+        assert took < 2.0, took
+        assert rss > 50 << 20  # it held the weights and MLX (its RSS left with it)
+        await s.journal.wait_committed()
+        assert transitions(s, "t")[-1] == ("loading", "unloaded", "abandoned")
+
+
+# ---- random kills under traffic (a subprocess daemon: a death there would be seen) ----------
+
+
+def worker_children(daemon_pid: int) -> list[psutil.Process]:
+    try:
+        children = psutil.Process(daemon_pid).children()
+    except psutil.NoSuchProcess:
+        return []
+    out = []
+    for p in children:
+        try:
+            if "mlxd.engines.worker" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.ok = 0
+        self.typed = 0  # an error the client can read: an error event or a typed HTTP error
+        self.codes: dict[str, int] = {}
+        self.bad: list[str] = []
+
+    def error(self, code: str | None) -> None:
+        if code is None:
+            self.bad.append("an error without a code")
+        self.typed += 1
+        self.codes[str(code)] = self.codes.get(str(code), 0) + 1
+
+
+async def client_loop(url: str, models: list[str], rng: random.Random, tally: Tally, stop: trio.Event) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+        while not stop.is_set():
+            model = rng.choice(models)
+            payload = body(model, stream=rng.random() < 0.7, max_tokens=rng.randint(5, 150))
+            try:
+                if payload["stream"]:
+                    async with c.stream("POST", CHAT, json=payload) as r:
+                        if r.status_code != 200:
+                            await r.aread()
+                            tally.error(r.json()["error"]["code"])
+                            continue
+                        last = ""
+                        async for line in r.aiter_lines():
+                            if line.startswith("data: "):
+                                last = line[6:]
+                        if last == "[DONE]":
+                            tally.ok += 1
+                        else:
+                            tally.error(json.loads(last)["error"]["code"])
+                else:
+                    r = await c.post(CHAT, json=payload)
+                    if r.status_code == 200:
+                        tally.ok += 1
+                    else:
+                        tally.error(r.json()["error"]["code"])
+            except (httpx.HTTPError, ValueError, KeyError) as e:
+                tally.bad.append(f"{type(e).__name__}: {e}")
+
+
+@pytest.mark.parametrize("kills", [pytest.param(100, marks=pytest.mark.stress), 6])
+async def test_random_worker_kills_under_traffic(tmp_path: Path, kills: int) -> None:
+    """Kill random engine workers (SIGKILL or SIGABRT, loaded or loading) under traffic:
+    the daemon never dies, every request ends completed or with a typed error, the
+    journal stays legal and no lease is left open."""
+    raw = {
+        "manager": {"memory_budget_gb": 4, "contention_policy": {"strategy": "wait_then_fail"}},
+        "models": [
+            {**fake(name, 1, tokens_per_second=200, load_seconds=0.05), "isolation": "process"}
+            for name in ("p1", "p2", "p3")
+        ] + [fake("q", 1, tokens_per_second=200)],
+    }
+    state = tmp_path / "state"
+    state.mkdir()
+    journal = tmp_path / "journal.db"
+    raw["journal"] = {"path": str(journal), "synchronous": "normal"}
+    rng = random.Random(kills)
+    with DaemonProcess(write_config(tmp_path / "models.yaml", raw), state) as d:
+        assert d.proc is not None
+        tally, stop, done = Tally(), trio.Event(), 0
+        async with trio.open_nursery() as n:
+            for i in range(4):
+                n.start_soon(client_loop, d.url, ["p1", "p2", "p3", "q"], random.Random(i), tally, stop)
+            while done < kills:
+                await trio.sleep(rng.uniform(0.05, 0.3))
+                assert d.proc.poll() is None, "the daemon died"
+                workers = worker_children(d.proc.pid)
+                if not workers:
+                    continue
+                victim = rng.choice(workers)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim.pid, rng.choice([signal.SIGKILL, signal.SIGABRT]))
+                    done += 1
+            stop.set()
+        assert d.proc.poll() is None, "the daemon died"
+        async with httpx.AsyncClient(base_url=d.url, timeout=30) as c:
+            with trio.fail_after(30):
+                while (await c.get("/admin/status")).json()["leases"]:  # noqa: ASYNC110 (another process)
+                    await trio.sleep(0.1)
+            for model in ("p1", "p2", "p3", "q"):  # every model serves again
+                r = await c.post(CHAT, json=body(model))
+                assert r.status_code == 200, r.text
+        assert d.terminate() == 0
+    assert tally.bad == [], tally.bad[:5]
+    assert tally.ok > 0 and set(tally.codes) <= {"engine_died", "model_load_failed", "capacity_timeout"}, tally.codes
+    conn = sqlite3.connect(journal)
+    try:
+        assert check_journal(conn) == []
+        assert conn.execute("SELECT count(*) FROM leases WHERE released_at IS NULL").fetchone() == (0,)
+        died = conn.execute("SELECT count(*) FROM transitions WHERE reason = 'engine_died'").fetchone()[0]
+    finally:
+        conn.close()
+    assert died > 0
