@@ -121,6 +121,9 @@ class Daemon:
             manager.subscribe(self.journal.record)
             manager.subscribe(metrics.on_event)
             await root.start(manager.run)
+            warm = getattr(self.engines, "warm", None)  # the spare engine worker, if one will be needed
+            if warm is not None:
+                await warm(self.config.models)
             self.state = AppState(
                 manager=manager,
                 config=self.config,

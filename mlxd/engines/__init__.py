@@ -16,7 +16,7 @@ May import: :mod:`mlxd.config` (a model's settings), :mod:`mlxd.errors`,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from mlxd.engines.base import Engine
@@ -57,6 +57,14 @@ class DefaultEngines:
         self.fleet = fleet or FakeFleet()
         #: the ``faults:`` scripts of MLX models, kept across their residencies
         self.faults: dict[str, Faults] = {}
+
+    async def warm(self, models: Iterable[ModelConfig]) -> None:
+        """Start the spare worker now if an MLX model of ``models`` runs in worker processes,
+        so that even its first load finds Python started and mlx-lm imported."""
+        if any(m.engine == "mlx" and m.isolation == "process" and m.distributed is None for m in models):
+            from mlxd.engines.worker_process import SPARES
+
+            await SPARES.refill()
 
     def __call__(self, model: ModelConfig) -> Engine:
         if model.isolation == "process" or model.distributed is not None:

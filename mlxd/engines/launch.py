@@ -57,7 +57,7 @@ def plan(model: ModelConfig) -> list[RankLaunch]:
     """The workers of one residency of ``model``. Blocking (name lookups); raises LoadFailed."""
     dist = model.distributed
     if dist is None:
-        return [RankLaunch(None, worker.command())]
+        return [RankLaunch(None, worker.command(warm=model.engine == "mlx"))]
     n = dist.size
     tmp = Path(tempfile.mkdtemp(prefix=f"mlxd-{_safe(model.name)}-"))
     files: dict[str, str] = {}

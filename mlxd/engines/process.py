@@ -7,8 +7,11 @@ out of the daemon: each load starts fresh workers (:mod:`mlxd.engines.launch`:
 one, or one per rank of a ``distributed:`` model), each hosting the model's
 ordinary engine class (:mod:`mlxd.engines.worker`). The daemon side only
 relays: requests go down the pipe, tokens come up. Each worker has a
-:class:`WorkerProcess` whose one Trio system task reads and writes its frames,
-so the engine works in any Trio run without a nursery of its own.
+:class:`~mlxd.engines.worker_process.WorkerProcess` whose one Trio system task
+reads and writes its frames, so the engine works in any Trio run without a
+nursery of its own. A load of an MLX model on one machine takes the spare
+worker if one is ready (Python started, mlx-lm imported: see
+:mod:`mlxd.engines.worker_process`) and leaves a new spare behind.
 
 Cancellation. A generation whose consumer leaves sends ``cancel`` and returns
 at once (the worker's engine stops within a token, as on a thread). A load
@@ -33,8 +36,6 @@ import itertools
 import logging
 import math
 import shutil
-import signal
-import subprocess
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -51,8 +52,8 @@ from mlxd.engines.base import (
 )
 from mlxd.engines.wire import error_from_wire
 from mlxd.engines.worker import OUT_OF_STEP
+from mlxd.engines.worker_process import SPARES, WorkerProcess
 from mlxd.errors import EngineDied, EngineError, LoadFailed, MlxdError, Overloaded
-from mlxd.framing import Frames, frame
 
 log = logging.getLogger("mlxd.engines.process")
 
@@ -62,126 +63,11 @@ CANCEL_GRACE_S = 1.0
 STOP_GRACE_S = 5.0
 
 
-def describe_exit(returncode: int | None) -> str:
-    """``killed by SIGKILL``, ``exited with status 1``, ..."""
-    if returncode is None:
-        return "stopped answering"
-    if returncode == OUT_OF_STEP:
-        return "stopped: it lost step with the other ranks"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"killed by {name}" + (" (abort)" if name == "SIGABRT" else "")
-    return f"exited with status {returncode}"
-
-
 def _deliver(stream: trio.MemorySendChannel[object], item: object) -> None:
     try:
         stream.send_nowait(item)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass  # its consumer has just left
-
-
-class WorkerProcess:
-    """One worker: its process, its pipe in both directions, its end."""
-
-    def __init__(self, engine: ProcessEngine, spec: launch.RankLaunch) -> None:
-        self.engine = engine
-        self.spec = spec
-        self.rank = spec.rank.rank if spec.rank is not None else 0
-        self.label = (
-            "the engine process"
-            if spec.rank is None
-            else f"rank {self.rank}" + ("" if spec.where == "local" else f" ({spec.where})")
-        )
-        self.process: trio.Process | None = None
-        self.remote_pid: int | None = None
-        self.loaded = False
-        #: mlxd killed it (it did not die on its own)
-        self.killed = False
-        self.exited = trio.Event()
-        self._outbox: list[bytes] = []
-        self._wake = trio.Event()
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    async def start(self) -> None:
-        self.process = await trio.lowlevel.open_process(
-            self.spec.argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=self.spec.env,
-            start_new_session=True,  # a terminal's Ctrl-C is the daemon's to handle
-        )
-        trio.lowlevel.spawn_system_task(self._run, name=f"mlxd worker {self.engine.name} {self.label}")
-
-    def post(self, message: tuple[Any, ...]) -> None:
-        if not self.exited.is_set():
-            self._outbox.append(frame(message))
-            self._wake.set()
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.killed = True
-            self.process.kill()
-
-    def describe_exit(self) -> str:
-        return f"{self.label} {describe_exit(self.process.returncode if self.process else None)}"
-
-    async def _run(self) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._write)
-                await self._read()
-                nursery.cancel_scope.cancel()
-        except BaseException as e:  # a system task must never raise
-            if not isinstance(e, trio.Cancelled):  # (cancelled: the Trio run is ending)
-                log.exception("%s: the pipe of %s failed", self.engine.name, self.label)
-        finally:
-            with trio.CancelScope(shield=True):
-                await self._reap()
-            self.exited.set()
-            try:
-                self.engine._on_exit(self)
-            except Exception:
-                log.exception("%s: handling the end of %s failed", self.engine.name, self.label)
-
-    async def _reap(self) -> None:
-        if self.process is None:
-            return
-        with trio.move_on_after(2.0):  # its output ended: it is exiting
-            await self.process.wait()
-        self.kill()
-        await self.process.wait()
-
-    async def _write(self) -> None:
-        assert self.process is not None and self.process.stdin is not None
-        stream = self.process.stdin
-        try:
-            while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                data, self._outbox = b"".join(self._outbox), []
-                await stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass  # the reader sees the end too
-
-    async def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        frames = Frames()
-        while True:
-            try:
-                data = await self.process.stdout.receive_some(1 << 16)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                return
-            if not data:
-                return
-            for message in frames.feed(data):
-                self.engine._on_message(self, message)
 
 
 class ProcessEngine:
@@ -241,12 +127,15 @@ class ProcessEngine:
         self._started = True
         self._progress = progress
         progress(LoadProgress(phase="starting", detail="starting the engine process"))
+        warm = self.config.engine == "mlx" and self.config.distributed is None
         try:
             specs = await trio.to_thread.run_sync(launch.plan, self.config)
             for spec in specs:
-                w = WorkerProcess(self, spec)
+                spare = SPARES.take(self) if warm else None
+                w = spare or WorkerProcess(self, spec)
                 self._workers.append(w)
-                await w.start()
+                if spare is None:
+                    await w.start()
         except MlxdError as e:
             raise LoadFailed(e.message) from e
         except OSError as e:
@@ -259,6 +148,8 @@ class ProcessEngine:
             for w in self._workers:
                 w.post(("cancel_load",))
             raise
+        if warm:
+            await SPARES.refill()  # for the next load, while this model serves
         if self._load_error is not None:
             raise self._load_error
         self._ready = True
@@ -374,8 +265,6 @@ class ProcessEngine:
                 prefix = "" if self.config.distributed is None else f"{w.label}: "
                 self._load_error = LoadFailed(prefix + error.message)
             self._load_done.set()
-        elif kind == "hello":
-            w.remote_pid = message[1]
         elif kind == "stopped" and message[1]:
             log.warning("%s: %s stopped with an error: %s", self.name, w.label, message[1])
 

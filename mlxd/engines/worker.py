@@ -273,15 +273,20 @@ def main() -> None:
         format=f"%(asctime)s mlxd-worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
     )
     _watch_parent()
+    if "--warm" in sys.argv[2:]:
+        import mlx_lm  # noqa: F401
+
+        import mlxd.engines.mlx_text  # noqa: F401
     worker = Worker(trio.lowlevel.FdStream(receive_fd), trio.lowlevel.FdStream(send_fd))
     trio.run(worker.run)
     sys.stderr.flush()
     os._exit(0)  # the engine is stopped; skip the interpreter's teardown of MLX's statics
 
 
-def command() -> list[str]:
-    """This interpreter running :func:`main`, this ``mlxd`` importable."""
-    return child_command("mlxd.engines.worker")
+def command(*, warm: bool = False) -> list[str]:
+    """This interpreter running :func:`main`, this ``mlxd`` importable; ``warm``: it imports
+    mlx-lm before it reads anything (a spare's work done ahead of its load)."""
+    return [*child_command("mlxd.engines.worker"), *(["--warm"] if warm else [])]
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ async def two_ranks_equal_one_process(path: Path, tmp: Path, prompts: list[str])
 
 
 async def test_two_ranks_serve_the_tiny_model_like_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
-    await two_ranks_equal_one_process(tiny_model_dir, tmp_path, PROMPTS[:5])
+    await two_ranks_equal_one_process(tiny_model_dir, tmp_path, PROMPTS[:3])
 
 
 @pytest.mark.stress

@@ -20,8 +20,9 @@ import trio
 from mlxd.config import FakeSettings, ModelConfig
 from mlxd.engines.base import Finished, LoadProgress, TextDelta
 from mlxd.engines.mlx_text import MlxTextEngine
-from mlxd.engines.process import CANCEL_GRACE_S, ProcessEngine, describe_exit
+from mlxd.engines.process import CANCEL_GRACE_S, ProcessEngine
 from mlxd.engines.wire import error_from_wire, error_to_wire
+from mlxd.engines.worker_process import SPARES, describe_exit
 from mlxd.errors import (
     EngineDied,
     EngineError,
@@ -184,5 +185,11 @@ async def test_the_mlx_engine_in_a_worker_answers_as_on_a_thread(tiny_model_dir:
             assert (got_text, got_fin) == (text, fin)
         with pytest.raises(InvalidRequest, match="max_tokens"):  # raised in the worker
             await collect(engine, completion("x", max_tokens=0))  # type: ignore[arg-type]
+        # the load left a spare worker (mlx-lm imported): the next load takes it
+        spare = SPARES.pid()
+        assert spare is not None and spare not in engine.pids()
+        second = await loaded(tiny_config(tiny_model_dir, name="again", isolation="process"))
+        assert second.pids() == [spare]
+        await second.stop()
     finally:
         await engine.stop()
