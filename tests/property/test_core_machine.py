@@ -238,7 +238,8 @@ class CoreMachine(RuleBasedStateMachine):
             self.orphans.add(lid)
         self.holding.discard(model)  # its memory went with the process
         self.feed(EngineDeath(model, self.now, "killed by SIGKILL"))
-        assert self.shadow[model] in (State.FAILED, State.UNLOADED)
+        # failed (then unloaded if it was on its way out, or loading again for a waiter)
+        assert self.shadow[model] in (State.FAILED, State.UNLOADED, State.LOADING)
 
     @precondition(lambda self: bool(self.orphans))
     @rule(data=st.data())
