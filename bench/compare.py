@@ -67,6 +67,10 @@ QUESTIONS = [
 ]
 
 
+#: ``{"isolation": ...}`` for mlxd's models when ``--isolation`` is given (else mlxd's default)
+ISOLATION: dict[str, str] = {}
+
+
 # ---- setup -------------------------------------------------------------------------------
 
 
@@ -165,7 +169,9 @@ def make_server(
                 "restore_on_start": False,
                 "contention_policy": {"strategy": "wait", "wait_timeout_s": 120},
             },
-            "models": [{"name": k, "path": str(models[k]), "max_batch_size": 32} for k in keys],
+            "models": [
+                {"name": k, "path": str(models[k]), "max_batch_size": 32, **ISOLATION} for k in keys
+            ],
         }
         path = tmp / "mlxd.yaml"
         path.write_text(json.dumps(cfg))  # JSON is YAML
@@ -575,7 +581,14 @@ def main() -> int:
         "--quick", action="store_true", help="smoke pass: tiny model, 1 and 4 clients, 3 turns"
     )
     ap.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    ap.add_argument(
+        "--isolation",
+        choices=["thread", "process"],
+        help="run mlxd's models with this isolation (default: mlxd's default)",
+    )
     args = ap.parse_args()
+    if args.isolation:
+        ISOLATION["isolation"] = args.isolation
     if args.quick:
         args.models, args.clients, args.turns, args.per_client, args.single_requests = (
             "tiny",
