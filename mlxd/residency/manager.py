@@ -42,7 +42,7 @@ import trio
 
 from mlxd.config import Config, MemoryEstimate, ModelConfig
 from mlxd.engines.base import Engine, LoadProgress
-from mlxd.errors import EngineDied, EngineError, MlxdError, ModelNotFound
+from mlxd.errors import EngineDied, EngineError, ModelNotFound
 from mlxd.errors import describe_error as describe
 from mlxd.residency import views
 from mlxd.residency.core import Core
