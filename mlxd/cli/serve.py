@@ -32,11 +32,11 @@ def _setup_logging(level: str) -> None:
 def load_serve_config(args: argparse.Namespace) -> tuple[Config, Path | None]:
     """The config of ``mlxd serve`` with the CLI overrides applied."""
     from mlxd.config import builtin_demo_config, load_config
-    from mlxd.journal.reads import journal_measurements
+    from mlxd.journal.reads import Measurements, journal_measurements
 
     journal_override = Path(args.journal).expanduser() if args.journal else None
 
-    def measured(jc: JournalConfig) -> dict[str, int]:
+    def measured(jc: JournalConfig) -> Measurements:
         return journal_measurements(replace(jc, path=journal_override or jc.path))
 
     if args.config:

@@ -32,12 +32,14 @@ from mlxd.config.model import (
     JournalConfig,
     ManagerConfig,
     Measured,
+    Measurement,
     MemoryEstimate,
     ModelConfig,
     ServerConfig,
     default_state_dir,
     resolve_estimate,
     weights_bytes,
+    weights_fingerprint,
 )
 from mlxd.config.readers import Source, SourceKind, classify_source, parse_memory_size, read_yaml
 from mlxd.config.rules import Parser
@@ -54,6 +56,7 @@ __all__ = [
     "JournalConfig",
     "ManagerConfig",
     "Measured",
+    "Measurement",
     "MemoryEstimate",
     "ModelConfig",
     "ServerConfig",
@@ -67,6 +70,7 @@ __all__ = [
     "parse_memory_size",
     "resolve_estimate",
     "weights_bytes",
+    "weights_fingerprint",
 ]
 
 
@@ -78,9 +82,9 @@ def load_config(
 ) -> Config:
     """Read and validate a YAML config file (see DESIGN.md, "Config").
 
-    ``measured`` maps model names to the sizes measured after their last load
-    (the journal's ``measurements``), or is a function of the journal settings
-    that reads them. Raises :class:`ConfigError` naming the file and the key path.
+    ``measured`` maps model names to their last :class:`Measurement` (the
+    journal's ``measurements``, with the weights each was taken on), or is a
+    function of the journal settings that reads them. Raises :class:`ConfigError` naming the file and the key path.
     With ``missing_ok`` (the daemon), a local model directory that does not
     exist is not an error: the model gets ``missing`` (and a warning) instead.
     """

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import EllipsisType
 
-from mlxd.config import Config, ContentionPolicy, MemoryEstimate, ModelConfig
+from mlxd.config import Config, ContentionPolicy, Measurement, MemoryEstimate, ModelConfig
 from mlxd.config.kv import resolve_cache_sizes
 from mlxd.units import format_bytes
 
@@ -259,7 +259,7 @@ def describe_ceiling(report: MemoryBudgetReport) -> list[tuple[int, str]]:
 
 
 def describe_budget(
-    config: Config, measured: Mapping[str, int] | None = None
+    config: Config, measured: Mapping[str, Measurement] | None = None
 ) -> list[tuple[int, str]]:
     """What the estimates mean for the budget, as ``(logging level, sentence)`` pairs.
 
@@ -358,7 +358,7 @@ def _describe_group(
 
 
 def describe_model(
-    config: Config, model: ModelConfig, measured: Mapping[str, int] | None
+    config: Config, model: ModelConfig, measured: Mapping[str, Measurement] | None
 ) -> list[str]:
     """A few lines about one model: source, engine, estimate, residency, ignored keys."""
     if model.engine == "fake":
@@ -467,7 +467,7 @@ def log_memory_budget_report(
     report: MemoryBudgetReport | None = None,
     *,
     logger: logging.Logger = log,
-    measured: Mapping[str, int] | None = None,
+    measured: Mapping[str, Measurement] | None = None,
 ) -> None:
     """Log the reconciliation and the budget findings (for the daemon at start-up)."""
     report = report or build_memory_budget_report(config)

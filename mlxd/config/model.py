@@ -4,10 +4,14 @@
 by :mod:`mlxd.config.rules` from a YAML file read by :mod:`mlxd.config.readers`.
 :func:`resolve_estimate` is the one rule for a model's memory estimate
 (DESIGN.md's order: configured, measured, weight files, the fake's size).
+A measured size belongs to the weights it was measured on, not to the model's
+name: :func:`weights_fingerprint` names those weights, and a measurement applies
+only while they are the same (see :func:`resolve_estimate`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -192,6 +196,16 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Measurement:
+    """A model's footprint measured after a load, and the weights it was measured on."""
+
+    bytes: int
+    #: :func:`weights_fingerprint` of the model when it was measured; None: not known
+    #: (journaled before schema v3, or a config built in code)
+    weights: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryEstimate:
     """What a loaded model commits: ``bytes = weights + kv_cache + prompt_cache``."""
 
@@ -219,8 +233,8 @@ class Config:
     path: Path | None = None
     #: human-readable notes about accepted-but-ignored keys
     warnings: tuple[str, ...] = ()
-    #: the measured sizes the config was checked with (model name -> bytes)
-    measured: Mapping[str, int] = field(default_factory=dict, compare=False)
+    #: the measured sizes the config was checked with (model name -> measurement)
+    measured: Mapping[str, Measurement] = field(default_factory=dict, compare=False)
 
     #: the models by name (built once: a lookup per request must not scan 10,000 models)
     _by_name: dict[str, ModelConfig] = field(init=False, repr=False, compare=False)
@@ -231,11 +245,13 @@ class Config:
     def model(self, name: str) -> ModelConfig | None:
         return self._by_name.get(name)
 
-    def estimate(self, name: str, measured: Mapping[str, int] | None = None) -> MemoryEstimate:
+    def estimate(
+        self, name: str, measured: Mapping[str, Measurement] | None = None
+    ) -> MemoryEstimate:
         """The memory estimate of model ``name``: what the manager budgets and check-config prints.
 
         :func:`resolve_estimate` gives DESIGN.md's order. ``measured`` (model ->
-        bytes, from the journal) replaces the sizes the config was loaded with.
+        measurement, from the journal) replaces the ones the config was loaded with.
         Raises ``KeyError`` for an unknown model and :class:`ConfigError` if no
         estimate applies (possible only for a config built in code).
         """
@@ -263,24 +279,71 @@ class Config:
         return self.manager.idle_unload_seconds
 
 
+#: the files whose sizes make a local model's ``weights`` estimate
+WEIGHT_PATTERNS = ("*.safetensors", "*.gguf")
+
+
+def _weight_files(source: str) -> tuple[Path, list[tuple[str, int, int]]]:
+    """The resolved path of a local source and ``(relative path, size, mtime_ns)`` of each
+    of its weight files, sorted; stat only, the weights are never read."""
+    path = Path(source).expanduser()
+    try:
+        root = path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: no weights to be found there
+        return path, []
+    try:
+        if root.is_file():
+            found = [root] if any(root.match(p) for p in WEIGHT_PATTERNS) else []
+        elif root.is_dir():
+            found = [fp for pattern in WEIGHT_PATTERNS for fp in root.rglob(pattern)]
+        else:
+            return root, []
+    except OSError:  # unreadable: no weights to be found there
+        return root, []
+    files = []
+    for fp in found:
+        try:
+            st = fp.stat()  # through symlinks (a Hugging Face snapshot links to its blobs)
+        except OSError:
+            continue
+        rel = fp.name if fp == root else fp.relative_to(root).as_posix()
+        files.append((rel, st.st_size, st.st_mtime_ns))
+    return root, sorted(files)
+
+
 def weights_bytes(source: str) -> int:
     """Summed size of ``*.safetensors``/``*.gguf`` files of a local source (0 if none)."""
-    path = Path(source).expanduser()
-    if not path.exists():
-        return 0
-    if path.is_file():
-        return path.stat().st_size if path.suffix in {".safetensors", ".gguf"} else 0
-    total = 0
-    for pattern in ("*.safetensors", "*.gguf"):
-        for fp in path.rglob(pattern):
-            try:
-                total += fp.stat().st_size
-            except OSError:
-                continue
-    return total
+    return sum(size for _, size, _ in _weight_files(source)[1])
 
 
-def resolve_estimate(model: ModelConfig, measured: Mapping[str, int]) -> MemoryEstimate | None:
+def weights_fingerprint(model: ModelConfig) -> str:
+    """What a measurement of ``model`` was taken on; a measurement applies while this is unchanged.
+
+    A local source: its resolved path and each weight file's relative path, size
+    and mtime (stat only). A Hub source: its repo id (the weights mlxd loads for
+    it; a new revision is measured again when it loads). A fake: its
+    ``fake.memory_gb`` (what its engine reports). A distributed model also
+    names its number of ranks (this host measures its share).
+    """
+    h = hashlib.sha256()
+    if model.engine == "fake":
+        memory = model.fake.memory_bytes if model.fake is not None else None
+        h.update(f"fake\0{memory}".encode())
+    elif model.is_local:
+        root, files = _weight_files(model.source)
+        h.update(f"local\0{root}".encode(errors="surrogateescape"))
+        for rel, size, mtime_ns in files:
+            h.update(f"\0{rel}\0{size}\0{mtime_ns}".encode(errors="surrogateescape"))
+    else:
+        h.update(f"hub\0{model.source}".encode(errors="surrogateescape"))
+    if model.distributed is not None:
+        h.update(f"\0ranks\0{model.distributed.size}".encode())
+    return h.hexdigest()[:32]
+
+
+def resolve_estimate(
+    model: ModelConfig, measured: Mapping[str, Measurement]
+) -> MemoryEstimate | None:
     """The memory estimate of DESIGN.md: weights (explicit, measured, weight files, then the
     fake's size) plus the KV cache and the prompt cache (:func:`mlxd.config.kv.resolve_cache_sizes`).
 
@@ -297,12 +360,25 @@ def resolve_estimate(model: ModelConfig, measured: Mapping[str, int]) -> MemoryE
     return MemoryEstimate(total, weights[1], weights[0], caches.kv_cache, caches.prompt_cache)
 
 
-def resolve_weights(model: ModelConfig, measured: Mapping[str, int]) -> tuple[int, str] | None:
-    """The weights part of the estimate and its source (first that applies)."""
+def resolve_weights(
+    model: ModelConfig, measured: Mapping[str, Measurement]
+) -> tuple[int, str] | None:
+    """The weights part of the estimate and its source (first that applies).
+
+    A measurement applies only when its weights are the model's current ones
+    (:func:`weights_fingerprint`): after two models swap paths, or a weight file
+    changes, the old size is ignored until the next load measures again. A
+    measurement from before fingerprints (``weights`` None) is the last resort,
+    for a model that would otherwise have no estimate (a Hub model whose
+    ``estimated_memory_gb`` was removed once it had been measured).
+    """
     if model.estimated_memory_bytes is not None:
         return model.estimated_memory_bytes, "config"
-    if (m := measured.get(model.name)) is not None and m > 0:
-        return int(m), "measured"
+    m = measured.get(model.name)
+    if m is not None and m.bytes <= 0:
+        m = None
+    if m is not None and m.weights is not None and m.weights == weights_fingerprint(model):
+        return m.bytes, "measured"
     if model.engine != "fake":
         w = weights_bytes(model.source)
         if w > 0 and model.distributed is not None:
@@ -313,10 +389,12 @@ def resolve_weights(model: ModelConfig, measured: Mapping[str, int]) -> tuple[in
             return w, "weights"
     elif model.fake is not None and model.fake.memory_bytes is not None:
         return model.fake.memory_bytes, "fake"
+    if m is not None and m.weights is None:
+        return m.bytes, "measured"
     if model.missing is not None:
         return 0, "unknown"  # the engine refuses to load it (see ModelConfig.missing)
     return None
 
 
-#: model name -> measured bytes, or a function of the journal settings that reads them
-Measured = Mapping[str, int] | Callable[[JournalConfig], Mapping[str, int]]
+#: model name -> its latest measurement, or a function of the journal settings that reads them
+Measured = Mapping[str, Measurement] | Callable[[JournalConfig], Mapping[str, Measurement]]

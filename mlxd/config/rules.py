@@ -25,6 +25,7 @@ from mlxd.config.model import (
     JournalConfig,
     ManagerConfig,
     Measured,
+    Measurement,
     ModelConfig,
     ServerConfig,
     default_state_dir,
@@ -222,7 +223,7 @@ class Parser:
             )
         return ContentionPolicy(strategy, policy.wait_timeout_s, after)
 
-    def _models(self, top: Table, measured: Mapping[str, int]) -> tuple[ModelConfig, ...]:
+    def _models(self, top: Table, measured: Mapping[str, Measurement]) -> tuple[ModelConfig, ...]:
         raw = top.raw["models"]
         if not isinstance(raw, list):
             raise top.error("models", f"must be a list of models (got {show(raw)})")
@@ -234,7 +235,7 @@ class Parser:
     # -- one model ------------------------------------------------------------------------
 
     def _model(
-        self, index: int, raw: object, seen: dict[str, int], measured: Mapping[str, int]
+        self, index: int, raw: object, seen: dict[str, int], measured: Mapping[str, Measurement]
     ) -> ModelConfig:
         t = Table(self.source, join("models", index), raw, (*MODEL_KEYS, *ENGINE_KEYS))
         name = self._name(t, index, seen)

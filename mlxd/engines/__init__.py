@@ -19,6 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+import trio
+
+from mlxd.config import weights_fingerprint
 from mlxd.engines.base import Engine
 from mlxd.engines.fake import FakeFleet
 from mlxd.engines.faults import Faults
@@ -49,6 +52,15 @@ def in_process_engine(
     return MlxTextEngine(model, faults=faults)
 
 
+async def loaded_weights(model: ModelConfig) -> str:
+    """What a load of ``model`` has just measured (:func:`mlxd.config.weights_fingerprint`; its
+    measurement applies while that is unchanged): a stat walk of the model's files, on a thread;
+    a fake's is its settings (no thread: fakes run in virtual-time tests)."""
+    if model.engine == "fake":
+        return weights_fingerprint(model)
+    return await trio.to_thread.run_sync(weights_fingerprint, model, abandon_on_cancel=True)
+
+
 class DefaultEngines:
     """The daemon's engine factory: fakes for ``engine: fake``, MLX engines otherwise,
     in a worker process for ``isolation: process`` and ``distributed:`` models."""
@@ -77,4 +89,11 @@ class DefaultEngines:
         return in_process_engine(model, self.fleet, faults)
 
 
-__all__ = ["DefaultEngines", "Engine", "EngineFactory", "FakeFleet", "in_process_engine"]
+__all__ = [
+    "DefaultEngines",
+    "Engine",
+    "EngineFactory",
+    "FakeFleet",
+    "in_process_engine",
+    "loaded_weights",
+]

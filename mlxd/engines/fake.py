@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 
 import trio
 
-from mlxd.config import FakeSettings, ModelConfig, resolve_estimate
+from mlxd.config import (
+    FakeSettings,
+    Measurement,
+    ModelConfig,
+    resolve_estimate,
+    weights_fingerprint,
+)
 from mlxd.engines import prompt_limits
 from mlxd.engines.base import (
     Finished,
@@ -324,7 +330,9 @@ class FakeFleet:
         """
         known = self._configs.get(model.name)
         if model.name not in self.models or (known is not None and known != model):
-            est = resolve_estimate(model, self._sizes)
+            size = self._sizes.get(model.name)  # as if measured on its current settings
+            sizes = {} if size is None else {model.name: Measurement(size, weights_fingerprint(model))}
+            est = resolve_estimate(model, sizes)
             fresh = FakeModel.from_config(model, est.weights if est else 0)
             old = self.models.get(model.name)
             if old is not None:

@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mlxd.config import JournalConfig
+from mlxd.config import JournalConfig, Measurement
 from mlxd.errors import ConfigError, JournalError
 
 log = logging.getLogger("mlxd.journal")
@@ -124,13 +124,28 @@ def read_events_after(
     return out
 
 
-def read_latest_measurements(conn: sqlite3.Connection) -> dict[str, int]:
-    """Each model's most recently measured footprint in bytes."""
-    # SQLite takes the bare column from the row that holds max(): the latest measurement.
-    rows = conn.execute(
-        "SELECT model, memory_bytes, max(at) FROM measurements GROUP BY model"
-    ).fetchall()
-    return {model: int(memory) for model, memory, _ in rows}
+#: model name -> its latest measurement (the memory estimate's second source)
+Measurements = dict[str, Measurement]
+
+#: each model's latest measurement with the weights it was taken on (schema v3); SQLite takes
+#: the bare columns from the row that holds max(): the latest measurement
+LATEST_MEASUREMENTS = (
+    "SELECT m.model, m.memory_bytes, max(m.at), w.weights FROM measurements m"
+    " LEFT JOIN measurement_weights w ON w.model = m.model AND w.at = m.at GROUP BY m.model"
+)
+#: the same on a file not migrated to v3 yet (read-only readers never migrate): weights unknown
+LATEST_MEASUREMENTS_V2 = (
+    "SELECT model, memory_bytes, max(at), NULL FROM measurements GROUP BY model"
+)
+
+
+def read_latest_measurements(conn: sqlite3.Connection) -> Measurements:
+    """Each model's most recent measurement: its footprint in bytes and its weights' fingerprint."""
+    has_weights = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'measurement_weights'"
+    ).fetchone()
+    rows = conn.execute(LATEST_MEASUREMENTS if has_weights else LATEST_MEASUREMENTS_V2).fetchall()
+    return {model: Measurement(int(memory), weights) for model, memory, _, weights in rows}
 
 
 # ---- the CLI --------------------------------------------------------------------------------
@@ -154,8 +169,8 @@ def parse_since(text: str, *, now: float | None = None, name: str = "--since") -
     return dt.timestamp()  # a naive datetime is taken as local time
 
 
-def journal_measurements(journal: JournalConfig) -> dict[str, int]:
-    """The latest measured size of each model in the journal (read-only; {} if none).
+def journal_measurements(journal: JournalConfig) -> Measurements:
+    """The latest measurement of each model in the journal (read-only; {} if none).
 
     Used as ``load_config(..., measured=journal_measurements)`` so that
     ``check-config`` sees the same estimates as the daemon. Never creates or
@@ -177,7 +192,7 @@ def journal_measurements(journal: JournalConfig) -> dict[str, int]:
     except (JournalError, sqlite3.Error) as e:  # not a journal yet, locked, or an older schema
         log.debug("could not read measurements from %s: %s", path, e)
         return {}
-    return {model: size for model, size in found.items() if size > 0}
+    return {model: m for model, m in found.items() if m.bytes > 0}
 
 
 class JournalFile:
@@ -226,7 +241,7 @@ class JournalFile:
         with self._reader() as conn:
             return read_events_after(conn, seq, limit)
 
-    def latest_measurements(self) -> dict[str, int]:
-        """Each model's latest measured footprint in bytes (the memory estimate's second source)."""
+    def latest_measurements(self) -> Measurements:
+        """Each model's latest measurement (the memory estimate's second source)."""
         with self._reader() as conn:
             return read_latest_measurements(conn)

@@ -64,6 +64,7 @@ RELEASE_LEASE = (
 INSERT_MEASUREMENT = (
     "INSERT INTO measurements(model, at, memory_bytes, load_seconds) VALUES (?, ?, ?, ?)"
 )
+INSERT_MEASUREMENT_WEIGHTS = "INSERT INTO measurement_weights(model, at, weights) VALUES (?, ?, ?)"
 END_RUN = "UPDATE runs SET stopped_at = ?, clean_stop = ? WHERE id = ?"
 
 
@@ -169,6 +170,11 @@ def _lease_row(run_id: int, w: Wire) -> list[Any]:
     return [lease_id, run_id, model, request_id, route, at, None, None, None, None]
 
 
+def _weights_row(w: Wire) -> tuple[Any, ...]:
+    _, model, at, _, _, weights = w
+    return (model, at, weights)
+
+
 def _release_row(w: Wire) -> tuple[Any, ...]:
     _, lease_id, _, outcome, at, prompt_tokens, completion_tokens, _ = w
     return (at, outcome, prompt_tokens, completion_tokens, lease_id)
@@ -205,7 +211,9 @@ def prepare(item: Item) -> tuple[Op, ...]:
     if code == END:
         return ((END_RUN, (w[1], 1 if w[2] else 0, run_id), True),)
     if code == MEASUREMENT:
-        return ((INSERT_MEASUREMENT, w[1:], False),)
+        if w[5] is None:
+            return ((INSERT_MEASUREMENT, w[1:5], False),)
+        return ((INSERT_MEASUREMENT, w[1:5], False), (INSERT_MEASUREMENT_WEIGHTS, _weights_row(w), False))
     event_op: Op = (INSERT_EVENT, event_row(seq, run_id, w), False)
     if code == TRANSITION:
         return (event_op, (INSERT_TRANSITION, _transition_row(seq, run_id, w), False))
@@ -229,6 +237,7 @@ def plan(items: list[Item]) -> Plan:
     leases: dict[str, list[Any]] = {}
     releases: list[tuple[Any, ...]] = []
     measurements: list[tuple[Any, ...]] = []
+    weights: list[tuple[Any, ...]] = []
     ends: list[tuple[Any, ...]] = []
     for seq, run_id, w in items:
         code = w[0]
@@ -245,7 +254,9 @@ def plan(items: list[Item]) -> Plan:
         elif code == TRANSITION:
             transitions.append(_transition_row(seq, run_id, w))
         elif code == MEASUREMENT:
-            measurements.append(w[1:])
+            measurements.append(w[1:5])
+            if w[5] is not None:
+                weights.append(_weights_row(w))
             continue
         elif code == END:
             ends.append((w[1], 1 if w[2] else 0, run_id))
@@ -258,6 +269,7 @@ def plan(items: list[Item]) -> Plan:
         (INSERT_TRANSITION, transitions),
         (INSERT_LEASE, [tuple(r) for r in leases.values()]),
         (INSERT_MEASUREMENT, measurements),
+        (INSERT_MEASUREMENT_WEIGHTS, weights),
     ]
     updates = [(RELEASE_LEASE, releases), (END_RUN, ends)]
     return Plan(

@@ -69,6 +69,9 @@ class MeasurementEvent:
     at: float
     memory_bytes: int
     load_seconds: float
+    #: the fingerprint of the weights measured (``mlxd.config.weights_fingerprint``):
+    #: the measurement applies only while the model's weights have this one
+    weights: str | None = None
 
     kind = "measurement"
 

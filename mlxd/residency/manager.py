@@ -40,7 +40,8 @@ from typing import Any
 
 import trio
 
-from mlxd.config import Config, MemoryEstimate, ModelConfig
+from mlxd.config import Config, Measurement, MemoryEstimate, ModelConfig
+from mlxd.engines import loaded_weights
 from mlxd.engines.base import Engine, LoadProgress
 from mlxd.errors import EngineDied, EngineError, ModelNotFound
 from mlxd.errors import describe_error as describe
@@ -100,7 +101,7 @@ class Manager:
         config: Config,
         engines: EngineFactory,
         *,
-        measured: Mapping[str, int] | None = None,
+        measured: Mapping[str, Measurement] | None = None,
         wall_clock: Callable[[], float] = time.time,
         stop_timeout_s: float | None = None,
         load_gate: Callable[[], str | None] | None = None,
@@ -109,7 +110,7 @@ class Manager:
         refuses new loads (e.g. the journal cannot write), None allows them."""
         self.config = config
         self._engines_factory = engines
-        self._measured: dict[str, int] = dict(measured or {})
+        self._measured: dict[str, Measurement] = dict(measured or {})
         self._wall = wall_clock
         self._stops = EngineStops(stop_timeout_s or config.manager.stop_timeout_s)
         self._load_gate_probe = load_gate
@@ -367,8 +368,8 @@ class Manager:
     def loads_in_flight(self) -> list[views.LoadInfo]:
         return list(self._loads.values())
 
-    def measured(self) -> dict[str, int]:
-        """Each model's latest measured footprint (bytes), as known to this run."""
+    def measured(self) -> dict[str, Measurement]:
+        """Each model's latest measurement (bytes and weights), as known to this run."""
         return dict(self._measured)
 
     def expected_load_seconds(self, model: str) -> float | None:
@@ -524,6 +525,7 @@ class Manager:
         error: str | None = None
         died = False
         engine: Engine | None = None
+        weights: str | None = None
         t0 = trio.current_time()
 
         def progress(p: LoadProgress) -> None:
@@ -536,6 +538,7 @@ class Manager:
                         raise ModelNotFound(model)
                     engine = self._engines_factory(self._engine_config(mc))
                     await engine.load(progress)
+                    weights = await loaded_weights(mc)
                 except Exception as e:
                     log.warning("loading %s failed: %s", model, describe(e))
                     error = describe(e)
@@ -558,23 +561,20 @@ class Manager:
             if scope.cancel_called:
                 self._dispatch(LoadAborted(model, load_id, trio.current_time(), stop_error))
             else:
-                self._dispatch(
-                    LoadFinished(
-                        model, load_id, trio.current_time(), error, stop_error, died=died
-                    )
-                )
+                at = trio.current_time()
+                self._dispatch(LoadFinished(model, load_id, at, error, stop_error, died=died))
             return
         assert engine is not None
         self._engines[model] = engine
         self._load_seconds[model] = now - t0
         measured = engine.measured_bytes()
         if measured:
-            self._measured[model] = measured
-            self._emit(MeasurementEvent(model, self._wall(), measured, now - t0))
+            self._measured[model] = Measurement(measured, weights)
+            self._emit(MeasurementEvent(model, self._wall(), measured, now - t0, weights))
             if mc is not None and mc.estimated_memory_bytes is None:
-                self._memory_source[model] = "measured"
                 # the weights measured, plus the caches (known now that the files exist)
                 est = self.config.estimate(model, self._measured)
+                self._memory_source[model] = est.source
                 self._estimates[model] = est
                 self._dispatch(SetSize(model, est.bytes, now))
         assert self._nursery is not None

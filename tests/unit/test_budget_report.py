@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlxd.cli import main
-from mlxd.config import ContentionPolicy, JournalConfig, load_config, parse_config
+from mlxd.config import ContentionPolicy, JournalConfig, Measurement, load_config, parse_config
 from mlxd.config.budget import (
     MemoryBudgetReport,
     build_memory_budget_report,
@@ -144,23 +144,45 @@ def test_import_does_not_import_mlx() -> None:
 # ---- journal measurements ----------------------------------------------------------------
 
 
-def make_journal(path: Path, rows: list[tuple[str, float, int]]) -> None:
+def make_journal(
+    path: Path,
+    rows: list[tuple[str, float, int]],
+    weights: list[tuple[str, float, str]] | None = None,
+    *,
+    version: int | None = None,
+) -> None:
+    """A journal (at the latest schema, or ``version``) with these measurements and fingerprints."""
     con = sqlite3.connect(path)
-    for sql in sorted(migrations_dir().glob("*.sql")):
+    for sql in sorted(migrations_dir().glob("*.sql"))[:version]:
         con.executescript(sql.read_text())
     con.executemany(
         "INSERT INTO measurements(model, at, memory_bytes, load_seconds) VALUES (?, ?, ?, 1.0)",
         rows,
     )
+    if weights:
+        con.executemany(
+            "INSERT INTO measurement_weights(model, at, weights) VALUES (?, ?, ?)", weights
+        )
     con.commit()
     con.close()
 
 
 def test_journal_measurements_takes_the_latest_per_model(tmp_path: Path) -> None:
-    """The newest measurement of each model wins; non-positive sizes are skipped."""
+    """The newest measurement of each model wins, with its own weights; non-positive sizes are skipped."""
     path = tmp_path / "j.db"
-    make_journal(path, [("a", 2.0, 200), ("a", 1.0, 100), ("b", 5.0, 50), ("c", 1.0, 0)])
-    assert journal_measurements(JournalConfig(path)) == {"a": 200, "b": 50}
+    rows = [("a", 2.0, 200), ("a", 1.0, 100), ("b", 5.0, 50), ("c", 1.0, 0)]
+    make_journal(path, rows, [("a", 1.0, "old"), ("a", 2.0, "new"), ("c", 1.0, "c")])
+    assert journal_measurements(JournalConfig(path)) == {
+        "a": Measurement(200, "new"),
+        "b": Measurement(50, None),
+    }
+
+
+def test_journal_measurements_of_a_journal_before_v3(tmp_path: Path) -> None:
+    """A journal not migrated to v3 yet (no measurement_weights) gives its sizes with unknown weights."""
+    path = tmp_path / "j.db"
+    make_journal(path, [("a", 2.0, 200)], version=2)
+    assert journal_measurements(JournalConfig(path)) == {"a": Measurement(200, None)}
 
 
 def test_journal_measurements_of_missing_or_garbage_file(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from mlxd.config import (
     Config,
     ContentionPolicy,
     JournalConfig,
+    Measurement,
     ModelConfig,
     builtin_demo_config,
     default_state_dir,
@@ -20,6 +21,7 @@ from mlxd.config import (
     parse_config,
     parse_memory_size,
     resolve_estimate,
+    weights_fingerprint,
 )
 from mlxd.engines.fake import FakeFleet
 from mlxd.errors import ConfigError
@@ -329,7 +331,10 @@ def test_estimate_order_explicit_then_measured_then_weights(tmp_path: Path) -> N
         "  - {name: weights, path: ./m}\n"
     )
     path = write(tmp_path, text)
-    config = load_config(path, measured={"explicit": 99, "measured": 4242})
+    weights = weights_fingerprint(load_config(path).model("measured"))  # type: ignore[arg-type]
+    config = load_config(
+        path, measured={"explicit": Measurement(99, weights), "measured": Measurement(4242, weights)}
+    )
     assert config.model("weights").source == str(model_dir)  # type: ignore[union-attr]
     assert (
         config.estimate("explicit").bytes == GIB and config.estimate("explicit").source == "config"
@@ -343,7 +348,7 @@ def test_estimate_order_explicit_then_measured_then_weights(tmp_path: Path) -> N
         "weights",
     )
     # A later measurement passed by the daemon replaces the one the config was loaded with.
-    assert config.estimate("weights", {"weights": 77}).bytes == 77
+    assert config.estimate("weights", {"weights": Measurement(77, weights)}).bytes == 77
 
 
 def test_gguf_weights_count(tmp_path: Path) -> None:
@@ -360,8 +365,9 @@ def test_measured_size_admits_hub_model_across_restarts(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"^models\[0\]\.estimated_memory_gb: required"):
         load_config(path)
-    first = load_config(path, measured={"q": 123_456})
-    second = load_config(path, measured={"q": 123_456})
+    measured = {"q": Measurement(123_456, weights_fingerprint(ModelConfig("q", HUB)))}
+    first = load_config(path, measured=measured)
+    second = load_config(path, measured=measured)
     assert first.estimate("q") == second.estimate("q")
     assert first.estimate("q").source == "measured"
 
@@ -370,9 +376,9 @@ def test_measured_may_be_read_from_the_journal_settings(tmp_path: Path) -> None:
     """``measured`` may be a function of the parsed journal settings (read before the models)."""
     seen: list[JournalConfig] = []
 
-    def read(journal: JournalConfig) -> dict[str, int]:
+    def read(journal: JournalConfig) -> dict[str, Measurement]:
         seen.append(journal)
-        return {"q": 5}
+        return {"q": Measurement(5, weights_fingerprint(ModelConfig("q", HUB)))}
 
     text = f"journal: {{path: j.db}}\nmanager: {{memory_budget_gb: 8}}\nmodels:\n  - {{name: q, path: {HUB}}}\n"
     config = load_config(write(tmp_path, text), measured=read)
@@ -384,7 +390,8 @@ def test_fake_memory_is_the_last_resort(tmp_path: Path) -> None:
     """A fake model without estimated_memory_gb uses fake.memory_gb, after a measured size."""
     raw = one_model("  - {name: f, engine: fake, fake: {memory_gb: 2}}\n")
     assert parse_config(raw).estimate("f").source == "fake"
-    assert parse_config(raw, measured={"f": 9}).estimate("f").source == "measured"
+    weights = weights_fingerprint(parse_config(raw).model("f"))  # type: ignore[arg-type]
+    assert parse_config(raw, measured={"f": Measurement(9, weights)}).estimate("f").source == "measured"
     explicit = one_model(
         "  - {name: f, engine: fake, estimated_memory_gb: 1, fake: {memory_gb: 2}}\n"
     )
@@ -394,8 +401,10 @@ def test_fake_memory_is_the_last_resort(tmp_path: Path) -> None:
 def test_resolve_estimate_ignores_non_positive_measurements() -> None:
     """A zero or negative measurement is not an estimate."""
     model = ModelConfig(name="x", source="org/x", estimated_memory_bytes=None)
-    assert resolve_estimate(model, {"x": 0}) is None
-    assert resolve_estimate(model, {"x": 10}).bytes == 10  # type: ignore[union-attr]
+    weights = weights_fingerprint(model)
+    assert resolve_estimate(model, {"x": Measurement(0, weights)}) is None
+    assert resolve_estimate(model, {"x": Measurement(-1, weights)}) is None
+    assert resolve_estimate(model, {"x": Measurement(10, weights)}).bytes == 10  # type: ignore[union-attr]
 
 
 def test_estimate_of_unknown_model_is_a_key_error() -> None:
@@ -538,8 +547,8 @@ def test_the_manager_budgets_with_the_configs_own_rules(tmp_path: Path) -> None:
              "idle_unload_seconds": 9},
         ],
     }
-    measured = {"measured": 3 * GIB}
     config = parse_config(raw, path=tmp_path / "models.yaml")
+    measured = {"measured": Measurement(3 * GIB, weights_fingerprint(config.models[1]))}
     manager = Manager(config, FakeFleet(), measured=measured)
     for model in config.models:
         spec = manager.core.models[model.name].spec

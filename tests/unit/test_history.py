@@ -84,7 +84,7 @@ async def _fill(path: Path) -> None:
     await run(
         [
             *load("qwen", DAY1, Reason.RESTORE, mib=600),
-            MeasurementEvent("qwen", DAY1 + 2, 600 * MIB, 4.0),
+            MeasurementEvent("qwen", DAY1 + 2, 600 * MIB, 4.0, "qwen-weights-1"),
             *load("llama", DAY1 + 100),
             MeasurementEvent("llama", DAY1 + 102, 300 * MIB, 1.0),
             *lease("p1", "llama", DAY1 + 200, 2.0, Outcome.PREEMPTED, 10),
@@ -95,7 +95,7 @@ async def _fill(path: Path) -> None:
             TransitionEvent("llama", State.DRAINING, State.UNLOADING, Reason.EVICTED, DAY1 + 601),
             TransitionEvent("llama", State.UNLOADING, State.UNLOADED, Reason.EVICTED, DAY1 + 602),
             *load("qwen", DAY2),
-            MeasurementEvent("qwen", DAY2 + 2, 550 * MIB, 3.0),
+            MeasurementEvent("qwen", DAY2 + 2, 550 * MIB, 3.0, "qwen-weights-2"),
             *lease("p3", "qwen", DAY2 + 100, 3.0, Outcome.PREEMPTED, 7),
             *evict_idle("qwen", DAY2 + 200),
             *load("qwen", DAY2 + 300),
@@ -302,9 +302,9 @@ def run_query(journal: Path, sql: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-def test_docs_have_five_queries() -> None:
-    """docs/journal.md documents exactly the five tested queries."""
-    assert len(doc_queries()) == 5
+def test_docs_have_six_queries() -> None:
+    """docs/journal.md documents exactly the six tested queries."""
+    assert len(doc_queries()) == 6
 
 
 async def test_doc_query_recent_transitions(journal: Path) -> None:
@@ -347,4 +347,13 @@ async def test_doc_query_load_time_trend(journal: Path) -> None:
         ("llama", local_day(DAY1), 1, 1.0, 1.0, 300.0),
         ("qwen", local_day(DAY1), 2, 3.0, 4.0, 600.0),  # 09:00 and 10:00 the same day
         ("qwen", local_day(DAY2), 1, 3.0, 3.0, 550.0),
+    ]
+
+
+async def test_doc_query_measurements_and_their_weights(journal: Path) -> None:
+    """Query 6 gives each model's latest measurement with its weights' fingerprint (NULL before v3)."""
+    at = lambda t: datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")  # noqa: E731
+    assert run_query(journal, doc_queries()[5]) == [
+        ("llama", at(DAY1 + 102), 300.0, None),
+        ("qwen", at(DAY2 + 2), 550.0, "qwen-weights-2"),
     ]

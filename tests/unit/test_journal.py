@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import trio
 
+from mlxd.config import Measurement
 from mlxd.errors import ConfigError, JournalError
 from mlxd.journal.journal import Journal
 from mlxd.journal.migrate import open_database, open_readonly
@@ -407,16 +408,16 @@ async def test_a_newer_schema_refuses_to_start(tmp_path: Path) -> None:
 
 
 async def test_readers_latest_measurements_and_filters(tmp_path: Path) -> None:
-    """latest_measurements keeps each model's newest size; history/leases filter by model, since and limit."""
+    """latest_measurements keeps each model's newest size and weights; history/leases filter by model, since and limit."""
     async with running(tmp_path / "j.db") as j:
-        j.record(MeasurementEvent("a", 1.0, 100, 1.0))
-        j.record(MeasurementEvent("a", 3.0, 300, 1.0))
+        j.record(MeasurementEvent("a", 1.0, 100, 1.0, "w1"))
+        j.record(MeasurementEvent("a", 3.0, 300, 1.0, "w3"))
         j.record(MeasurementEvent("b", 2.0, 200, 1.0))
         for e in [*load_path("a", at=10.0), *load_path("b", at=20.0)]:
             j.record(e)
         j.record(LeaseAcquired("x", "a", None, None, 30.0))
         await j.wait_committed()
-        assert j.latest_measurements() == {"a": 300, "b": 200}
+        assert j.latest_measurements() == {"a": Measurement(300, "w3"), "b": Measurement(200)}
         assert [r["model"] for r in j.history(model="b")] == ["b", "b"]
         assert [r["at"] for r in j.history(since=15.0)] == [20.0, 20.0]
         assert [r["to_state"] for r in j.history(limit=1)] == ["loaded"]
