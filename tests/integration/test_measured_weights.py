@@ -43,8 +43,9 @@ def config(paths: dict[str, Path]) -> dict[str, Any]:
 
 
 def estimates(c: httpx.Client) -> dict[str, tuple[str, int]]:
-    """Each model's (memory_source, memory_bytes) as the daemon budgets it."""
-    return {m["id"]: (m["memory_source"], m["memory_bytes"]) for m in c.get("/v1/models").json()["data"]}
+    """Each model's (memory_source, weights bytes) as the daemon budgets it."""
+    models = c.get("/v1/models").json()["data"]
+    return {m["id"]: (m["memory_source"], m["memory"]["weights"]) for m in models}
 
 
 def check_config(path: Path, state: Path) -> str:
