@@ -17,6 +17,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mlxd.config import Measurement
 from mlxd.errors import JournalError
 from mlxd.journal.journal import Journal
 from mlxd.journal.rows import EndRun, decode, encode, event_json
@@ -142,7 +143,7 @@ async def test_a_killed_writer_is_replaced_without_losing_a_record(tmp_path: Pat
         assert j.healthy and j.restarts == 1 and j.writer_pid not in (None, pid)
         await j.wait_committed(j.record(LeaseReleased("L", "m", Outcome.COMPLETED, 3.0)))
         assert [(r["id"], r["outcome"]) for r in j.leases()] == [("A", None), ("L", "completed")]
-        assert j.latest_measurements() == {"m": 100}
+        assert j.latest_measurements() == {"m": Measurement(100)}
     with pytest.raises(JournalError, match="closed"):
         j.record(LeaseAcquired("L2", "m", None, None, 1.0))
 

@@ -50,7 +50,7 @@ def test_a_100k_row_journal_keeps_every_row_and_prints_the_same_history(
     assert all(tuple(r) == LEASE_COLUMNS_V1 for r in leases)  # a v1 file reads without `client`
 
     assert cli.main(["migrate", "--journal", str(path)]) == 0
-    assert "migrated from v1 to v2" in capsys.readouterr().out
+    assert "migrated from v1 to v3" in capsys.readouterr().out  # v3 only adds a table
 
     after = _dump(path)
     for table in ("runs", "events", "transitions", "measurements"):
@@ -64,7 +64,7 @@ def test_a_100k_row_journal_keeps_every_row_and_prints_the_same_history(
     conn = open_readonly(path)
     try:
         assert check_journal(conn) == []
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
         assert conn.execute("SELECT pruned_through FROM retention").fetchone()[0] == 0
         assert conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 0
     finally:
