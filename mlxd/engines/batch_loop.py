@@ -39,7 +39,7 @@ from typing import Any
 
 from mlxd.engines import memory
 from mlxd.engines.base import TokenLogprob
-from mlxd.engines.mlx_thread import Job, PrefillProgress
+from mlxd.engines.mlx_thread import Job, Outbox, PrefillProgress
 from mlxd.engines.prompt_cache import PromptCache
 from mlxd.engines.streaming import StopText, deliver_token
 
@@ -113,6 +113,7 @@ class BatchLoop:
         prefill_step: int,
         prompt_cache_bytes: int,
         on_done: DoneCallback,
+        outbox: Outbox,
     ) -> None:
         self._submit = submit  # runs a callable on the engine's MLX thread
         self._model = model  # () -> (model, tokenizer), read on the MLX thread
@@ -120,6 +121,7 @@ class BatchLoop:
         self.prefill_step = prefill_step
         self.prompt_cache_bytes = prompt_cache_bytes
         self._on_done = on_done
+        self._outbox = outbox
         self._lock = threading.Lock()
         # invariant: _running is True exactly while run() is queued on or running on the thread
         self._inbox: collections.deque[Job] = collections.deque()
@@ -198,6 +200,11 @@ class BatchLoop:
 
     def _step(self) -> None:
         """One ``BatchGenerator.next()`` and its deliveries (its arrays die with this frame)."""
+        if any(s.n_tokens == 0 for s in self._seqs.values()):
+            # a newcomer's prefill chunk may make this step long: the text held back
+            # (Job.emit) goes out now rather than after it
+            for s in self._seqs.values():
+                s.job.flush()
         try:
             prompt_responses, gen_responses = self._gen.next()
         except Exception as e:
@@ -205,8 +212,9 @@ class BatchLoop:
             self._fail_all(e)
             return
         self.steps += 1
-        self._progress(prompt_responses)
-        self._deliver(gen_responses)
+        with self._outbox.holding():  # one wake-up of the Trio thread for the whole step
+            self._progress(prompt_responses)
+            self._deliver(gen_responses)
         if self.steps % 16 == 0 and self._gen is not None:
             self.kv_bytes = int(self._gen.prompt_cache_nbytes)
             self.kv_peak_bytes = max(self.kv_peak_bytes, self.kv_bytes)

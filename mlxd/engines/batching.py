@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxd.engines.batch_loop import BatchLoop
-from mlxd.engines.mlx_thread import Job, MlxThread, SerialScheduler, call_soon
+from mlxd.engines.mlx_thread import Job, MlxThread, Outbox, SerialScheduler, call_soon
 from mlxd.errors import InvalidRequest
 from mlxd.units import format_bytes
 
@@ -99,6 +99,7 @@ class BatchScheduler(SerialScheduler):
         kv_budget: int,
         kv_bytes_per_token: int | None,
         prompt_cache_bytes: int,
+        outbox: Outbox,
     ) -> BatchScheduler:
         """A scheduler and its :class:`BatchLoop` on ``thread`` (``model() -> (model, tokenizer)``)."""
         box: list[BatchScheduler] = []
@@ -109,6 +110,7 @@ class BatchScheduler(SerialScheduler):
             prefill_step=prefill_step,
             prompt_cache_bytes=prompt_cache_bytes,
             on_done=lambda job, error: box[0].done_on_thread(job, error),
+            outbox=outbox,
         )
         box.append(
             cls(

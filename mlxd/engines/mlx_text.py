@@ -57,6 +57,7 @@ from mlxd.engines.mlx_thread import (
     GenerationStats,
     Job,
     MlxThread,
+    Outbox,
     PrefillProgress,
     SerialScheduler,
     Sink,
@@ -141,6 +142,8 @@ class MlxTextEngine:
         #: the model's context and prompt cap (known once the load found its config.json)
         self.limits = prompt_limits.limits_of(model, None)
         self._thread: MlxThread | None = None
+        #: every generation's events reach Trio through this one outbox (few wake-ups)
+        self._outbox: Outbox | None = None
         self._scheduler: SerialScheduler | None = None
         #: the decode loop of a batched model (None: generations run one at a time)
         self.batch: BatchLoop | None = None
@@ -186,7 +189,8 @@ class MlxTextEngine:
             raise LoadFailed(f"{self.name}: {e.message}") from e
         except Exception as e:
             raise LoadFailed(f"{self.name}: cannot load {path}: {describe_load_error(e)}") from e
-        self._scheduler = self._make_scheduler(self._thread)
+        self._outbox = outbox = Outbox()
+        self._scheduler = self._make_scheduler(self._thread, outbox)
         self.load_seconds = time.monotonic() - t0
         self._ready = True
         size = self._measured or 0
@@ -264,7 +268,7 @@ class MlxTextEngine:
         except Exception:
             return False
 
-    def _make_scheduler(self, thread: MlxThread) -> SerialScheduler:
+    def _make_scheduler(self, thread: MlxThread, outbox: Outbox) -> SerialScheduler:
         """Batched (continuous batching) when ``max_batch_size`` > 1 and the model can; else serial."""
         mc = self.config
         if mc.max_batch_size <= 1 or not self.can_batch:
@@ -280,6 +284,7 @@ class MlxTextEngine:
             kv_budget=self.kv_cache_bytes,
             kv_bytes_per_token=self.kv_bytes_per_token,
             prompt_cache_bytes=self.prompt_cache_bytes,
+            outbox=outbox,
         )
         self.batch = scheduler.loop
         return scheduler
@@ -414,7 +419,7 @@ class MlxTextEngine:
             kv_tokens = n + capped
         scheduler.check_capacity()
         data = await self._job_data(request)
-        job = Job(request=request, sink=Sink(), data=data, kv_tokens=kv_tokens)
+        job = Job(request=request, sink=Sink(self._outbox), data=data, kv_tokens=kv_tokens)
         job.stats.request_id = request.request_id
         scheduler.submit(job)
         self.history.append(job.stats)

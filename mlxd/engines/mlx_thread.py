@@ -38,14 +38,15 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import outcome
 import trio
 
-from mlxd.engines.base import GenerationRequest
+from mlxd.engines.base import GenerationRequest, TextDelta
 from mlxd.errors import EngineError, Overloaded
 
 log = logging.getLogger(__name__)
@@ -235,18 +236,73 @@ def _close_live_threads() -> None:  # pragma: no cover - exercised by the cycle 
         t.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-class Sink:
-    """An unbounded channel from an MLX thread into Trio; ``put`` never blocks the thread."""
+class Outbox:
+    """Items from an MLX thread into Trio, with one wake-up of the Trio thread for all that waits.
+
+    ``put`` appends; the first item put while no wake-up is pending schedules one
+    (``run_sync_soon``), and the items put before it runs ride along. While
+    :meth:`holding` (the batch loop, over one decode step's deliveries), nothing is
+    scheduled until the hold ends: one wake-up carries every stream's token.
+    """
 
     def __init__(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
+        self._lock = threading.Lock()
+        self._items: list[tuple[Sink, object]] = []
+        self._scheduled = False
+        self._holds = 0
+
+    def put(self, sink: Sink, item: object) -> None:
+        """Thread-safe: queue ``item`` for ``sink``."""
+        with self._lock:
+            self._items.append((sink, item))
+            if self._scheduled or self._holds:
+                return
+            self._scheduled = True
+        call_soon(self._token, self._drain)
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold the wake-up until the block ends (then one carries everything put in it)."""
+        with self._lock:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holds -= 1
+                wake = not self._holds and bool(self._items) and not self._scheduled
+                if wake:
+                    self._scheduled = True
+            if wake:
+                call_soon(self._token, self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        for sink, item in items:
+            sink._deliver(item)
+
+
+_CLOSE = object()
+
+
+class Sink:
+    """An unbounded channel from an MLX thread into Trio; ``put`` never blocks the thread."""
+
+    def __init__(self, outbox: Outbox | None = None) -> None:
+        self._outbox = outbox if outbox is not None else Outbox()
         self.send, self.receive = trio.open_memory_channel[object](math.inf)
 
     def put(self, item: object) -> None:
         """Thread-safe: deliver ``item`` to the receiving side (dropped if it has gone)."""
-        call_soon(self._token, self._deliver, item)
+        self._outbox.put(self, item)
 
     def _deliver(self, item: object) -> None:
+        if item is _CLOSE:
+            self.send.close()
+            return
         try:
             self.send.send_nowait(item)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -254,7 +310,7 @@ class Sink:
 
     def close_soon(self) -> None:
         """Thread-safe: close the sending side after the items already put."""
-        call_soon(self._token, self.send.close)
+        self._outbox.put(self, _CLOSE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +327,11 @@ class TokenTick:
 
 
 TOKEN_TICK = TokenTick()
+
+#: a stream's text reaches its consumer at most this often (its first token at once): a model
+#: faster than 1 / interval tokens per second sends a few tokens per event, which saves
+#: the Trio thread a wake-up, a relay and an HTTP write per token
+STREAM_INTERVAL_S = 0.010
 
 
 @dataclass(slots=True)
@@ -331,9 +392,42 @@ class Job:
     #: KV tokens this job may grow to (prompt + max_tokens): what batch admission reserves
     kv_tokens: int = 0
 
+    #: text events not sent yet, and when text was last sent (MLX thread only; see emit)
+    _held: list[TextDelta | TokenTick] = field(default_factory=list, init=False, repr=False)
+    _sent_at: float | None = field(default=None, init=False, repr=False)
+
     def emit(self, item: object) -> None:
-        """Thread-safe: send an event to the consumer."""
+        """Send an event to the consumer (from the thread that runs the job).
+
+        Text (``TextDelta``, ``TokenTick``) is held while the last text went out less
+        than :data:`STREAM_INTERVAL_S` ago, then sent as one delta; any other event
+        sends the held text first, so the order never changes.
+        """
+        if isinstance(item, (TextDelta, TokenTick)):
+            self._held.append(item)
+            if self._sent_at is not None and time.monotonic() - self._sent_at < STREAM_INTERVAL_S:
+                return
+            self.flush()
+            return
+        self.flush()
         self.sink.put(item)
+
+    def flush(self) -> None:
+        """Send the held text now (one ``TextDelta``, or one ``TokenTick`` if it has none)."""
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        deltas = [h for h in held if isinstance(h, TextDelta)]
+        if not deltas:
+            self.sink.put(TOKEN_TICK)
+            return
+        delta = deltas[0] if len(deltas) == 1 else TextDelta(
+            "".join(d.text for d in deltas), tuple(lp for d in deltas for lp in d.logprobs)
+        )
+        if delta.text:
+            self._sent_at = time.monotonic()
+        self.sink.put(delta)
 
     def request_cancel(self) -> None:
         """Ask the MLX thread to stop this job (within one token / one prefill chunk)."""
