@@ -30,7 +30,7 @@ ISOLATIONS = ("thread", "process")
 BACKENDS = ("ring", "jaccl", "mpi")
 #: where an ``engine: mlx`` model runs when its config does not say (``engine: fake``
 #: models run in the daemon unless they say ``isolation: process``); chosen by
-#: measurement, see README "Engine isolation"
+#: measurement (bench/isolation.py), see README "Engine processes"
 DEFAULT_ISOLATION: Literal["thread", "process"] = "thread"
 
 def default_state_dir() -> Path:
