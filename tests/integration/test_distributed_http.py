@@ -93,7 +93,7 @@ async def test_a_distributed_model_lives_like_any_model(tmp_path: Path, tiny_mod
         moves = transitions(s, "d")
         for move in [
             ("loaded", "unloading", "evicted"),
-            ("loaded", "draining", "preempted"),
+            ("draining", "unloading", "preempted"),  # wait_then_preempt: drained, then preempted
             ("loaded", "failed", "engine_died"),
             ("loaded", "unloading", "admin"),
         ]:

@@ -122,6 +122,7 @@ async def test_a_load_that_ignores_cancellation_is_ended_within_2s(
         took = time.monotonic() - left
         assert took < 2.0, took
         assert rss > 50 << 20  # it held the weights and MLX (its RSS left with it)
+        print(f"abandoned load: its worker ({rss >> 20} MiB RSS) gone {took:.2f} s after the client left")
         await s.journal.wait_committed()
         assert transitions(s, "t")[-1] == ("loading", "unloaded", "abandoned")
 
