@@ -10,7 +10,9 @@ What it does, in order:
 3. for each model, starts each server in turn on 127.0.0.1 with the same model
    files and runs the same workloads against it:
 
-   * single stream: time to first token (TTFT) and decode tok/s;
+   * single stream: latency of a 1-token request, time to first token (TTFT)
+     and decode tok/s (the extra tokens of a full-length request over its
+     extra time against the 1-token request, medians);
    * ``--clients`` concurrent streams (1, 4, 8, 16, 32): aggregate tok/s,
      TTFT p50/p99, errors;
    * a ``--turns``-turn conversation: TTFT of each turn (the prompt cache);
@@ -26,7 +28,11 @@ text. Results: ``bench/RESULTS.md`` (every figure, the ratio mlxd / better peer
 on each row, machine, date, versions) and ``bench/results.png``.
 
 Run (the full run, on a quiet machine): ``.venv/bin/python bench/compare.py``.
-``--quick`` is a small smoke pass (tiny model, 1 and 4 clients, 3 turns).
+``--scale reduced`` runs every row but 16 and 32 clients with fewer, shorter
+requests (about 15 minutes on 2 cores) and writes the same files; ``--quick``
+(``--scale quick``) is a smoke pass on the tiny model that writes nothing
+unless ``--out`` is given. Any workload flag overrides its preset value, and
+RESULTS.md states the workload it was measured with.
 """
 
 from __future__ import annotations
@@ -220,8 +226,6 @@ class Result:
     seconds: float = 0.0
     text: str = ""
     error: str | None = None
-    #: the text of the first content chunk (a server may send several tokens in it)
-    first: str = ""
 
 
 async def chat(
@@ -256,9 +260,7 @@ async def chat(
                         parts.append(piece)
     except Exception as e:  # counted as an error of the row
         return Result(False, error=type(e).__name__, seconds=time.perf_counter() - t0)
-    return Result(
-        True, ttft, time.perf_counter() - t0, "".join(parts), first=parts[0] if parts else ""
-    )
+    return Result(True, ttft, time.perf_counter() - t0, "".join(parts))
 
 
 async def wait_ready(server: Server, model: str, limit_s: float = 600) -> float:
@@ -317,17 +319,12 @@ async def run_concurrent(
         wall = time.perf_counter() - t0
     ok = [r for r in results if r.ok]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
-    # decode: tokens after the first chunk over the time after it (undefined for one-chunk replies)
-    decode = [
-        (count(r.text) - count(r.first)) / (r.seconds - r.ttft)
-        for r in ok
-        if r.ttft is not None and r.seconds > r.ttft and count(r.text) > count(r.first)
-    ]
     return {
         "tok_s": sum(count(r.text) for r in ok) / wall,
         "ttft_p50": pct(ttfts, 0.5),
         "ttft_p99": pct(ttfts, 0.99),
-        "decode_tok_s": statistics.median(decode) if decode else None,
+        "seconds_p50": pct([r.seconds for r in ok], 0.5),
+        "tokens_p50": pct([float(count(r.text)) for r in ok], 0.5),
         "errors": len(results) - len(ok),
         "requests": len(results),
     }
@@ -368,6 +365,21 @@ async def run_swap(server: Server, keys: list[str], rounds: int, tokens: int) ->
 # ---- one server, one model -----------------------------------------------------------------
 
 
+def decode_rate(long: dict[str, Any], short: dict[str, Any]) -> float | None:
+    """Decode tok/s from two request lengths: the extra tokens over the extra time.
+
+    Measured this way, not from the chunks' arrival times, so that a server that
+    holds tokens back and sends them in bursts is not credited with the burst's
+    speed, and the time to the first token is left out for every server alike.
+    """
+    try:
+        extra_tokens = long["tokens_p50"] - short["tokens_p50"]
+        extra_s = long["seconds_p50"] - short["seconds_p50"]
+    except TypeError:  # no successful request
+        return None
+    return extra_tokens / extra_s if extra_tokens > 0 and extra_s > 0 else None
+
+
 def measure(
     name: str, kind: str, models: dict[str, Path], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -381,6 +393,9 @@ def measure(
             single = asyncio.run(
                 run_concurrent(server, kind, 1, args.single_requests, args.tokens, count)
             )
+            one = asyncio.run(run_concurrent(server, kind, 1, args.single_requests, 1, count))
+            single["one_token_s"] = one["seconds_p50"]
+            single["decode_tok_s"] = decode_rate(single, one)
             out["single"] = single
             out["clients"] = {
                 n: asyncio.run(run_concurrent(server, kind, n, args.per_client, args.tokens, count))
@@ -389,7 +404,7 @@ def measure(
             out["turns"] = asyncio.run(run_conversation(server, kind, args.turns, args.turn_tokens))
         finally:
             server.stop()
-    if name != "mlx_lm.server" and not args.quick:
+    if name != "mlx_lm.server" and args.swap_rounds > 0:
         out["swap"] = measure_swap(name, kind, models, args)
     return out
 
@@ -432,6 +447,12 @@ def rows_of(
         return out
 
     rows = [
+        (
+            "single stream: max_tokens=1 latency",
+            "ms",
+            False,
+            get(lambda r: r["single"]["one_token_s"] * 1000),
+        ),
         ("single stream: TTFT", "ms", False, get(lambda r: r["single"]["ttft_p50"] * 1000)),
         ("single stream: decode", "tok/s", True, get(lambda r: r["single"]["decode_tok_s"])),
     ]
@@ -483,8 +504,10 @@ def render(
     all_results: dict[str, dict[str, dict[str, Any]]],
     args: argparse.Namespace,
     versions: dict[str, str],
+    elapsed_s: float,
 ) -> str:
     load = os.getloadavg()[0]
+    clients = ", ".join(map(str, args.clients))
     lines = [
         "# mlxd vs vllm-mlx and mlx_lm.server",
         "",
@@ -492,7 +515,11 @@ def render(
         f"Python {platform.python_version()}; load average {load:.2f} at the end",
         f"Date: {dt.datetime.now().strftime('%Y-%m-%d %H:%M')}",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
-        f"Command: `python bench/compare.py {' '.join(sys.argv[1:])}`",
+        f"Command: `python bench/compare.py {' '.join(sys.argv[1:])}` ({elapsed_s / 60:.1f} min)",
+        "",
+        f"Workload (scale `{args.scale}`): models {args.models}; single stream "
+        f"{args.single_requests} requests; {clients} concurrent clients, {args.per_client} "
+        f"request(s) each; a {args.turns}-turn conversation; {args.swap_rounds} swap requests.",
         "",
         f"Greedy chat streams of {args.tokens} tokens (conversation turns: {args.turn_tokens}); tokens "
         "counted by this script with the model's tokenizer. Ratio: mlxd / better peer, oriented so "
@@ -564,41 +591,71 @@ def plot(
     fig.savefig(out, dpi=100)
 
 
-def main() -> int:
+#: workload presets; any flag given on the command line overrides its preset value
+SCALES: dict[str, dict[str, Any]] = {
+    # the issue's full table (quiet machine, about an hour on 2 cores)
+    "full": dict(
+        models="tiny,small", clients="1,4,8,16,32", tokens=64, per_client=3,
+        single_requests=5, turns=10, turn_tokens=32, swap_rounds=6,
+    ),
+    # every row of the full table, with fewer and shorter requests (~15 min)
+    "reduced": dict(
+        models="tiny,small", clients="1,4,8,16,32", tokens=32, per_client=1,
+        single_requests=3, turns=5, turn_tokens=16, swap_rounds=4,
+    ),
+    # a smoke pass of every row kind on the tiny model (a couple of minutes)
+    "quick": dict(
+        models="tiny", clients="1,4", tokens=16, per_client=1,
+        single_requests=2, turns=3, turn_tokens=8, swap_rounds=2,
+    ),
+}  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="tiny,small")
+    ap.add_argument(
+        "--scale",
+        choices=list(SCALES),
+        default="full",
+        help="workload preset (full: the issue's table; reduced: ~15 min; quick: smoke)",
+    )
+    ap.add_argument("--quick", action="store_true", help="same as --scale quick")
+    ap.add_argument("--models", help="comma-separated demo models (tiny, small)")
     ap.add_argument("--servers", default=",".join(SERVERS))
-    ap.add_argument("--clients", default="1,4,8,16,32")
-    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--clients", help="comma-separated concurrent stream counts")
+    ap.add_argument("--tokens", type=int, help="max_tokens of each request")
+    ap.add_argument("--per-client", type=int, help="requests per client in the concurrent rows")
+    ap.add_argument("--single-requests", type=int)
+    ap.add_argument("--turns", type=int)
+    ap.add_argument("--turn-tokens", type=int)
+    ap.add_argument("--swap-rounds", type=int, help="0: no swap rows")
     ap.add_argument(
-        "--per-client", type=int, default=3, help="requests per client in the concurrent rows"
+        "--out",
+        help="where the table goes (default bench/RESULTS.md; --scale quick writes "
+        "nothing unless given); results.png goes next to it",
     )
-    ap.add_argument("--single-requests", type=int, default=5)
-    ap.add_argument("--turns", type=int, default=10)
-    ap.add_argument("--turn-tokens", type=int, default=32)
-    ap.add_argument("--swap-rounds", type=int, default=6)
-    ap.add_argument(
-        "--quick", action="store_true", help="smoke pass: tiny model, 1 and 4 clients, 3 turns"
-    )
-    ap.add_argument("--out", default=str(HERE / "RESULTS.md"))
     ap.add_argument(
         "--isolation",
         choices=["thread", "process"],
         help="run mlxd's models with this isolation (default: mlxd's default)",
     )
     args = ap.parse_args()
+    if args.quick:
+        args.scale = "quick"
+    for key, value in SCALES[args.scale].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.out is None and args.scale != "quick":
+        args.out = str(HERE / "RESULTS.md")
+    args.clients = [int(c) for c in args.clients.split(",")]
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     if args.isolation:
         ISOLATION["isolation"] = args.isolation
-    if args.quick:
-        args.models, args.clients, args.turns, args.per_client, args.single_requests = (
-            "tiny",
-            "1,4",
-            3,
-            1,
-            2,
-        )
-        args.tokens, args.turn_tokens = 16, 8
-    args.clients = [int(c) for c in args.clients.split(",")]
+    t0 = time.perf_counter()
     kinds = args.models.split(",")
     servers = args.servers.split(",")
     models = write_models(kinds)
@@ -613,14 +670,16 @@ def main() -> int:
     for kind in kinds:
         all_results[kind] = {}
         for s in servers:
-            print(f"{kind}: {s} ...", file=sys.stderr)
+            print(f"{kind}: {s} ... ({time.perf_counter() - t0:.0f} s so far)", file=sys.stderr)
             all_results[kind][s] = measure(s, kind, models, args)
-    text = render(all_results, args, versions)
+            (WORK / "results.json").write_text(json.dumps(all_results, indent=1, default=str))
+    text = render(all_results, args, versions, time.perf_counter() - t0)
     print(text)
-    if not args.quick:
-        Path(args.out).write_text(text)
-        (WORK / "results.json").write_text(json.dumps(all_results, indent=1, default=str))
-        plot(all_results, args, HERE / "results.png")
+    if args.out:
+        out = Path(args.out)
+        out.write_text(text)
+        plot(all_results, args, out.with_name("results.png"))
+        print(f"wrote {out}", file=sys.stderr)
     return 0
 
 
