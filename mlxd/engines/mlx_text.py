@@ -78,7 +78,8 @@ DEFAULT_PREFILL_STEP_CPU = 64
 #: millisecond), longer ones on a worker thread; so short requests keep their arrival order
 INLINE_TOKENIZE_CHARS = 1024
 
-#: observer(event, stats): called on the Trio thread for "prefill", "token" and "end"
+#: observer(event, stats): called on the Trio thread for "prefill", "token" and "end"; one
+#: "token" event may carry several tokens (``stats.completion_tokens`` counts them)
 Observer = Callable[[str, GenerationStats], None]
 
 
