@@ -5,8 +5,8 @@ model made on first use, or a Hugging Face download; :mod:`mlxd.engines.sources`
 then starts the engine's :class:`~mlxd.engines.mlx_thread.MlxThread`, which
 loads the weights with ``mlx_lm.load`` and measures the footprint. Every later
 MLX call runs on that thread: each generation (``mlx_lm.stream_generate``) and
-the unload. ``stop`` cancels what runs, unloads, releases the memory and ends
-the thread (``mx.synchronize(); mx.clear_streams()``).
+the unload. ``stop`` cancels what runs, unloads, releases the memory and gives
+the thread back for the next residency (:meth:`~mlxd.engines.mlx_thread.MlxThread.finish`).
 
 ``prepare`` validates the request, tokenizes it (a long prompt on a Trio
 worker thread, never on the MLX thread: it does not hold up the model's other
@@ -335,7 +335,7 @@ class MlxTextEngine:
         thread = self._thread
         if thread is not None and not thread.finished:
             await thread.finish(self._unload_on_thread)
-            memory.malloc_trim()  # again, after the thread's clear_streams freed its buffers
+            memory.malloc_trim()  # again, now that the last job's references are gone
 
     def _unload_on_thread(self) -> None:
         fault = self.faults.on_stop() if self.faults is not None else None

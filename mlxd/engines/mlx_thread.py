@@ -11,8 +11,10 @@ interruptible only between chunks"):
   leave it. Nothing MLX ever runs on the Trio thread.
 * A thread that ran compiled MLX functions must end with
   ``mx.synchronize(); mx.clear_streams()`` or the process may abort at exit;
-  :meth:`MlxThread._main` always does, and an ``atexit`` hook closes threads
-  an engine forgot to stop.
+  every worker thread does, and an ``atexit`` hook ends the ones still running.
+* MLX never frees the native threads behind a thread's streams, so threads are
+  not made per load: a residency's thread goes back to a small pool when the
+  residency ends (:meth:`MlxThread.finish`) and serves the next one.
 * Results go into Trio with ``trio_token.run_sync_soon(...)`` into unbounded
   memory channels (:class:`Sink`), so the MLX thread never blocks on a slow
   consumer and the Trio side awaits a channel, which is cancellable at once.
@@ -52,7 +54,12 @@ from mlxd.errors import EngineError, Overloaded
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_LIVE: weakref.WeakSet[MlxThread] = weakref.WeakSet()
+#: every worker thread still running (the atexit hook ends them)
+_LIVE: weakref.WeakSet[_Worker] = weakref.WeakSet()
+#: workers whose last residency has ended, waiting for the next (newest last)
+_IDLE: list[_Worker] = []
+#: at most this many idle workers are kept; more are ended
+IDLE_WORKERS_MAX = 4
 
 
 def call_soon(token: trio.lowlevel.TrioToken, fn: Callable[..., object], *args: Any) -> bool:
@@ -64,38 +71,26 @@ def call_soon(token: trio.lowlevel.TrioToken, fn: Callable[..., object], *args: 
         return False
 
 
-class MlxThread:
-    """One OS thread that runs every MLX call of one engine, in submission order."""
+class _Worker:
+    """One OS thread that runs MLX jobs in submission order, for one residency after another."""
 
     def __init__(self, name: str) -> None:
         from mlxd.engines.memory import limit_malloc_arenas
 
         limit_malloc_arenas()  # one arena per short-lived thread fragments RSS (see mlxd.engines.memory)
         self.name = name
-        # invariant: the only references to MLX objects these jobs create live in the
-        # engine (written and read on this thread) or in the job's local variables
-        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Any] | None] = (
+        self.jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Any] | None] = (
             queue.SimpleQueue()
         )
-        self._closing = False
-        #: the last job (see :meth:`finish`), and whether it succeeded and the thread ended
-        self._final: Pending[None] | None = None
-        self.finished = False
+        self.closing = False
         self.exited = threading.Event()
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
         _LIVE.add(self)
-        self._thread.start()
-
-    @property
-    def ident(self) -> int | None:
-        return self._thread.ident
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        self.thread.start()
 
     def _main(self) -> None:
         try:
-            while (job := self._jobs.get()) is not None:
+            while (job := self.jobs.get()) is not None:
                 fn, args, done = job
                 result = outcome.capture(fn, *args)
                 del job, fn, args  # drop references (maybe to arrays) before the next wait
@@ -114,6 +109,62 @@ class MlxThread:
             finally:
                 self.exited.set()
 
+    def close_nowait(self) -> None:
+        if not self.closing:
+            self.closing = True
+            self.jobs.put(None)
+
+    def join(self, timeout: float | None = None) -> bool:
+        self.close_nowait()
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+
+def _take_worker(name: str) -> _Worker:
+    while _IDLE:
+        worker = _IDLE.pop()
+        if not worker.closing and worker.thread.is_alive():
+            worker.name = worker.thread.name = name
+            return worker
+    return _Worker(name)
+
+
+def _give_back(worker: _Worker) -> None:
+    if len(_IDLE) < IDLE_WORKERS_MAX and not worker.closing:
+        _IDLE.append(worker)
+    else:
+        worker.close_nowait()
+
+
+class MlxThread:
+    """The MLX thread of one engine (one residency): every MLX call it makes, in order.
+
+    The OS thread behind it is a worker kept for the next residency once this
+    one is over (:meth:`finish`): MLX keeps native threads for the streams of
+    every thread that ran MLX work, even after ``mx.clear_streams()``, so a new
+    thread per load would leak about two threads a load.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._worker = _take_worker(name)
+        # invariant: the only references to MLX objects these jobs create live in the
+        # engine (written and read on this thread) or in the job's local variables
+        self._closing = False
+        #: the last job (see :meth:`finish`), and whether it succeeded
+        self._final: Pending[None] | None = None
+        self.finished = False
+        #: set once this residency is done with the thread (it went back to the pool)
+        self.exited = threading.Event()
+
+    @property
+    def ident(self) -> int | None:
+        return self._worker.thread.ident
+
+    def is_alive(self) -> bool:
+        """Whether this residency still has its thread."""
+        return not self.exited.is_set() and self._worker.thread.is_alive()
+
     def submit(
         self,
         fn: Callable[..., Any],
@@ -123,7 +174,7 @@ class MlxThread:
         """Queue ``fn(*args)``; ``done(outcome)`` runs on this thread when it ends. Thread-safe."""
         if self._closing:
             raise EngineError(f"{self.name}: the MLX thread is closed")
-        self._jobs.put((fn, args, done))
+        self._worker.jobs.put((fn, args, done))
 
     def start(self, fn: Callable[..., T], *args: Any) -> Pending[T]:
         """Queue ``fn(*args)`` and return a handle to await its result (from any task, again and again)."""
@@ -158,12 +209,12 @@ class MlxThread:
         return box[0].unwrap()
 
     async def finish(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` (an unload) as this thread's last job, then end the thread.
+        """Run ``fn`` (an unload) as this residency's last job, then give the thread back.
 
         Safe to call again: a call cut short (cancelled) leaves the job queued
         and the next call waits for that same job; a job that raised is queued
-        again by the next call; once one has succeeded the thread ends and
-        :attr:`finished` is true.
+        again by the next call; once one has succeeded the thread goes back to
+        the pool (or ends, if enough are idle) and :attr:`finished` is true.
         """
         if self._final is None:
             self._final = self.start(fn)
@@ -172,28 +223,16 @@ class MlxThread:
         except Exception:
             self._final = None
             raise
-        await self.aclose()
+        self._closing = True
+        self.exited.set()
         self.finished = True
+        _give_back(self._worker)
 
     def close_nowait(self) -> None:
-        """Ask the thread to end after the jobs already queued. Idempotent."""
-        if not self._closing:
-            self._closing = True
-            self._jobs.put(None)
-
-    async def aclose(self) -> None:
-        """End the thread (after its queued jobs) and wait until it has exited."""
-        self.close_nowait()
-        if not self.exited.is_set():
-            await trio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
-        self._thread.join(timeout=1.0)
-        _LIVE.discard(self)
-
-    def join(self, timeout: float | None = None) -> bool:
-        """Blocking: close and wait up to ``timeout`` s; True if the thread has exited."""
-        self.close_nowait()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        """End the thread after the jobs already queued (not kept for another residency)."""
+        self._closing = True
+        self.exited.set()
+        self._worker.close_nowait()
 
 
 class Pending(Generic[T]):
@@ -228,12 +267,12 @@ EXIT_JOIN_S = 2.0
 
 @atexit.register
 def _close_live_threads() -> None:  # pragma: no cover - exercised by the cycle test's clean exit
-    threads = list(_LIVE)
-    for t in threads:
-        t.close_nowait()
+    workers = list(_LIVE)
+    for w in workers:
+        w.close_nowait()
     deadline = time.monotonic() + EXIT_JOIN_S
-    for t in threads:
-        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    for w in workers:
+        w.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 class Outbox:

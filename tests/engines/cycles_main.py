@@ -1,4 +1,4 @@
-"""Run N load -> generate -> unload cycles of one model in this process; print RSS figures as JSON.
+"""Run N load -> generate -> unload cycles of one model in this process; print RSS and thread figures as JSON.
 
 Used by ``test_load_unload_cycles.py`` in a subprocess, so that the exit code
 (no abort at exit from a finished MLX thread) and the RSS are this process's own.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
+import psutil
 import trio
 
 from mlxd.config import ModelConfig
@@ -23,6 +24,7 @@ async def main(model_dir: str, cycles: int) -> dict[str, object]:
     rss_after_load: list[int] = []
     active_after_unload: list[int] = []
     measured: list[int | None] = []
+    threads_after_unload: list[int] = []
     for i in range(cycles):
         eng = MlxTextEngine(ModelConfig(name="cycle", source=model_dir))
         await eng.load(lambda _p: None)
@@ -36,11 +38,13 @@ async def main(model_dir: str, cycles: int) -> dict[str, object]:
         await eng.stop()
         rss_after_unload.append(rss_bytes())
         active_after_unload.append(active_bytes())
+        threads_after_unload.append(psutil.Process().num_threads())
     return {
         "rss_after_unload": rss_after_unload,
         "rss_after_load": rss_after_load,
         "active_after_unload": active_after_unload,
         "measured": measured,
+        "threads_after_unload": threads_after_unload,
     }
 
 

@@ -179,7 +179,8 @@ async def test_the_mlx_engine_in_a_worker_answers_as_on_a_thread(tiny_model_dir:
     engine = await loaded(tiny_config(tiny_model_dir, isolation="process"))
     try:
         assert engine.memory_source == "active_delta"
-        assert engine.measured_bytes() == thread.measured_bytes()
+        # within 1 KiB: the first load on a (pooled) MLX thread also makes its 8-byte random key
+        assert abs((engine.measured_bytes() or 0) - (thread.measured_bytes() or 0)) <= 1024
         for r, (text, fin, _) in zip(requests, expected, strict=True):
             got_text, got_fin, _ = await collect(engine, r)  # type: ignore[arg-type]
             assert (got_text, got_fin) == (text, fin)
