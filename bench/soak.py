@@ -25,7 +25,8 @@ no lease leaks, and no 5xx but typed 503s (``capacity_timeout``,
 Run: ``.venv/bin/python bench/soak.py [--minutes 30] [--interval 60]
 [--clients 6] [--warmup 5] [--no-mlx] [--out PATH]``. The results (the
 per-window table, the verdict, the machine, the date and the command) go to
-``bench/results/soak.md`` and, as data, ``bench/results/soak.json``. A short
+``bench/results/soak.md``, as data ``bench/results/soak.json``, and the
+daemon's log ``bench/results/soak.log``. A short
 check: ``--minutes 3 --interval 20 --warmup 1 --out /tmp/soak.md``.
 """
 
@@ -37,6 +38,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import signal
 import sqlite3
 import statistics
@@ -378,6 +380,8 @@ def main() -> int:
             if proc.poll() is None:
                 proc.kill()
             log.close()
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(tmp / "daemon.log", args.out.with_suffix(".log"))  # what it logged
         v = verdict(samples, t, end, args.warmup)
         text = report(args, samples, t, end, v, started, box)
         print(text)
