@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 import trio
@@ -32,10 +33,14 @@ from hypercorn.config import Config as HypercornConfig
 
 from mlxd import __version__
 from mlxd.config import Config
+from mlxd.config.keys import DEFAULT_KEY_NAME, ResolvedKey
+from mlxd.config.model import SCOPES
 from mlxd.engines import DefaultEngines, EngineFactory
 from mlxd.errors import JournalError, MlxdError
 from mlxd.http import expect
+from mlxd.http.access_log import LogFormat
 from mlxd.http.app import create_app
+from mlxd.http.auth import Auth
 from mlxd.http.context import AppState
 from mlxd.http.metrics import Metrics
 from mlxd.http.server import Connections, serve
@@ -74,13 +79,20 @@ class Daemon:
         config_path: Path | None = None,
         engines: EngineFactory | None = None,
         api_key: str | None = None,
+        keys: Sequence[ResolvedKey] = (),
+        log_format: LogFormat = "logfmt",
         ready_file: Path | None = None,
         install_signal_handlers: bool = True,
     ) -> None:
+        """``keys``: the API keys (:func:`mlxd.config.keys.resolve_keys`); ``api_key`` is a
+        shorthand for one key named ``default`` with every scope."""
         self.config = config
         self.config_path = config_path
         self.engines = engines or DefaultEngines()
-        self.api_key = api_key
+        if api_key is not None:
+            keys = (ResolvedKey(DEFAULT_KEY_NAME, api_key, frozenset(SCOPES)), *keys)
+        self.auth = Auth(keys, scoped=bool(config.server.keys))
+        self.log_format = log_format
         self.ready_file = ready_file
         self.install_signal_handlers = install_signal_handlers
         self.journal = Journal(
@@ -89,6 +101,8 @@ class Daemon:
             flush_timeout=JOURNAL_CLOSE_S,
             stall_s=JOURNAL_STALL_S,
             kill_s=JOURNAL_KILL_S,
+            retain_days=config.journal.retain_days,
+            max_mb=config.journal.max_mb,
         )
         self.connections = Connections()
         self.manager: Manager | None = None
@@ -129,7 +143,8 @@ class Daemon:
                 config=self.config,
                 metrics=metrics,
                 journal=self.journal,
-                api_key=self.api_key,
+                auth=self.auth,
+                log_format=self.log_format,
                 config_path=self.config_path,
                 connections=self.connections,
             )

@@ -85,6 +85,14 @@ class AuthenticationFailed(MlxdError):
     code = "invalid_api_key"
 
 
+class InsufficientScope(MlxdError):
+    """A known key without the scope the route needs (``server.keys[].scopes``)."""
+
+    http_status = 403
+    type = "permission_error"
+    code = "insufficient_scope"
+
+
 class NotFound(MlxdError):
     http_status = 404
     type = "invalid_request_error"

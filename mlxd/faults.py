@@ -27,6 +27,8 @@ The points (``name``: where):
   yet (the model is ``loading`` in the journal);
 * ``manager.mid_unload``: a fake engine has stopped but the manager has not
   heard yet (the model is ``unloading``);
+* ``journal.mid_prune``: inside a retention slice, after its first DELETE and
+  before the checkpoints move (:mod:`mlxd.journal.retention`);
 * ``migrate.mid_migration``: after each statement of a migration, inside its
   transaction (:mod:`mlxd.journal.migrate`);
 * ``worker.load`` / ``worker.loaded`` / ``worker.token``: in an engine worker

@@ -64,6 +64,18 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="log verbosity (default: info)",
     )
     p.add_argument(
+        "--log-format",
+        default="logfmt",
+        choices=["logfmt", "json"],
+        help="format of the access log, one line per request (default: logfmt)",
+    )
+    p.add_argument(
+        "--access-log",
+        default="-",
+        metavar="FILE",
+        help="write the access log to FILE, reopened when rotated (default: - for stdout)",
+    )
+    p.add_argument(
         "--insecure",
         action="store_true",
         help="allow binding a non-loopback address without an API key",
@@ -116,6 +128,11 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--since", help="ISO time (2026-11-29T10:00) or a duration ago (90s, 15m, 2h, 7d)")
     p.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
     p.add_argument("--leases", action="store_true", help="show leases instead of transitions")
+    p.add_argument("--client", help="only the leases of this API key name (implies --leases)")
+    p.add_argument(
+        "--checkpoints", action="store_true",
+        help="show where each pruned model's kept history starts (journal retention)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON array with the journal's columns")
     p.add_argument("--verify", action="store_true",
                    help="check the whole journal (integrity, legal paths, open leases); exit 1 on a problem")

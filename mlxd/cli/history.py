@@ -27,7 +27,12 @@ from typing import Any
 from mlxd.cli.common import EXIT_FAILURE, EXIT_OK, journal_path_from_args
 from mlxd.errors import ConfigError, JournalError
 from mlxd.journal.migrate import open_readonly
-from mlxd.journal.reads import parse_since, read_leases, read_transitions
+from mlxd.journal.reads import (
+    parse_since,
+    read_checkpoint_rows,
+    read_leases,
+    read_transitions,
+)
 from mlxd.journal.replay import check_journal
 from mlxd.units import format_bytes
 
@@ -65,7 +70,7 @@ def format_transitions(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def format_leases(rows: Sequence[dict[str, Any]]) -> str:
-    header = ("acquired", "released", "held", "model", "outcome", "route", "tokens", "lease")
+    header = ("acquired", "released", "held", "model", "outcome", "route", "client", "tokens", "lease")
     body = []
     for r in rows:
         held = (
@@ -86,6 +91,7 @@ def format_leases(rows: Sequence[dict[str, Any]]) -> str:
                 r["model"],
                 r["outcome"] or "-",
                 r["route"] or "-",
+                r.get("client") or "-",
                 tokens,
                 r["id"],
             )
@@ -128,10 +134,14 @@ def cmd_history(args: argparse.Namespace) -> int:
     if limit == 0:
         limit = None
     path = journal_path_from_args(args)
+    leases = args.leases or args.client is not None
     conn = open_readonly(Path(path))
     try:
-        if args.leases:
-            rows = read_leases(conn, model=args.model, since=since, limit=limit)
+        checkpoints = read_checkpoint_rows(conn)
+        if args.checkpoints:
+            rows = checkpoints
+        elif leases:
+            rows = read_leases(conn, model=args.model, since=since, limit=limit, client=args.client)
         else:
             rows = read_transitions(conn, model=args.model, since=since, limit=limit)
     except sqlite3.Error as e:
@@ -142,6 +152,32 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
     elif not rows:
         print("no rows")
+    elif args.checkpoints:
+        print(format_checkpoints(rows))
     else:
-        print(format_leases(rows) if args.leases else format_transitions(rows))
+        print(format_leases(rows) if leases else format_transitions(rows))
+        if not leases and (notes := pruned_notes(rows, checkpoints)):
+            print(notes)
     return 0
+
+
+def format_checkpoints(rows: Sequence[dict[str, Any]]) -> str:
+    header = ("model", "kept history starts", "at seq", "pruned at", "pruned transitions")
+    body = [
+        (r["model"], r["state"], str(r["seq"]), _local(r["at"]), str(r["pruned"])) for r in rows
+    ]
+    return _table(header, body)
+
+
+def pruned_notes(rows: Sequence[dict[str, Any]], checkpoints: Sequence[dict[str, Any]]) -> str:
+    """A line per model whose shown history starts where retention pruned the rows before it."""
+    first: dict[str, int] = {}
+    for r in rows:
+        first.setdefault(r["model"], r["seq"])
+    lines = [
+        f"({c['model']}: {c['pruned']} earlier transitions pruned; it was {c['state']} "
+        f"after seq {c['seq']} at {_local(c['at'])})"
+        for c in checkpoints
+        if c["model"] in first and c["seq"] < first[c["model"]]
+    ]
+    return "\n".join(lines)

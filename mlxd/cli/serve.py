@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
+import logging.handlers
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import trio
 
 from mlxd.cli.common import checked_api_key
 from mlxd.config import Config, JournalConfig, ServerConfig
+from mlxd.config.keys import ResolvedKey, resolve_keys
 from mlxd.daemon import LOOPBACK, Daemon
 from mlxd.engines import EngineFactory
 from mlxd.errors import ConfigError, MlxdError
@@ -20,13 +22,30 @@ from mlxd.errors import ConfigError, MlxdError
 log = logging.getLogger("mlxd")
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(level: str, access_log: str = "-") -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     logging.getLogger("hypercorn.access").setLevel(logging.WARNING)
+    # The access log (mlxd.http.access_log): its own lines, whatever --log-level says, on
+    # stdout or in --access-log FILE, reopened when a log rotator moves it (newsyslog, logrotate).
+    access = logging.getLogger("mlxd.access")
+    handler: logging.Handler
+    if access_log == "-":
+        handler = logging.StreamHandler(sys.stdout)
+    else:
+        path = Path(access_log).expanduser()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.handlers.WatchedFileHandler(path, encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"--access-log: cannot write {path}: {e.strerror or e}") from None
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.handlers = [handler]
+    access.setLevel(logging.INFO)
+    access.propagate = False
 
 
 def load_serve_config(args: argparse.Namespace) -> tuple[Config, Path | None]:
@@ -58,21 +77,21 @@ def load_serve_config(args: argparse.Namespace) -> tuple[Config, Path | None]:
     return replace(config, server=server, journal=journal), path
 
 
-def check_bind(server: ServerConfig, api_key: str | None, insecure: bool) -> None:
-    if server.host not in LOOPBACK and api_key is None and not insecure:
+def check_bind(server: ServerConfig, keys: Sequence[ResolvedKey], insecure: bool) -> None:
+    if server.host not in LOOPBACK and not keys and not insecure:
         raise ConfigError(
             f"server.host: refusing to listen on {server.host} without an API key; set "
-            f"{server.api_key_env} or pass --insecure"
+            f"{server.api_key_env}, configure server.keys or pass --insecure"
         )
 
 
 def cmd_serve(args: argparse.Namespace, *, engines: EngineFactory | None = None) -> int:
-    _setup_logging(args.log_level)
+    _setup_logging(args.log_level, args.access_log)
     config, path = load_serve_config(args)
-    api_key = checked_api_key(
-        os.environ.get(config.server.api_key_env) or None, config.server.api_key_env
-    )
-    check_bind(config.server, api_key, args.insecure)
+    keys = resolve_keys(config.server)
+    for key in keys:  # each must travel in a header; the message names the key, never its value
+        checked_api_key(key.secret, f"the API key '{key.name}'")
+    check_bind(config.server, keys, args.insecure)
     from mlxd.config.budget import log_memory_budget_report
 
     log_memory_budget_report(config, logger=log)  # budget findings and config warnings
@@ -81,7 +100,8 @@ def cmd_serve(args: argparse.Namespace, *, engines: EngineFactory | None = None)
         config,
         config_path=path,
         engines=engines,
-        api_key=api_key,
+        keys=keys,
+        log_format=args.log_format,
         ready_file=Path(args.ready_file) if args.ready_file else None,
     )
     try:

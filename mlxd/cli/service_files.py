@@ -43,7 +43,8 @@ COMMENTS: dict[tuple[str, ...], str] = {
     ("Label",): "mlxd launchd job. Install: launchctl bootstrap gui/UID THIS_FILE; "
     "remove: launchctl bootout gui/UID/LABEL (UID is the output of: id -u).",
     ("ProgramArguments",): "This install's mlxd (from its virtualenv). Generate the plist again "
-    "with 'mlxd launchd-plist' after moving or recreating the virtualenv.",
+    "with 'mlxd launchd-plist' after moving or recreating the virtualenv. The access log (a "
+    "line per request) goes to its own file, which mlxd reopens when newsyslog rotates it.",
     ("RunAtLoad",): "Start when the job is bootstrapped and at every login.",
     ("KeepAlive",): "Restart mlxd whenever it exits (launchd waits at least 10 s between starts). "
     "To stop it for good use launchctl bootout: a killed job is started again.",
@@ -72,13 +73,18 @@ def api_key_comment(env_name: str) -> str:
     )
 
 
-def program_arguments(config: Path | None) -> list[str]:
+def access_log_path(home: Path) -> Path:
+    """Where the launchd job writes the access log (Console.app lists ~/Library/Logs)."""
+    return home / "Library" / "Logs" / "mlxd" / "access.log"
+
+
+def program_arguments(config: Path | None, home: Path) -> list[str]:
     """This interpreter's ``mlxd`` console script (else ``python -m mlxd``) with ``serve``."""
     python = Path(sys.executable)  # not resolved: a virtualenv's python is a symlink to keep
     script = python.parent / "mlxd"
     head = [str(script)] if script.is_file() else [str(python), "-m", "mlxd"]
     tail = ["--config", str(config)] if config is not None else []
-    return [*head, "serve", *tail]
+    return [*head, "serve", "--access-log", str(access_log_path(home)), *tail]
 
 
 def plist_dict(
@@ -175,7 +181,7 @@ def cmd_launchd_plist(args: argparse.Namespace) -> int:
         server = load_config(config).server  # a broken config exits 2 here, not under launchd
     job = plist_dict(
         label=args.label,
-        program=program_arguments(config),
+        program=program_arguments(config, Path.home()),
         home=Path.home(),
         grace_s=server.shutdown_grace_s,
         api_key_env=server.api_key_env,

@@ -43,6 +43,21 @@ def default_state_dir() -> Path:
     return Path(base).expanduser() / "mlxd"
 
 
+#: what an API key may do: ``inference`` (/v1), ``read`` (status, history, events, plan,
+#: metrics), ``admin`` (load, unload, reload)
+SCOPES: tuple[str, ...] = ("inference", "read", "admin")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyConfig:
+    """One entry of ``server.keys``: a named key, read from ``env`` or ``file``, and its scopes."""
+
+    name: str
+    scopes: frozenset[str]
+    env: str | None = None
+    file: Path | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -50,6 +65,8 @@ class ServerConfig:
     api_key_env: str = "MLXD_API_KEY"
     shutdown_grace_s: float = 10.0
     max_body_mb: float = 32.0
+    #: scoped keys (``api_key_env`` stays one more key, named ``default``, with every scope)
+    keys: tuple[KeyConfig, ...] = ()
 
     @property
     def max_body_bytes(self) -> int:
@@ -61,6 +78,10 @@ class ServerConfig:
 class JournalConfig:
     path: Path = field(default_factory=lambda: default_state_dir() / "journal.db")
     synchronous: Literal["full", "normal"] = "full"
+    #: rows older than this many days are pruned (0: keep every age)
+    retain_days: float = 30.0
+    #: the journal file is kept under this many MiB (0: no size limit)
+    max_mb: float = 1024.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from mlxd.config import distributed as distributed_rules
+from mlxd.config.keys import parse_keys
 from mlxd.config.model import (
     DEMO_KINDS,
     Config,
@@ -46,8 +47,8 @@ from mlxd.residency.policy import STRATEGIES, ContentionPolicy, Strategy
 from mlxd.units import GIB
 
 TOP_KEYS = ("server", "journal", "manager", "models")
-SERVER_KEYS = ("host", "port", "api_key_env", "shutdown_grace_s", "max_body_mb")
-JOURNAL_KEYS = ("path", "synchronous")
+SERVER_KEYS = ("host", "port", "api_key_env", "shutdown_grace_s", "max_body_mb", "keys")
+JOURNAL_KEYS = ("path", "synchronous", "retain_days", "max_mb")
 MANAGER_KEYS = (
     "memory_budget_gb",
     "memory_budget",
@@ -117,6 +118,7 @@ _ENGINE_KEY_NOTES = {
 
 
 _SERVER = ServerConfig()
+_JOURNAL = JournalConfig()
 _FAKE = FakeSettings()
 
 
@@ -174,6 +176,7 @@ class Parser:
             api_key_env=api_key_env,
             shutdown_grace_s=t.number("shutdown_grace_s", _SERVER.shutdown_grace_s),
             max_body_mb=t.number("max_body_mb", _SERVER.max_body_mb, positive=True),
+            keys=parse_keys(t, self._local_path),
         )
 
     def _journal(self, t: Table) -> JournalConfig:
@@ -183,7 +186,12 @@ class Parser:
             else default_state_dir() / "journal.db"
         )
         sync = t.string("synchronous", "full", choices=("full", "normal"))
-        return JournalConfig(path=path, synchronous=cast(Literal["full", "normal"], sync))
+        return JournalConfig(
+            path=path,
+            synchronous=cast(Literal["full", "normal"], sync),
+            retain_days=t.number("retain_days", _JOURNAL.retain_days),
+            max_mb=t.number("max_mb", _JOURNAL.max_mb),
+        )
 
     def _manager(self, t: Table) -> ManagerConfig:
         if t.has("memory_budget_gb") and t.has("memory_budget"):

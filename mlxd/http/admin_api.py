@@ -16,7 +16,7 @@ from mlxd import __version__
 from mlxd.config import Config
 from mlxd.errors import ConfigError, InvalidRequest, ModelNotFound
 from mlxd.faults import crash_point
-from mlxd.http import sse
+from mlxd.http import access_log, sse
 from mlxd.http.context import AppState, state
 from mlxd.http.metrics import CONTENT_TYPE
 from mlxd.http.openai_api import model_object
@@ -93,6 +93,7 @@ async def _committed() -> None:
 @bp.post("/admin/models/<path:model_id>/load")
 async def admin_load(model_id: str) -> Any:
     st = state()
+    access_log.note(model=model_id)
     if not st.manager.has_model(model_id):
         raise ModelNotFound(model_id)
     # the reply describes the state the load reached (and the journal committed), even
@@ -106,12 +107,17 @@ async def admin_load(model_id: str) -> Any:
 @bp.post("/admin/models/<path:model_id>/unload")
 async def admin_unload(model_id: str) -> Any:
     st = state()
+    access_log.note(model=model_id)
     if not st.manager.has_model(model_id):
         raise ModelNotFound(model_id)
     await st.manager.unload(model_id, preempt=_bool_arg("preempt"))
     await _committed()
     crash_point("http.after_commit_before_reply")
     return model_object(st, model_id)
+
+
+#: what /admin/history lists: journal rows, or where retention's pruning left each model
+HISTORY_KINDS = ("transitions", "leases", "checkpoints")
 
 
 @bp.get("/admin/history")
@@ -133,11 +139,20 @@ async def admin_history() -> Any:
             raise InvalidRequest(f"since: {since_raw[:64]!r} is out of range", param="since") from None
     limit = _int_arg("limit", 100, 1, 10_000)
     kind = request.args.get("kind", "transitions")
-    if kind not in ("transitions", "leases"):
-        raise InvalidRequest("kind: must be 'transitions' or 'leases'", param="kind")
+    if kind not in HISTORY_KINDS:
+        raise InvalidRequest(f"kind: must be one of {', '.join(HISTORY_KINDS)}", param="kind")
+    client = request.args.get("client") or None
+    if client is not None and kind != "leases":
+        raise InvalidRequest("client: filters leases only (kind=leases)", param="client")
     journal = st.journal
-    reader = journal.history if kind == "transitions" else journal.leases
-    rows = await trio.to_thread.run_sync(lambda: reader(model, since, limit))
+    if kind == "transitions":
+        rows = await trio.to_thread.run_sync(lambda: journal.history(model, since, limit))
+    elif kind == "leases":
+        rows = await trio.to_thread.run_sync(
+            lambda: journal.leases(model, since, limit, client=client)
+        )
+    else:
+        rows = await trio.to_thread.run_sync(journal.checkpoints)
     return Response(json.dumps(rows), mimetype="application/json")
 
 
@@ -244,11 +259,18 @@ async def admin_events() -> Any:
 
 
 async def _backlog(st: AppState, last: int) -> AsyncIterator[tuple[int, dict[str, Any]]]:
-    """Committed events after ``last`` from the journal file, in order."""
+    """Committed events after ``last`` from the journal file, in order.
+
+    If retention pruned events after ``last``, a ``gap`` event comes first, with
+    the id of the pruning watermark and every model's state there.
+    """
     journal = st.journal
     assert journal is not None
     while True:
-        rows = await trio.to_thread.run_sync(journal.events_after, last, 1000)
+        gap, rows = await trio.to_thread.run_sync(journal.backlog, last, 1000)
+        if gap is not None:
+            last = gap["through"]
+            yield last, gap
         for row in rows:
             last = row["seq"]
             yield last, row["payload"]

@@ -9,19 +9,17 @@ with its traceback. No route answers with a traceback.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import uuid
 from typing import Any
 
 import trio
-from quart import Response, request
+from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from mlxd.errors import (
-    AuthenticationFailed,
     BodyTooLarge,
     ClientError,
     InternalError,
@@ -31,13 +29,13 @@ from mlxd.errors import (
     NotFound,
     ShuttingDown,
 )
-from mlxd.http import admin_api, dashboard, openai_api
+from mlxd.http import access_log, admin_api, auth, dashboard, openai_api
+from mlxd.http.access_log import AccessLog
 from mlxd.http.context import AppState, state
 from mlxd.http.openapi import openapi_document
 
 log = logging.getLogger("mlxd.http")
 
-PROTECTED_PREFIXES = ("/v1/", "/admin/")
 #: paths a draining daemon still answers (so operators can watch it go)
 OPEN_WHILE_DRAINING = ("/health", "/metrics", "/admin/status", "/admin/events", "/admin/history")
 
@@ -75,21 +73,30 @@ def create_app(app_state: AppState) -> QuartTrio:
     app.register_blueprint(openai_api.bp)
     app.register_blueprint(admin_api.bp)
     app.register_blueprint(dashboard.bp)
-    app.asgi_app = CompleteRequestBodies(app.asgi_app)  # type: ignore[method-assign]
+    app.asgi_app = AccessLog(  # type: ignore[method-assign]
+        CompleteRequestBodies(app.asgi_app), app_state.request_ended
+    )
 
     @app.before_request
     async def guard() -> Response | None:
         st = state()
         path = request.path
-        if st.api_key is not None and path.startswith(PROTECTED_PREFIXES):
-            header = request.headers.get("Authorization", "")
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode(), st.api_key.encode()
-            ):
-                return error_response(
-                    AuthenticationFailed("missing or wrong API key: send 'Authorization: Bearer <key>'")
-                )
+        entry = access_log.current()
+        if entry is not None and request.url_rule is not None:
+            entry.route = request.url_rule.rule
+        scope = st.auth.required(request.method, path)
+        if scope is not None:
+            token = auth.presented_key(
+                request.headers.get("Authorization", ""), request.headers.get("x-api-key", "")
+            )
+            try:
+                key = st.auth.authenticate(token)
+                if entry is not None:
+                    entry.client = key.name  # logged even when refused for its scope
+                st.auth.authorize(key, scope, request.method, path)
+            except MlxdError as e:  # 401 or 403
+                return error_response(e)
+            g.mlxd_key = key
         if st.draining and not path.startswith(OPEN_WHILE_DRAINING):
             return error_response(ShuttingDown("mlxd is shutting down; retry in a moment"))
         repeated = next((k for k in request.args if len(request.args.getlist(k)) > 1), None)

@@ -11,6 +11,9 @@ import trio
 from quart import current_app
 
 from mlxd.config import Config
+from mlxd.http import access_log
+from mlxd.http.access_log import Entry, LogFormat
+from mlxd.http.auth import Auth
 from mlxd.http.metrics import Metrics
 from mlxd.http.server import Connections
 from mlxd.residency.manager import Manager
@@ -25,8 +28,10 @@ class AppState:
     config: Config
     metrics: Metrics
     journal: Journal | None = None
-    #: the API key every /v1 and /admin request must present (None: no auth)
-    api_key: str | None = None
+    #: the API keys and their scopes (none: every route open)
+    auth: Auth = field(default_factory=Auth)
+    #: the access log's line format
+    log_format: LogFormat = "logfmt"
     #: where /admin/reload re-reads the config from (None: the built-in demo config)
     config_path: Path | None = None
     #: set on the first SIGTERM/SIGINT: new requests get 503 shutting_down
@@ -40,6 +45,21 @@ class AppState:
     event_waits: set[trio.CancelScope] = field(default_factory=set)
     #: the open HTTP connections (to close one whose lease the manager ended)
     connections: Connections = field(default_factory=Connections)
+
+    def __post_init__(self) -> None:
+        self._write_access = access_log.writer(self.log_format)
+
+    def request_ended(self, entry: Entry, seconds: float) -> None:
+        """A request's response has ended: its access log line and per-client counters."""
+        self._write_access(entry, seconds)
+        if entry.client is not None:
+            lease = entry.lease
+            self.metrics.observe_client(
+                entry.client,
+                entry.status,
+                lease.prompt_tokens if lease is not None else None,
+                lease.completion_tokens if lease is not None else None,
+            )
 
     def close_event_streams(self) -> None:
         self.closing = True

@@ -18,8 +18,9 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
-from quart import Blueprint, Response
+from quart import Blueprint, Response, g
 
+from mlxd.config.model import SCOPES
 from mlxd.errors import NotFound
 from mlxd.http.context import state
 
@@ -37,8 +38,6 @@ CSP = (
     "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 
-#: every scope a key can have (see DESIGN.md "Operations")
-ALL_SCOPES = ("inference", "read", "admin")
 
 
 def page_file(name: str) -> bytes:
@@ -72,8 +71,9 @@ async def dashboard_file(name: str) -> Response:
 async def whoami() -> Any:
     """The key this request presented: its name and scopes (any known key may ask)."""
     st = state()
+    key = g.get("mlxd_key")
     return {
-        "client": None,
-        "scopes": list(ALL_SCOPES),
-        "auth_required": st.api_key is not None,
+        "client": key.name if key is not None else None,
+        "scopes": sorted(key.scopes) if key is not None else list(SCOPES),
+        "auth_required": st.auth.enabled,
     }

@@ -11,9 +11,10 @@ The residency families and the histograms are written in the Prometheus text
 format (0.0.4) here, not through ``prometheus_client``'s collector objects:
 those build one Python object per sample, which took about a second for
 10,000 configured models on the 2-core dev box, against a few tens of
-milliseconds for these string templates. The HTTP request counters stay
-``prometheus_client`` metrics in :attr:`Metrics.registry` (their cardinality
-is routes x statuses, not models), and are appended to the same reply.
+milliseconds for these string templates. The HTTP request counters and the
+per-client request and token counters stay ``prometheus_client`` metrics in
+:attr:`Metrics.registry` (their cardinality is routes x statuses and API key
+names, not models), and are appended to the same reply.
 """
 
 from __future__ import annotations
@@ -102,6 +103,15 @@ class Metrics:
             "mlxd_http_requests", "HTTP requests by route and status", ["route", "status"],
             registry=self.registry,
         )
+        # Per client (the API key's name: a handful, fixed by the config, so no cardinality risk).
+        self.client_requests = Counter(
+            "mlxd_client_requests", "HTTP requests by client (API key name) and status",
+            ["client", "status"], registry=self.registry,
+        )
+        self.client_tokens = Counter(
+            "mlxd_client_tokens", "Tokens by client (API key name): prompt or completion",
+            ["client", "kind"], registry=self.registry,
+        )
         self.lease_seconds = Histogram(
             "mlxd_lease_seconds", "How long leases were held", ("model", "outcome"), LEASE_BUCKETS
         )
@@ -118,6 +128,16 @@ class Metrics:
         """Manager subscriber: lease durations (everything else is read at scrape time)."""
         if isinstance(event, LeaseReleased):
             self.lease_seconds.observe((event.model, event.outcome.value), event.held_seconds)
+
+    def observe_client(
+        self, client: str, status: int | None, prompt_tokens: int | None, completion_tokens: int | None
+    ) -> None:
+        """One finished request of ``client``, with the tokens its lease used."""
+        self.client_requests.labels(client, str(status or 0)).inc()
+        if prompt_tokens:
+            self.client_tokens.labels(client, "prompt").inc(prompt_tokens)
+        if completion_tokens:
+            self.client_tokens.labels(client, "completion").inc(completion_tokens)
 
     def observe_generation(
         self, model: str, ttft_s: float | None, tokens: int, decode_s: float

@@ -43,7 +43,7 @@ from mlxd.errors import (
     Overloaded,
     ShuttingDown,
 )
-from mlxd.http import bodyscan, sse
+from mlxd.http import access_log, auth, bodyscan, sse
 from mlxd.http.context import AppState, state
 from mlxd.http.server import Connections, Key
 from mlxd.http.validation import ParsedRequest, parse_request
@@ -257,12 +257,15 @@ async def generate(kind: str) -> Any:
         raise ShuttingDown("mlxd is shutting down")
     parsed = await parse(kind)
     t_request = trio.current_time()
+    access_log.note(model=parsed.model)
     lease = await st.manager.acquire(
         parsed.model,
         request_id=parsed.generation.request_id,
         route=request.path,
         cancel_outcome=Outcome.DISCONNECTED,  # a cancelled request: its client went away
+        client=auth.client(),
     )
+    access_log.note(lease=lease)
     parsed = await _prepare(st, lease, parsed)
     builder = ResponseBuilder(kind, parsed.model, parsed.include_usage)
     if parsed.stream:

@@ -301,6 +301,7 @@ _DESCRIPTIONS = {
     400: "invalid request (param names the field), context_length_exceeded, or "
     "model_exceeds_budget (x-should-retry: false)",
     401: "missing or wrong API key (only when an API key is set)",
+    403: "insufficient_scope: the key lacks the scope this route needs (server.keys)",
     404: "model_not_found (param: model)",
     409: "conflict: the change needs a model that is live",
     413: "request_too_large: the body is larger than server.max_body_mb",
@@ -336,7 +337,7 @@ def _model_id(names: list[str]) -> dict[str, Any]:
 
 
 #: what every guarded route (/v1, /admin) may answer besides its own statuses
-_GUARDED = (401, 503)
+_GUARDED = (401, 403, 503)
 _REQUEST_ID = {"X-Request-Id": {"required": False, "schema": {"type": "string"}}}
 
 
@@ -398,7 +399,7 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
         "/admin/status": {
             "get": {
                 "summary": "Budget, committed bytes, every model's state, waiters, leases",
-                "responses": {"200": _json({"type": "object"}), **_errors(401)},
+                "responses": {"200": _json({"type": "object"}), **_errors(401, 403)},
             }
         },
         "/admin/models/{model_id}/load": {
@@ -437,7 +438,7 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                 "responses": {
                     "200": {"description": "event stream (never ends by itself)",
                             "content": {"text/event-stream": {"schema": _ADMIN_EVENT}}},
-                    **_errors(400, 401),
+                    **_errors(400, 401, 403),
                 },
             }
         },
@@ -456,11 +457,16 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                      "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 10000},
                                           {"type": "string", "maxLength": 0}]}},
                     {"name": "kind", "in": "query", "required": False,
-                     "schema": {"enum": ["transitions", "leases"]}},
+                     "description": "journal rows (transitions, leases) or where retention's "
+                     "pruning left each model (checkpoints)",
+                     "schema": {"enum": ["transitions", "leases", "checkpoints"]}},
+                    {"name": "client", "in": "query", "required": False,
+                     "description": "only the leases of this API key name (kind=leases)",
+                     "schema": {"type": "string"}},
                 ],
                 "responses": {
                     "200": _json({"type": "array", "items": {"type": "object"}}),
-                    **_errors(400, 401),
+                    **_errors(400, 401, 403),
                 },
             }
         },
@@ -493,9 +499,10 @@ def _operations_paths() -> dict[str, Any]:
         },
         "/metrics": {
             "get": {
-                "summary": "Prometheus metrics",
+                "summary": "Prometheus metrics (needs the read scope when server.keys is set)",
                 "responses": {"200": {"description": "Prometheus text format",
-                                      "content": {"text/plain": {"schema": {"type": "string"}}}}},
+                                      "content": {"text/plain": {"schema": {"type": "string"}}}},
+                              **_errors(401, 403)},
             }
         },
         "/openapi.json": {

@@ -54,6 +54,10 @@ replaced after ``kill_s`` (the daemon turns this watchdog on; it runs on real
 time). Records never wait: ``record`` keeps queueing them while no writer runs. A writer that dies before the run has begun (while it
 opens or recovers) is fatal: ``run()`` raises.
 
+Retention (``retain_days``, ``max_mb``; none by default here, the daemon
+passes the config's): the writer process prunes the oldest rows in short
+slices between and inside batches (:mod:`mlxd.journal.retention`).
+
 Readers (:meth:`history`, :meth:`leases`, :meth:`events_after`,
 :meth:`latest_measurements`) open their own read-only connection per call.
 
@@ -61,7 +65,8 @@ Live events: :meth:`subscribe` returns a :class:`Subscription` with a bounded
 buffer, fed only after commit. A subscriber that falls behind is dropped
 (``dropped`` set, iteration ends after its buffered events) rather than
 slowing anyone down. The SSE recipe without loss: subscribe first, send
-``events_after(last_event_id)``, then the subscription's events whose seq is
+``backlog(last_event_id)`` (a ``gap`` event first if retention pruned events
+after it), then the subscription's events whose seq is
 higher than the last one sent; when it ends with ``dropped``, repeat.
 
 Shutdown: the daemon calls :meth:`end_run` (clean or not) and cancels
@@ -93,6 +98,7 @@ from mlxd.journal.rows import ENCODERS, RESIDENT, EndRun, RecoveryReport, Wire
 from mlxd.journal.subscription import PUBLISHED_FIELDS, Subscription, payload_of
 from mlxd.journal.writer import Settings
 from mlxd.residency.events import ManagerEvent
+from mlxd.units import MIB
 
 __all__ = ["RESIDENT", "Journal", "RecoveryReport", "Subscription"]
 
@@ -126,6 +132,8 @@ class Journal(JournalFile):
         kill_s: float = 10.0,
         subscriber_buffer: int = 1024,
         migrations: Path | None = None,
+        retain_days: float = 0.0,
+        max_mb: float = 0.0,
     ) -> None:
         super().__init__(path, busy_timeout_ms=busy_timeout_ms)
         self.synchronous: Synchronous = synchronous
@@ -140,6 +148,8 @@ class Journal(JournalFile):
             retry_max=retry_max,
             migrations=str(migrations) if migrations is not None else None,
             daemon_pid=os.getpid(),
+            retain_days=retain_days,
+            max_bytes=int(max_mb * MIB),
         )
         self._stall_s = stall_s
         self._kill_s = kill_s
@@ -514,6 +524,8 @@ class Journal(JournalFile):
             self._recovered = (message[1], message[2])
             self._commits += 1
             self._wake()
+        elif kind == "note":
+            log.log(message[1], "%s", message[2])
         else:
             raise JournalError(f"journal: unknown report from the writer process: {message!r}")
 

@@ -28,6 +28,8 @@ from typing import Any
 
 from mlxd.config import JournalConfig, Measurement
 from mlxd.errors import ConfigError, JournalError
+from mlxd.journal.migrate import open_readonly
+from mlxd.journal.retention import pruned_through
 
 log = logging.getLogger("mlxd.journal")
 
@@ -41,6 +43,7 @@ LEASE_COLUMNS: tuple[str, ...] = (
 #: the columns a schema v1 journal (before ``leases.client``) has
 LEASE_COLUMNS_V1 = LEASE_COLUMNS[:-1]
 EVENT_COLUMNS: tuple[str, ...] = ("seq", "run_id", "at", "kind", "model", "payload")
+CHECKPOINT_COLUMNS: tuple[str, ...] = ("model", "seq", "run_id", "at", "state", "pruned")
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -88,12 +91,20 @@ def read_leases(
     since: float | None = None,
     limit: int | None = 50,
     open_only: bool = False,
+    client: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The last ``limit`` leases acquired (at or after ``since``), oldest first."""
+    """The last ``limit`` leases acquired (at or after ``since``; of ``client``), oldest first."""
     clauses, params = _filters(model, since, "acquired_at")
     if open_only:
         clauses.append("released_at IS NULL")
     columns = lease_columns(conn)
+    if client is not None:
+        if "client" not in columns:
+            raise JournalError(
+                "journal: this file predates leases.client (schema v1); run 'mlxd migrate'"
+            )
+        clauses.append("client = ?")
+        params.append(client)
     cols = ", ".join(columns)
     sql = (
         f"SELECT {cols} FROM leases{_where(clauses)} ORDER BY acquired_at DESC, rowid DESC LIMIT ?"
@@ -148,6 +159,64 @@ def read_latest_measurements(conn: sqlite3.Connection) -> Measurements:
     return {model: Measurement(int(memory), weights) for model, memory, _, weights in rows}
 
 
+def read_gap(conn: sqlite3.Connection, after: int) -> dict[str, Any] | None:
+    """The ``gap`` event for a resume from ``after``, if pruning removed events after it.
+
+    ``through`` is the retention watermark: events up to it may be gone, so the
+    stream goes on after it; ``states`` is every model's state at ``through``
+    (its checkpoint, then its kept transitions up to there), so a client that
+    follows states from events stays right.
+    """
+    through = pruned_through(conn)
+    if after >= through:
+        return None
+    states = read_checkpoints(conn)
+    for model, state in conn.execute(
+        "SELECT model, to_state FROM transitions WHERE seq <= ? ORDER BY seq", (through,)
+    ):
+        states[model] = state
+    return {
+        "kind": "gap",
+        "after": after,
+        "through": through,
+        "states": states,
+        "message": (
+            f"events after {after} up to {through} were pruned by journal retention; "
+            f"'states' is each model's state at {through}, and the stream goes on after it"
+        ),
+    }
+
+
+def read_backlog(
+    conn: sqlite3.Connection, after: int, limit: int = 1000
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """A resume from ``after``: the gap event if any, then the events after it, from one snapshot."""
+    conn.execute("BEGIN")  # the watermark and the rows from the same snapshot (WAL)
+    try:
+        gap = read_gap(conn, after)
+        rows = read_events_after(conn, after if gap is None else gap["through"], limit)
+    finally:
+        conn.execute("COMMIT")
+    return gap, rows
+
+
+def read_checkpoints(conn: sqlite3.Connection) -> dict[str, str]:
+    """Each pruned model's checkpoint state: where its kept history starts ({} on a v1 file)."""
+    try:
+        return {model: state for model, state in conn.execute("SELECT model, state FROM checkpoints")}
+    except sqlite3.OperationalError:  # a v1 file (not migrated yet): nothing was ever pruned
+        return {}
+
+
+def read_checkpoint_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """The ``checkpoints`` rows, by model ([] on a v1 file)."""
+    try:
+        cur = conn.execute(f"SELECT {', '.join(CHECKPOINT_COLUMNS)} FROM checkpoints ORDER BY model")
+    except sqlite3.OperationalError:
+        return []
+    return [dict(zip(CHECKPOINT_COLUMNS, r, strict=True)) for r in cur]
+
+
 # ---- the CLI --------------------------------------------------------------------------------
 
 
@@ -176,10 +245,6 @@ def journal_measurements(journal: JournalConfig) -> Measurements:
     ``check-config`` sees the same estimates as the daemon. Never creates or
     writes the file.
     """
-    from mlxd.journal.migrate import (
-        open_readonly,  # migrate imports nothing of reads; kept lazy for speed
-    )
-
     path = Path(journal.path).absolute()
     if not path.is_file():
         return {}
@@ -205,8 +270,6 @@ class JournalFile:
 
     @contextlib.contextmanager
     def _reader(self) -> Iterator[sqlite3.Connection]:
-        from mlxd.journal.migrate import open_readonly
-
         conn = open_readonly(self.path, busy_timeout_ms=self._busy_timeout_ms)
         try:
             yield conn
@@ -229,17 +292,30 @@ class JournalFile:
         limit: int | None = 50,
         *,
         open_only: bool = False,
+        client: str | None = None,
     ) -> list[dict[str, Any]]:
         """The last ``limit`` leases (of ``model``, acquired at or after ``since``), oldest first."""
         with self._reader() as conn:
             return read_leases(
-                conn, model=model, since=since, limit=limit, open_only=open_only
+                conn, model=model, since=since, limit=limit, open_only=open_only, client=client
             )
 
     def events_after(self, seq: int, limit: int = 1000) -> list[dict[str, Any]]:
         """Committed events with a seq above ``seq`` (SSE resume from ``Last-Event-ID``)."""
         with self._reader() as conn:
             return read_events_after(conn, seq, limit)
+
+    def backlog(
+        self, seq: int, limit: int = 1000
+    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """SSE resume from ``seq``: a ``gap`` event if retention pruned events after it, then events."""
+        with self._reader() as conn:
+            return read_backlog(conn, seq, limit)
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """The ``checkpoints`` rows: where each pruned model's kept history starts."""
+        with self._reader() as conn:
+            return read_checkpoint_rows(conn)
 
     def latest_measurements(self) -> Measurements:
         """Each model's latest measurement (the memory estimate's second source)."""

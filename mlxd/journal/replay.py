@@ -11,7 +11,9 @@ replaying the journal gives the manager's current state") is checked with
 these two functions:
 
 * :func:`replay` applies every row's ``to_state``; a model with no row is not
-  in the result (it is ``unloaded``).
+  in the result (it is ``unloaded``). After pruning (:mod:`mlxd.journal.retention`)
+  a model's kept rows start from its ``checkpoints`` row, which both functions
+  take as the model's starting state.
 * :func:`check_history` lists every break in a model's path: a first row that
   does not start from ``unloaded``, a row that does not start where the
   previous one ended, and a move that :func:`mlxd.residency.states.is_legal` refuses
@@ -25,6 +27,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from mlxd.journal.reads import read_checkpoints
 from mlxd.residency.states import State, is_legal
 
 
@@ -32,9 +35,19 @@ class TransitionRow(Protocol):
     def __getitem__(self, key: str, /) -> Any: ...
 
 
-def replay(rows: Iterable[TransitionRow | Mapping[str, Any]]) -> dict[str, State]:
-    """Each model's state after applying ``rows`` in order."""
-    states: dict[str, State] = {}
+#: model -> the state its kept history starts from (``checkpoints.state``, after pruning)
+Checkpoints = Mapping[str, str]
+
+
+def replay(
+    rows: Iterable[TransitionRow | Mapping[str, Any]], checkpoints: Checkpoints | None = None
+) -> dict[str, State]:
+    """Each model's state after applying ``rows`` in order, from its checkpoint if it has one.
+
+    A model with a checkpoint but no row left cannot happen (pruning keeps each
+    model's latest transition); it replays to its checkpoint's state.
+    """
+    states: dict[str, State] = {m: State(s) for m, s in (checkpoints or {}).items()}
     for row in rows:
         states[row["model"]] = State(row["to_state"])
     return states
@@ -48,10 +61,19 @@ def _where(row: TransitionRow | Mapping[str, Any]) -> str:
     return f"seq {seq}" if seq is not None else "row"
 
 
-def check_history(rows: Iterable[TransitionRow | Mapping[str, Any]]) -> list[str]:
-    """Every illegal step of every model's path, as one readable line each (empty: legal)."""
+def check_history(
+    rows: Iterable[TransitionRow | Mapping[str, Any]], checkpoints: Checkpoints | None = None
+) -> list[str]:
+    """Every illegal step of every model's path, as one readable line each (empty: legal).
+
+    A model with a checkpoint (its older rows were pruned) starts from the
+    checkpoint's state instead of ``unloaded``.
+    """
     problems: list[str] = []
-    current: dict[str, tuple[str, str]] = {}  # model -> (state it is in, where that came from)
+    # model -> (state it is in, where that came from)
+    current: dict[str, tuple[str, str]] = {
+        m: (state, "its checkpoint") for m, state in (checkpoints or {}).items()
+    }
     for row in rows:
         model, src, dst, reason = row["model"], row["from_state"], row["to_state"], row["reason"]
         here = _where(row)
@@ -76,8 +98,8 @@ def check_journal(conn: sqlite3.Connection) -> list[str]:
 
     ``PRAGMA integrity_check`` and ``foreign_key_check``; each transition has an
     ``events`` row of kind ``transition`` with the same seq; the whole history
-    passes :func:`check_history`; no lease is left open by a run that has
-    stopped or by any run but the newest.
+    passes :func:`check_history` (from the checkpoints of pruned models); no
+    lease is left open by a run that has stopped or by any run but the newest.
     """
     problems: list[str] = []
     integrity = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
@@ -97,7 +119,7 @@ def check_journal(conn: sqlite3.Connection) -> list[str]:
             "SELECT seq, model, from_state, to_state, reason FROM transitions ORDER BY seq"
         )
     ]
-    problems.extend(check_history(rows))
+    problems.extend(check_history(rows, read_checkpoints(conn)))
     for lease_id, run_id in conn.execute(
         "SELECT l.id, l.run_id FROM leases l JOIN runs r ON r.id = l.run_id"
         " WHERE l.released_at IS NULL"

@@ -55,7 +55,7 @@ INSERT_TRANSITION = (
 )
 INSERT_LEASE = (
     "INSERT INTO leases(id, run_id, model, request_id, route, acquired_at, released_at, outcome,"
-    " prompt_tokens, completion_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " prompt_tokens, completion_tokens, client) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 RELEASE_LEASE = (
     "UPDATE leases SET released_at = ?, outcome = ?, prompt_tokens = ?, completion_tokens = ?"
@@ -166,8 +166,8 @@ def _transition_row(seq: int, run_id: int, w: Wire) -> tuple[Any, ...]:
 
 
 def _lease_row(run_id: int, w: Wire) -> list[Any]:
-    _, lease_id, model, request_id, route, at = w
-    return [lease_id, run_id, model, request_id, route, at, None, None, None, None]
+    _, lease_id, model, request_id, route, at, client = w
+    return [lease_id, run_id, model, request_id, route, at, None, None, None, None, client]
 
 
 def _weights_row(w: Wire) -> tuple[Any, ...]:

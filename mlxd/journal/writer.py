@@ -29,7 +29,8 @@ The daemon sends, in order:
 The child answers with ``("ready", max_seq, notes)`` (lines for the log) or ``("open_error", kind,
 message)``, then ``("batch", last_seq, rejected, commits)`` after each commit
 (every seq up to ``last_seq`` is written, except the ``(seq, why)`` rejected),
-``("failure", last_error, attempt_failures)`` when an attempt fails, and
+``("failure", last_error, attempt_failures)`` when an attempt fails,
+``("note", logging level, line)`` for the daemon's log (retention), and
 ``("exit", error_or_None)`` last.
 
 One thread in the child (a second thread would make every ``munmap`` of the
@@ -107,7 +108,7 @@ MAX_BATCH = 1000
 #: The pipe from the daemon holds this much on Linux (the default 64 KiB fills during a slow fsync).
 PIPE_BYTES = 1 << 20
 
-#: At most this many rows go into one multi-row INSERT (10 columns x 64 stays under
+#: At most this many rows go into one multi-row INSERT (11 columns x 64 stays under
 #: SQLite's oldest limit of 999 bound parameters).
 MAX_ROWS_PER_INSERT = 64
 
@@ -128,6 +129,9 @@ class Settings:
     daemon_pid: int
     #: how long to wait for the lock of a dead daemon's writer to be released
     lock_wait: float = 10.0
+    #: retention (journal.retain_days, journal.max_mb in bytes); 0 = no limit
+    retain_days: float = 0.0
+    max_bytes: int = 0
 
 
 #: the ``open_error`` kinds the daemon turns back into exceptions
@@ -221,6 +225,10 @@ class Writer:
         self.last_error: str | None = None
         #: (logging level, line) for the daemon's log, sent with ``ready``
         self.notes: list[tuple[int, str]] = []
+        policy = retention.Policy(settings.retain_days, settings.max_bytes)
+        self.pruner = retention.Pruner(policy) if policy.enabled else None
+        #: how long an idle writer sleeps: with retention, time alone can make rows due
+        self._idle_wait = retention.AGE_CHECK_S if self.pruner is not None else None
         self.attempt_failures = 0
         self.commits = 0
         #: records up to this seq may be in the file already (see ``replay_until``)
@@ -240,6 +248,8 @@ class Writer:
             return
         error: str | None = None
         try:
+            if self.pruner is not None:
+                self.pruner.setup(conn)
             max_seq = conn.execute(
                 "SELECT max(coalesce((SELECT max(seq) FROM events), 0),"
                 " coalesce((SELECT max(seq) FROM transitions), 0))"
@@ -310,10 +320,15 @@ class Writer:
         while True:
             # Block only when there is nothing to write; otherwise take what is there.
             idle = not pending and not self._stopping
-            self._take(inbox.wait(None) if idle else inbox.take(), inbox)
+            prune = idle and self._prune_due(conn)
+            if idle and not prune and self.pruner is not None:
+                self.pruner.idle(conn)
+            self._take(inbox.wait(self._idle_wait) if idle and not prune else inbox.take(), inbox)
             if not pending:
                 if self._stopping:
                     return
+                if prune:
+                    self._prune(conn)
                 continue
             head = pending[0]
             if isinstance(head, Call):
@@ -387,6 +402,7 @@ class Writer:
             batch = plan(items)
             conn.execute("BEGIN IMMEDIATE")
             self._write(conn, batch)
+            self._prune(conn, len(items))
             crash_point("journal.before_commit")
             conn.execute("COMMIT")
             crash_point("journal.after_commit")
@@ -432,6 +448,20 @@ class Writer:
             "SELECT 1 FROM measurements WHERE model = ? AND at = ? LIMIT 1", (w[1], w[2])
         ).fetchone()
         return found is not None
+
+    # -- retention (mlxd.journal.retention) --
+
+    def _prune_due(self, conn: sqlite3.Connection) -> bool:
+        return self.pruner is not None and not self._stopping and self.pruner.due(conn)
+
+    def _prune(self, conn: sqlite3.Connection, records: int = 0) -> None:
+        """One slice: along the batch of ``records`` being written, or alone (``records`` 0)."""
+        if records and not self._prune_due(conn):
+            return
+        assert self.pruner is not None
+        notes = self.pruner.along(conn, records) if records else self.pruner.alone(conn)
+        for level, line in notes:
+            self._send(("note", level, line))
 
     @staticmethod
     def _rollback(conn: sqlite3.Connection) -> None:

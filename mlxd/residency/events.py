@@ -37,6 +37,8 @@ class LeaseAcquired:
     request_id: str | None
     route: str | None
     at: float
+    #: the name of the API key that took the lease (never the key); None without keys
+    client: str | None = None
 
     kind = "lease_acquired"
 

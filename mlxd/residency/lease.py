@@ -70,6 +70,8 @@ class LeaseWaiter:
     error: MlxdError | None = None
     #: a residency waiter's model status at the moment it was satisfied
     status: dict[str, Any] | None = None
+    #: the name of the request's API key (journaled as ``leases.client``)
+    client: str | None = None
 
 
 def is_cancellation(exc: BaseException | None) -> bool:
@@ -112,6 +114,8 @@ class Lease:
         self.route = route
         #: the outcome when the holder's work is cancelled (see :func:`outcome_of`)
         self.cancel_outcome = cancel_outcome
+        #: the name of the API key the request came with (None without keys)
+        self.client: str | None = None
         self.acquired_at = trio.current_time()
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
@@ -124,6 +128,11 @@ class Lease:
         self._manager = manager
         self._scopes: set[trio.CancelScope] = set()
         self._abandon_hooks: list[AbandonHook] = []
+
+    def adopt(self, w: LeaseWaiter) -> None:
+        """Take the request's tags from its waiter: request id, route, client, cancel outcome."""
+        self.request_id, self.route, self.client = w.request_id, w.route, w.client
+        self.cancel_outcome = w.cancel_outcome
 
     @property
     def preempt_outcome(self) -> Outcome:

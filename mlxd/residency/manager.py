@@ -210,6 +210,7 @@ class Manager:
         request_id: str | None = None,
         route: str | None = None,
         cancel_outcome: Outcome = Outcome.CANCELLED,
+        client: str | None = None,
     ) -> Lease:
         """Wait for a lease on ``model``; raises a typed :class:`MlxdError` if none can be had.
 
@@ -220,8 +221,9 @@ class Manager:
         """
         if not self.has_model(model):
             raise ModelNotFound(model)
-        wid, w = self._new_waiter(model, WaiterKind.LEASE, request_id, route)
-        w.cancel_outcome = cancel_outcome
+        wid, w = self._new_waiter(
+            LeaseWaiter(model, request_id, route, WaiterKind.LEASE, cancel_outcome, client=client)
+        )
         # Time-ordered (ns, this manager's random salt, a counter): the journal's leases primary
         # key grows at its end (a random uuid4 dirtied a random index page per lease: 3x the
         # SQLite work), and no syscall per lease (os.urandom was 15% of acquire+release).
@@ -266,7 +268,7 @@ class Manager:
         """Start making ``model`` resident (preload, restore, admin); never abandoned."""
         if not self.has_model(model):
             raise ModelNotFound(model)
-        wid, w = self._new_waiter(model, WaiterKind.RESIDENT, None, None)
+        wid, w = self._new_waiter(LeaseWaiter(model, None, None, WaiterKind.RESIDENT))
         self._dispatch(
             Acquire(wid, model, "", trio.current_time(), kind=WaiterKind.RESIDENT, reason=reason)
         )
@@ -392,15 +394,12 @@ class Manager:
 
     # -- internals -------------------------------------------------------------------
 
-    def _new_waiter(
-        self, model: str, kind: WaiterKind, request_id: str | None, route: str | None
-    ) -> tuple[int, LeaseWaiter]:
+    def _new_waiter(self, w: LeaseWaiter) -> tuple[int, LeaseWaiter]:
         if self._nursery is None:
             raise RuntimeError("Manager.run() must be started before use")
         if self._load_gate_probe is not None:
             self.set_load_gate(self._load_gate_probe())
         wid = next(self._ids)
-        w = LeaseWaiter(model, request_id, route, kind)
         self._waiters[wid] = w
         return wid, w
 
@@ -455,11 +454,12 @@ class Manager:
             engine = self._engines[cmd.model]
             lease = Lease(self, cmd.lease_id, cmd.model, engine, None, None)
             if w is not None:
-                lease.request_id, lease.route = w.request_id, w.route
-                lease.cancel_outcome = w.cancel_outcome
+                lease.adopt(w)
             self._leases[lease.id] = lease
             self._emit(
-                LeaseAcquired(lease.id, cmd.model, lease.request_id, lease.route, self._wall())
+                LeaseAcquired(
+                    lease.id, cmd.model, lease.request_id, lease.route, self._wall(), lease.client
+                )
             )
             if w is None:  # the waiter is gone; give the lease straight back
                 lease._end(Outcome.CANCELLED)

@@ -30,6 +30,10 @@ class Snapshot:
     max_run: int = 0
     #: the column the test migration adds to ``runs`` is there
     probe_column: bool = False
+    #: model -> (at, state) of its checkpoint (where retention's pruning left it)
+    checkpoints: dict[str, tuple[float, str]] = field(default_factory=dict)
+    #: events rows retention has pruned from the file so far
+    events_pruned: int = 0
 
     def last_states(self) -> dict[str, tuple[int, str]]:
         """Each model's (seq, state) after its last row."""
@@ -60,7 +64,13 @@ def snapshot(path: Path) -> Snapshot:
         snap.probe_column = any(
             r[1] == "crash_probe_note" for r in conn.execute("PRAGMA table_info(runs)")
         )
+        conn.execute("BEGIN")  # one snapshot: a live daemon may prune between two reads
         snap.problems = check_journal(conn)
+        if "checkpoints" in snap.tables:
+            snap.checkpoints = {
+                r[0]: (r[1], r[2]) for r in conn.execute("SELECT model, at, state FROM checkpoints")
+            }
+            snap.events_pruned = conn.execute("SELECT events_pruned FROM retention").fetchone()[0]
         snap.transitions = [
             tuple(r)
             for r in conn.execute(
@@ -68,16 +78,11 @@ def snapshot(path: Path) -> Snapshot:
                 " ORDER BY seq"
             )
         ]
+        columns = ("seq", "model", "from_state", "to_state", "reason")
         snap.illegal = len(
             check_history(
-                dict(
-                    zip(
-                        ("seq", "model", "from_state", "to_state", "reason"),
-                        r[:1] + r[3:],
-                        strict=True,
-                    )
-                )
-                for r in snap.transitions
+                (dict(zip(columns, r[:1] + r[3:], strict=True)) for r in snap.transitions),
+                {m: state for m, (_, state) in snap.checkpoints.items()},
             )
         )
         snap.leases = {
@@ -85,6 +90,7 @@ def snapshot(path: Path) -> Snapshot:
             for r in conn.execute("SELECT id, run_id, released_at, outcome FROM leases")
         }
         snap.max_run = conn.execute("SELECT coalesce(max(id), 0) FROM runs").fetchone()[0]
+        conn.execute("COMMIT")
         return snap
     finally:
         conn.close()
@@ -100,9 +106,18 @@ class Ack:
     received: float
 
 
+def ack_was_pruned(snap: Snapshot, ack: Ack) -> bool:
+    """Retention pruned rows from the ack's window (the model's checkpoint is after its send)."""
+    checkpoint = snap.checkpoints.get(ack.model)
+    return checkpoint is not None and checkpoint[0] >= ack.sent
+
+
 def ack_is_journaled(snap: Snapshot, ack: Ack) -> bool:
-    """The journaled state of the model is the acknowledged one at the send time or in a row before the reply."""
-    state = "unloaded"
+    """The journaled state of the model is the acknowledged one at the send time or in a row before the reply.
+
+    A model whose older rows were pruned starts from its checkpoint's state.
+    """
+    state = snap.checkpoints.get(ack.model, (0.0, "unloaded"))[1]
     for _seq, _run, at, model, _from, to, _reason in snap.transitions:
         if model != ack.model:
             continue

@@ -1,14 +1,19 @@
 """The crash-loop supervisor: start the real daemon, drive it, SIGKILL it, check the journal, repeat.
 
 One :class:`CrashLoop` owns a temporary directory with a config of four fake
-models, a budget that forces evictions and preemption, and ``restore_on_start``.
+models, a budget that forces evictions and preemption, ``restore_on_start``,
+and journal retention (``max_mb`` small enough that every start prunes). The
+journal starts as a schema v1 file with 20,000 rows of older history, so the
+first start (armed at ``migrate.mid_migration``) dies inside the real 0002 on a
+journal with history, and pruning runs from the first start on.
 Each *start* runs ``mlxd serve`` on 127.0.0.1 port 0 and ends in a SIGKILL:
 
 * ``random``: the supervisor kills it at a random moment, while it serves
   traffic or (one time in four) during start-up, counted from the process start;
 * a named crash point (:mod:`mlxd.faults`): the daemon kills itself there
   (``MLXD_CRASH_AT=point:N``); ``migrate.mid_migration`` starts it with a test
-  migration pending (``MLXD_MIGRATIONS_DIR``) so every such start dies inside it.
+  migration pending (``MLXD_MIGRATIONS_DIR``) so every such start dies inside it;
+  ``journal.mid_prune`` dies inside a pruning slice.
 
 While a start serves, three client threads send admin loads and unloads (some
 with ``?preempt=true``) and chat requests (some streaming). Each admin reply
@@ -25,8 +30,9 @@ opened read-only, so the hot WAL is left for the next start to recover:
 * the schema is at a version a migration ends at (no half-applied migration);
 * ``PRAGMA integrity_check`` is ``ok`` and :func:`mlxd.journal.replay.check_journal`
   finds nothing (every model's history legal, recovery rows included);
-* every acknowledged transition is in the journal (the model's journaled state
-  is the acknowledged one at some moment between request and reply).
+* every acknowledged transition is in the journal (the model's journaled state,
+  from its retention checkpoint on, is the acknowledged one at some moment
+  between request and reply).
 
 After each restart reaches ready (``/health`` says ``ready: true``):
 
@@ -62,9 +68,10 @@ from mlxd.journal.migrate import discover, open_readonly, split_statements
 from mlxd.journal.replay import check_journal
 from mlxd.residency.states import HOLDS_MEMORY
 from mlxd.resources import migrations_dir
-from tests.crash.journal_view import Ack, Snapshot, ack_is_journaled, snapshot
+from tests.crash.journal_view import Ack, Snapshot, ack_is_journaled, ack_was_pruned, snapshot
 from tests.crash.traffic import Traffic
 from tests.support.daemon import MLXD, REPO, write_config
+from tests.support.old_journal import write_v1_journal
 
 BUDGET_GB = 3
 #: name -> (GB, load s, unload s, preload, pin, idle unload s)
@@ -74,6 +81,10 @@ MODELS: dict[str, tuple[int, float, float, bool, bool, float]] = {
     "gamma": (2, 0.30, 0.10, False, False, 0.0),
     "delta": (1, 0.15, 0.08, False, False, 4.0),
 }
+#: journal.max_mb of the loop: small enough that every start prunes (the file starts with
+#: PREFILL_ROWS rows of old v1 history), big enough to keep many starts of rows
+PRUNE_MAX_MB = 1
+PREFILL_ROWS = 20_000
 
 #: each named point and the range its N is drawn from
 POINTS: dict[str, tuple[int, int]] = {
@@ -83,6 +94,7 @@ POINTS: dict[str, tuple[int, int]] = {
     "manager.mid_load": (1, 5),
     "manager.mid_unload": (1, 4),
     "migrate.mid_migration": (1, 6),  # the test migration below has six statements
+    "journal.mid_prune": (1, 3),
 }
 
 #: a pending migration for the ``migrate.mid_migration`` starts; never allowed to finish
@@ -144,7 +156,9 @@ NAMED_TIMEOUT_S = 8.0
 def config(journal: Path) -> dict[str, Any]:
     return {
         "server": {"host": "127.0.0.1", "shutdown_grace_s": 1},
-        "journal": {"path": str(journal), "synchronous": "full"},
+        "journal": {
+            "path": str(journal), "synchronous": "full", "retain_days": 0, "max_mb": PRUNE_MAX_MB,
+        },
         "manager": {
             "memory_budget_gb": BUDGET_GB,
             "restore_on_start": True,
@@ -199,6 +213,10 @@ class Summary:
     writer_exit_s: list[float] = field(default_factory=list)
     acks: int = 0
     lost_acks: int = 0
+    #: acks whose rows retention pruned before the check (not checkable; should stay 0)
+    pruned_acks: int = 0
+    #: events rows retention pruned over the whole loop (the file's total)
+    events_pruned: int = 0
     illegal_pairs: int = 0
     dangling_leases: int = 0
     wrong_restores: int = 0
@@ -237,6 +255,7 @@ class Summary:
             "|---|---|",
             f"| acknowledged admin transitions | {self.acks:,} |",
             f"| lost acknowledged transitions | **{self.lost_acks}** |",
+            f"| events rows pruned by retention (journal.max_mb {PRUNE_MAX_MB}) / acks not checkable because pruned | {self.events_pruned:,} / {self.pruned_acks} |",
             f"| illegal pairs in model histories | **{self.illegal_pairs}** |",
             f"| leases left open by a dead run after restart | **{self.dangling_leases}** |",
             f"| restarts whose restore or /v1/models was wrong | **{self.wrong_restores}** |",
@@ -256,6 +275,7 @@ class CrashLoop:
         self.tmp = tmp
         self.rng = random.Random(seed)
         self.journal = tmp / "journal.db"
+        write_v1_journal(self.journal, PREFILL_ROWS)  # old history: 0002 to apply, rows to prune
         self.config_path = write_config(tmp / "models.yaml", config(self.journal))
         self.log_path = tmp / "daemon.log"
         self.test_migrations = with_test_migration(tmp / "migrations")
@@ -433,8 +453,11 @@ class CrashLoop:
         for p in snap.problems:
             self.violation(f"{kind}: after the kill: {p}", offset)
         self.summary.acks += len(acks)
+        self.summary.events_pruned = snap.events_pruned
         for ack in acks:
-            if not ack_is_journaled(snap, ack):
+            if ack_was_pruned(snap, ack):
+                self.summary.pruned_acks += 1
+            elif not ack_is_journaled(snap, ack):
                 self.summary.lost_acks += 1
                 self.violation(f"{kind}: acknowledged but not journaled: {ack}", offset)
 

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,6 +24,7 @@ import trio
 import yaml
 
 from mlxd.config import Config, JournalConfig, ServerConfig
+from mlxd.config.keys import ResolvedKey
 from mlxd.daemon import Daemon
 from mlxd.engines import DefaultEngines, EngineFactory
 
@@ -84,6 +85,7 @@ async def serving(
     *,
     engines: EngineFactory | None = None,
     api_key: str | None = None,
+    keys: Sequence[ResolvedKey] = (),
     config_path: Path | None = None,
     **server: Any,
 ) -> AsyncIterator[Served]:
@@ -92,6 +94,7 @@ async def serving(
         config_path=config_path,
         engines=engines or DefaultEngines(),
         api_key=api_key,
+        keys=keys,
         install_signal_handlers=False,
     )
     async with trio.open_nursery() as nursery:

@@ -50,9 +50,12 @@ def evict_idle(model: str, at: float) -> list[TransitionEvent]:
     ]
 
 
-def lease(lid: str, model: str, at: float, held: float, outcome: Outcome, tokens: int) -> list[Any]:
+def lease(
+    lid: str, model: str, at: float, held: float, outcome: Outcome, tokens: int,
+    client: str | None = None,
+) -> list[Any]:  # fmt: skip
     return [
-        LeaseAcquired(lid, model, f"req-{lid}", "/v1/chat/completions", at),
+        LeaseAcquired(lid, model, f"req-{lid}", "/v1/chat/completions", at, client),
         LeaseReleased(lid, model, outcome, at + held, 5, tokens, held),
     ]
 
@@ -87,19 +90,21 @@ async def _fill(path: Path) -> None:
             MeasurementEvent("qwen", DAY1 + 2, 600 * MIB, 4.0, "qwen-weights-1"),
             *load("llama", DAY1 + 100),
             MeasurementEvent("llama", DAY1 + 102, 300 * MIB, 1.0),
-            *lease("p1", "llama", DAY1 + 200, 2.0, Outcome.PREEMPTED, 10),
-            *lease("p2", "llama", DAY1 + 300, 4.0, Outcome.PREEMPTED, 20),
-            *lease("ok", "qwen", DAY1 + 400, 1.0, Outcome.COMPLETED, 50),
+            *lease("p1", "llama", DAY1 + 200, 2.0, Outcome.PREEMPTED, 10, "laptop"),
+            *lease("p2", "llama", DAY1 + 300, 4.0, Outcome.PREEMPTED, 20, "laptop"),
+            *lease("ok", "qwen", DAY1 + 400, 1.0, Outcome.COMPLETED, 50, "ops"),
             *evict_idle("qwen", DAY1 + 500),
             TransitionEvent("llama", State.LOADED, State.DRAINING, Reason.EVICTED, DAY1 + 600),
             TransitionEvent("llama", State.DRAINING, State.UNLOADING, Reason.EVICTED, DAY1 + 601),
             TransitionEvent("llama", State.UNLOADING, State.UNLOADED, Reason.EVICTED, DAY1 + 602),
             *load("qwen", DAY2),
             MeasurementEvent("qwen", DAY2 + 2, 550 * MIB, 3.0, "qwen-weights-2"),
-            *lease("p3", "qwen", DAY2 + 100, 3.0, Outcome.PREEMPTED, 7),
+            *lease("p3", "qwen", DAY2 + 100, 3.0, Outcome.PREEMPTED, 7, "laptop"),
             *evict_idle("qwen", DAY2 + 200),
             *load("qwen", DAY2 + 300),
-            LeaseAcquired("open-now", "qwen", "req-open", "/v1/chat/completions", time.time() - 60),
+            LeaseAcquired(
+                "open-now", "qwen", "req-open", "/v1/chat/completions", time.time() - 60, "laptop"
+            ),
         ],
         DAY1 - 60,
         None,
@@ -302,9 +307,9 @@ def run_query(journal: Path, sql: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-def test_docs_have_six_queries() -> None:
-    """docs/journal.md documents exactly the six tested queries."""
-    assert len(doc_queries()) == 6
+def test_docs_have_seven_queries() -> None:
+    """docs/journal.md documents exactly the seven tested queries."""
+    assert len(doc_queries()) == 7
 
 
 async def test_doc_query_recent_transitions(journal: Path) -> None:
@@ -357,3 +362,35 @@ async def test_doc_query_measurements_and_their_weights(journal: Path) -> None:
         ("llama", at(DAY1 + 102), 300.0, None),
         ("qwen", at(DAY2 + 2), 550.0, "qwen-weights-2"),
     ]
+
+
+async def test_doc_query_requests_per_client(journal: Path) -> None:
+    """Query 7 counts each client's requests, tokens and models per day ('-' for no key)."""
+    rows = run_query(journal, doc_queries()[6])
+    got = {(day, client): rest for day, client, *rest in rows}
+    today = local_day(time.time() - 60)  # the lease still open
+    expected = {
+        (local_day(DAY1), "laptop"): [2, 10, 30, 1],
+        (local_day(DAY1), "ops"): [1, 5, 50, 1],
+        (local_day(DAY1), "-"): [1, 0, 0, 1],  # before keys: interrupted, no tokens
+        (local_day(DAY2), "laptop"): [1, 5, 7, 1],
+    }
+    if (today, "laptop") in expected:
+        expected[(today, "laptop")][0] += 1
+    else:
+        expected[(today, "laptop")] = [1, 0, 0, 1]
+    assert got == {k: v for k, v in expected.items()}
+    assert [(d, c) for d, c, *_ in rows] == sorted(
+        got, key=lambda k: (k[0], -got[k][0], k[1])
+    )
+
+
+async def test_history_filters_leases_by_client(
+    journal: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--client NAME prints the leases of that key's name only, as a table or JSON."""
+    _, out, _ = history(capsys, "--journal", str(journal), "--client", "laptop", "--json", "--limit", "0")
+    assert [r["id"] for r in json.loads(out)] == ["p1", "p2", "p3", "open-now"]
+    assert {r["client"] for r in json.loads(out)} == {"laptop"}
+    _, out, _ = history(capsys, "--journal", str(journal), "--client", "ops")
+    assert "ops" in out and "ok" in out.splitlines()[1] and len(out.splitlines()) == 2

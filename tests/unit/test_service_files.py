@@ -44,9 +44,10 @@ def test_default_plist_runs_serve_at_load_and_keeps_it_alive() -> None:
     assert job["Label"] == "com.mlxd.daemon"
     assert job["RunAtLoad"] is True and job["KeepAlive"] is True
     program = job["ProgramArguments"]
-    assert program[-1] == "serve"
+    access_log = str(Path.home() / "Library" / "Logs" / "mlxd" / "access.log")
+    assert program[-3:] == ["serve", "--access-log", access_log]
     assert Path(program[0]).is_absolute() and Path(program[0]).exists()
-    assert program[1:] in (["serve"], ["-m", "mlxd", "serve"])
+    assert program[1:-2] in (["serve"], ["-m", "mlxd", "serve"])
     assert job["ExitTimeOut"] > 10  # the default shutdown grace
     assert job["ProcessType"] in ("Interactive", "Background")
     assert job["SoftResourceLimits"]["NumberOfFiles"] >= 1024
@@ -64,7 +65,9 @@ def test_plist_follows_the_config_and_label(tmp_path: Path) -> None:
     job, _, stderr = launchd_plist("--config", "models.yaml", "--label", "org.example.mlxd",
                                    cwd=tmp_path)
     assert job["Label"] == "org.example.mlxd"
-    assert job["ProgramArguments"][-3:] == ["serve", "--config", str(tmp_path / "models.yaml")]
+    access_log = str(Path.home() / "Library" / "Logs" / "mlxd" / "access.log")
+    assert job["ProgramArguments"][-5:-2] == ["serve", "--access-log", access_log]
+    assert job["ProgramArguments"][-2:] == ["--config", str(tmp_path / "models.yaml")]
     assert job["ExitTimeOut"] > 25
     assert job["ExitTimeOut"] == 25 + EXIT_MARGIN_S
     assert "MY_KEY" in job["EnvironmentVariables"]
@@ -102,7 +105,8 @@ def test_template_is_the_printed_plist_with_placeholders() -> None:
     template = plistlib.loads(TEMPLATE.read_bytes())
     home = Path("/Users/YOU")
     program = template["ProgramArguments"]
-    assert program[-3:-1] == ["serve", "--config"]
+    assert program[1:] == ["serve", "--access-log", "/Users/YOU/Library/Logs/mlxd/access.log",
+                           "--config", "/Users/YOU/.config/mlxd/models.yaml"]
     assert template == plist_dict(label="com.mlxd.daemon", program=program, home=home,
                                   grace_s=10, api_key_env="MLXD_API_KEY")
     printed, _, _ = launchd_plist()

@@ -1,0 +1,228 @@
+"""Journal retention: what pruning removes and keeps, checkpoints, the gap, vacuum, the writer's slices."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from mlxd.journal import retention
+from mlxd.journal.journal import Journal
+from mlxd.journal.migrate import migrate, open_database, open_readonly
+from mlxd.journal.reads import read_backlog, read_checkpoints, read_transitions
+from mlxd.journal.replay import check_journal, replay
+from mlxd.journal.retention import Policy, Pruner, file_bytes, used_bytes
+from mlxd.journal.rows import Item, encode, plan
+from mlxd.journal.writer import Writer
+from mlxd.residency.events import LeaseAcquired, LeaseReleased, MeasurementEvent, TransitionEvent
+from mlxd.residency.states import Outcome, Reason, State
+
+S = State
+DAY = 86400.0
+NOW = 2_000_000_000.0
+MIB = 1024 * 1024
+
+CYCLE = ((S.UNLOADED, S.LOADING), (S.LOADING, S.LOADED), (S.LOADED, S.UNLOADING),
+         (S.UNLOADING, S.UNLOADED))  # fmt: skip
+
+
+class Fill:
+    """Writes events with the writer's own plan into a fresh v2 file, one seq each."""
+
+    def __init__(self, path: Path) -> None:
+        self.conn = open_database(path, synchronous="normal")
+        migrate(self.conn)
+        self.conn.execute("INSERT INTO runs(id, started_at, pid, version) VALUES (1, 0, 1, 't')")
+        self.seq = 0
+        self.leases = 0
+
+    def write(self, events: list[Any]) -> None:
+        items: list[Item] = []
+        for e in events:
+            self.seq += 1
+            items.append((self.seq, 1, encode(e)))
+        self.conn.execute("BEGIN IMMEDIATE")
+        Writer._write(self.conn, plan(items))
+        self.conn.execute("COMMIT")
+
+    def cycle(self, model: str, at: float, leases: int = 2) -> None:
+        """One load, ``leases`` leases, one unload of ``model``, starting at ``at``."""
+        events: list[Any] = []
+        for i, (a, b) in enumerate(CYCLE):
+            events.append(TransitionEvent(model, a, b, Reason.REQUEST, at + i))
+            if b is S.LOADED:
+                events.append(MeasurementEvent(model, at + i, 100, 0.5))
+                for _ in range(leases):
+                    self.leases += 1
+                    lid = f"{model}-{self.leases:06d}"
+                    events.append(LeaseAcquired(lid, model, None, "/v1/completions", at + i))
+                    events.append(LeaseReleased(lid, model, Outcome.COMPLETED, at + i, 1, 2))
+        self.write(events)
+
+    def prune_all(self, pruner: Pruner) -> int:
+        slices = 0
+        while True:
+            self.conn.execute("BEGIN IMMEDIATE")
+            done = pruner.slice(self.conn, retention.SLICE_S)
+            self.conn.execute("COMMIT")
+            if done is None:
+                return slices
+            slices += 1
+
+
+def transitions(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    conn.row_factory = None
+    return read_transitions(conn, limit=None)
+
+
+def test_age_pruning_keeps_each_models_latest_transition_and_open_leases(tmp_path: Path) -> None:
+    """Rows older than retain_days go, except a model's latest transition and open leases; replay from checkpoints agrees."""
+    f = Fill(tmp_path / "j.db")
+    old = NOW - 40 * DAY
+    for k in range(5):
+        f.cycle("a", old + 10 * k)
+    f.write([TransitionEvent("b", S.UNLOADED, S.LOADING, Reason.PRELOAD, old + 100),
+             TransitionEvent("b", S.LOADING, S.LOADED, Reason.PRELOAD, old + 101),
+             LeaseAcquired("held", "b", None, "/v1/completions", old + 102)])  # fmt: skip
+    f.cycle("a", NOW - DAY)  # recent: kept
+    whole = transitions(f.conn)
+    slices = f.prune_all(Pruner(Policy(retain_days=30), clock=lambda: NOW))
+    assert slices >= 1
+    kept = transitions(f.conn)
+    checkpoints = read_checkpoints(f.conn)
+    assert replay(kept, checkpoints) == replay(whole)
+    # a's recent cycle is whole; b's latest transition stays though it is 40 days old
+    assert [(r["model"], r["to_state"]) for r in kept] == [
+        ("b", "loaded"), ("a", "loading"), ("a", "loaded"), ("a", "unloading"), ("a", "unloaded"),
+    ]  # fmt: skip
+    assert checkpoints == {"a": "unloaded", "b": "loading"}
+    leases = {r[0] for r in f.conn.execute("SELECT id FROM leases")}
+    assert "held" in leases and all(i == "held" or f"{int(i[2:])}" for i in leases)
+    assert len(leases) == 1 + 2  # the open lease and the recent cycle's two
+    assert f.conn.execute("SELECT count(*) FROM measurements WHERE model = 'a'").fetchone()[0] >= 1
+    through, events_pruned = f.conn.execute(
+        "SELECT pruned_through, events_pruned FROM retention"
+    ).fetchone()
+    assert through > 0 and events_pruned > 0
+    # nothing newer than the cutoff was touched
+    assert f.conn.execute("SELECT min(at) FROM events WHERE seq > ?", (through,)).fetchone()[0] >= NOW - 30 * DAY
+    assert check_journal(f.conn) == []
+
+
+def test_a_resume_from_a_pruned_id_gets_a_gap_event_with_every_models_state(tmp_path: Path) -> None:
+    """Resuming from an id older than the oldest kept row answers a gap first, then the events after it."""
+    f = Fill(tmp_path / "j.db")
+    for k in range(4):
+        f.cycle("a" if k % 2 else "b", NOW - 40 * DAY + k * 10)
+    f.cycle("a", NOW)
+    f.prune_all(Pruner(Policy(retain_days=30), clock=lambda: NOW))
+    through = retention.pruned_through(f.conn)
+    gap, rows = read_backlog(f.conn, 3)
+    assert gap is not None and gap["kind"] == "gap"
+    assert (gap["after"], gap["through"]) == (3, through)
+    assert gap["states"] == {"a": "unloaded", "b": "unloaded"}
+    assert rows and rows[0]["seq"] > through
+    assert read_backlog(f.conn, through) == (None, rows)  # from the watermark on: no gap
+
+
+def test_size_pruning_gets_under_max_mb_and_incremental_vacuum_shrinks_the_file(
+    tmp_path: Path,
+) -> None:
+    """Over max_mb, the oldest rows go until the pages in use are under the target, and the file shrinks."""
+    f = Fill(tmp_path / "j.db")
+    for k in range(300):
+        f.cycle("abc"[k % 3], NOW + k, leases=10)
+    before = file_bytes(f.conn)
+    assert before > 1.5 * MIB
+    policy = Policy(max_bytes=1 * MIB)
+    f.prune_all(Pruner(policy, clock=lambda: NOW))
+    assert used_bytes(f.conn) <= policy.target_bytes
+    assert file_bytes(f.conn) <= policy.max_bytes < before
+    assert check_journal(f.conn) == []
+    f.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert os.path.getsize(tmp_path / "j.db") <= policy.max_bytes
+
+
+def test_slices_adapt_to_their_time_budget(tmp_path: Path) -> None:
+    """A slice that overran its budget halves the next batch; a quick one grows it."""
+    f = Fill(tmp_path / "j.db")
+    for k in range(20):
+        f.cycle("a", NOW - 40 * DAY + k * 10)
+    ticks = iter([0.0, 0.05, 0.05, 0.05, 1.0, 1.0001, 1.0001, 1.0001])
+    pruner = Pruner(Policy(retain_days=1), clock=lambda: NOW, timer=lambda: next(ticks))
+    pruner.batch = 64
+    f.conn.execute("BEGIN IMMEDIATE")
+    assert pruner.slice(f.conn, 0.01) is not None
+    assert pruner.batch == 32
+    assert pruner.slice(f.conn, 0.01) is not None
+    assert pruner.batch == 48
+    f.conn.execute("COMMIT")
+
+
+def test_when_only_unprunable_rows_are_left_it_rests_and_says_so(tmp_path: Path) -> None:
+    """Over max_mb with nothing prunable left, the pruner says so once and rests instead of spinning."""
+    f = Fill(tmp_path / "j.db")
+    f.cycle("a", NOW)
+    pruner = Pruner(Policy(max_bytes=1024), clock=lambda: NOW)
+    f.prune_all(pruner)
+    assert pruner.note is not None and "never pruned" in pruner.note
+    assert not pruner.due(f.conn)
+    assert [r["to_state"] for r in transitions(f.conn)] == ["unloaded"]
+
+
+async def test_the_writer_keeps_a_busy_journal_under_max_mb(tmp_path: Path) -> None:
+    """The real writer process prunes while records flow: the file stays under max_mb and replays right."""
+    path = tmp_path / "j.db"
+    j = Journal(path, synchronous="normal", max_mb=1, wall_clock=time.time)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        await j.begin_run(1, "t", None)
+        j.record(TransitionEvent("a", S.UNLOADED, S.LOADING, Reason.REQUEST, time.time()))
+        j.record(TransitionEvent("a", S.LOADING, S.LOADED, Reason.REQUEST, time.time()))
+        for burst in range(40):
+            for i in range(250):
+                lid = f"{burst:04d}{i:06d}"
+                j.record(LeaseAcquired(lid, "a", None, "/v1/completions", time.time()))
+                j.record(LeaseReleased(lid, "a", Outcome.COMPLETED, time.time(), 3, 4))
+            await j.wait_committed()
+        # idle now: standalone slices finish the job
+        with trio.fail_after(30):
+            while _sizes(path)[0] > 1 * MIB:  # noqa: ASYNC110 (a file size has no event)
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    conn = open_readonly(path)
+    try:
+        assert check_journal(conn) == []
+        assert conn.execute("SELECT pruned_through FROM retention").fetchone()[0] > 0
+        assert [tuple(r) for r in conn.execute("SELECT model, to_state FROM transitions")] == [
+            ("a", "loaded")
+        ]
+        assert used_bytes(conn) <= 1 * MIB
+    finally:
+        conn.close()
+
+
+def _sizes(path: Path) -> tuple[int, int]:
+    wal = Path(str(path) + "-wal")
+    return path.stat().st_size, wal.stat().st_size if wal.exists() else 0
+
+
+@pytest.mark.parametrize("bad", [-1, "x", None])
+def test_config_rejects_bad_retention_values(tmp_path: Path, bad: object) -> None:
+    """journal.retain_days and journal.max_mb are numbers >= 0 (0 = no limit); anything else names the key."""
+    from mlxd.config import load_config
+    from mlxd.errors import ConfigError
+
+    for key in ("retain_days", "max_mb"):
+        cfg = tmp_path / f"{key}.yaml"
+        cfg.write_text(
+            f"journal: {{{key}: {bad if bad is not None else 'null'}}}\n"
+            "manager: {memory_budget_gb: 1}\nmodels: []\n"
+        )
+        with pytest.raises(ConfigError, match=f"journal.{key}"):
+            load_config(cfg)
