@@ -141,16 +141,11 @@ async def admin_history() -> Any:
     kind = request.args.get("kind", "transitions")
     if kind not in HISTORY_KINDS:
         raise InvalidRequest(f"kind: must be one of {', '.join(HISTORY_KINDS)}", param="kind")
-    client = request.args.get("client") or None
-    if client is not None and kind != "leases":
-        raise InvalidRequest("client: filters leases only (kind=leases)", param="client")
     journal = st.journal
     if kind == "transitions":
         rows = await trio.to_thread.run_sync(lambda: journal.history(model, since, limit))
     elif kind == "leases":
-        rows = await trio.to_thread.run_sync(
-            lambda: journal.leases(model, since, limit, client=client)
-        )
+        rows = await trio.to_thread.run_sync(lambda: journal.leases(model, since, limit))
     else:
         rows = await trio.to_thread.run_sync(journal.checkpoints)
     return Response(json.dumps(rows), mimetype="application/json")

@@ -77,34 +77,7 @@ def create_app(app_state: AppState) -> QuartTrio:
         CompleteRequestBodies(app.asgi_app), app_state.request_ended
     )
 
-    @app.before_request
-    async def guard() -> Response | None:
-        st = state()
-        path = request.path
-        entry = access_log.current()
-        if entry is not None and request.url_rule is not None:
-            entry.route = request.url_rule.rule
-        scope = st.auth.required(request.method, path)
-        if scope is not None:
-            token = auth.presented_key(
-                request.headers.get("Authorization", ""), request.headers.get("x-api-key", "")
-            )
-            try:
-                key = st.auth.authenticate(token)
-                if entry is not None:
-                    entry.client = key.name  # logged even when refused for its scope
-                st.auth.authorize(key, scope, request.method, path)
-            except MlxdError as e:  # 401 or 403
-                return error_response(e)
-            g.mlxd_key = key
-        if st.draining and not path.startswith(OPEN_WHILE_DRAINING):
-            return error_response(ShuttingDown("mlxd is shutting down; retry in a moment"))
-        repeated = next((k for k in request.args if len(request.args.getlist(k)) > 1), None)
-        if repeated is not None:  # routes read one value; the others would be ignored silently
-            return error_response(
-                InvalidRequest(f"{repeated}: give this query parameter once", param=repeated)
-            )
-        return None
+    app.before_request(guard)
 
     @app.after_request
     async def count(response: Response) -> Response:
@@ -144,6 +117,36 @@ def create_app(app_state: AppState) -> QuartTrio:
         return error_response(InternalError(f"internal error (error id {ref}; see the daemon log)"))
 
     return app
+
+
+async def guard() -> Response | None:
+    """Before every route: the key and its scope, shutdown, repeated query parameters."""
+    st = state()
+    path = request.path
+    entry = access_log.current()
+    if entry is not None and request.url_rule is not None:
+        entry.route = request.url_rule.rule
+    scope = st.auth.required(request.method, path)
+    if scope is not None:
+        token = auth.presented_key(
+            request.headers.get("Authorization", ""), request.headers.get("x-api-key", "")
+        )
+        try:
+            key = st.auth.authenticate(token)
+            if entry is not None:
+                entry.client = key.name  # logged even when refused for its scope
+            st.auth.authorize(key, scope, request.method, path)
+        except MlxdError as e:  # 401 or 403
+            return error_response(e)
+        g.mlxd_key = key
+    if st.draining and not path.startswith(OPEN_WHILE_DRAINING):
+        return error_response(ShuttingDown("mlxd is shutting down; retry in a moment"))
+    repeated = next((k for k in request.args if len(request.args.getlist(k)) > 1), None)
+    if repeated is not None:  # routes read one value; the others would be ignored silently
+        return error_response(
+            InvalidRequest(f"{repeated}: give this query parameter once", param=repeated)
+        )
+    return None
 
 
 class CompleteRequestBodies:

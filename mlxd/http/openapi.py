@@ -338,6 +338,12 @@ def _model_id(names: list[str]) -> dict[str, Any]:
 
 #: what every guarded route (/v1, /admin) may answer besides its own statuses
 _GUARDED = (401, 403, 503)
+_HISTORY_KIND = {
+    "name": "kind", "in": "query", "required": False,
+    "description": "journal rows (transitions, leases) or where retention's pruning left each "
+    "model (checkpoints)",
+    "schema": {"enum": ["transitions", "leases", "checkpoints"]},
+}
 _REQUEST_ID = {"X-Request-Id": {"required": False, "schema": {"type": "string"}}}
 
 
@@ -456,13 +462,7 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                      "description": "rows to return (empty: 100)",
                      "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 10000},
                                           {"type": "string", "maxLength": 0}]}},
-                    {"name": "kind", "in": "query", "required": False,
-                     "description": "journal rows (transitions, leases) or where retention's "
-                     "pruning left each model (checkpoints)",
-                     "schema": {"enum": ["transitions", "leases", "checkpoints"]}},
-                    {"name": "client", "in": "query", "required": False,
-                     "description": "only the leases of this API key name (kind=leases)",
-                     "schema": {"type": "string"}},
+                    _HISTORY_KIND,
                 ],
                 "responses": {
                     "200": _json({"type": "array", "items": {"type": "object"}}),

@@ -292,13 +292,10 @@ class JournalFile:
         limit: int | None = 50,
         *,
         open_only: bool = False,
-        client: str | None = None,
     ) -> list[dict[str, Any]]:
         """The last ``limit`` leases (of ``model``, acquired at or after ``since``), oldest first."""
         with self._reader() as conn:
-            return read_leases(
-                conn, model=model, since=since, limit=limit, open_only=open_only, client=client
-            )
+            return read_leases(conn, model=model, since=since, limit=limit, open_only=open_only)
 
     def events_after(self, seq: int, limit: int = 1000) -> list[dict[str, Any]]:
         """Committed events with a seq above ``seq`` (SSE resume from ``Last-Event-ID``)."""

@@ -18,6 +18,7 @@ TABLE: dict[type[MlxdError], tuple[int, str, str | None, str | None]] = {
     errors.ContextLengthExceeded: (400, "invalid_request_error", "context_length_exceeded", None),
     errors.ConfigError: (400, "invalid_request_error", "invalid_config", None),
     errors.AuthenticationFailed: (401, "authentication_error", "invalid_api_key", None),
+    errors.InsufficientScope: (403, "permission_error", "insufficient_scope", None),
     errors.NotFound: (404, "invalid_request_error", "not_found", None),
     errors.ModelNotFound: (404, "invalid_request_error", "model_not_found", None),
     errors.MethodNotAllowed: (405, "invalid_request_error", "method_not_allowed", None),
