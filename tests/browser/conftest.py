@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.browser import CHROMIUM_ARGS, REQUIRE_ENV, Site, chromium_path
+from tests.support.browser import CHROMIUM_ARGS, REQUIRE_ENV, VIEWER_KEY, Site, chromium_path
 from tests.support.daemon import DaemonProcess, fake_models_config, write_config
 
 
@@ -48,8 +48,12 @@ def _serve(folder: Path, key: str | None) -> Iterator[Site]:
     raw = fake_models_config({"a": 1.0, "b": 1.0, "c": 1.0}, 2.0, strategy="preempt", load_seconds=0.1)
     env = {}
     if key is not None:
-        raw["server"] = {"api_key_env": "MLXD_TEST_UI_KEY"}
+        raw["server"] = {"keys": [
+            {"name": "ops", "env": "MLXD_TEST_UI_KEY", "scopes": ["inference", "read", "admin"]},
+            {"name": "viewer", "env": "MLXD_TEST_UI_VIEWER", "scopes": ["read"]},
+        ]}  # fmt: skip
         env["MLXD_TEST_UI_KEY"] = key
+        env["MLXD_TEST_UI_VIEWER"] = VIEWER_KEY
     config = write_config(folder / "models.yaml", raw)
     journal = folder / "j.db"
     with DaemonProcess(config, folder, env=env, args=("--journal", str(journal))) as d:

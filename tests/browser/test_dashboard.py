@@ -13,9 +13,10 @@ import sqlite3
 import time
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.support.browser import Site, cli, wait_until
+from tests.support.browser import VIEWER_KEY, Site, cli, wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -159,4 +160,20 @@ def test_with_a_key_the_page_asks_for_it_then_shows_everything(keyed_site: Site,
     page.click("#key-form button[type=submit]")
     page.wait_for_selector("#models tbody tr")
     assert page.eval_on_selector_all('button[data-action="unload"]', "els => els.length") == 3
+    assert page.text_content("#who") == "key ops: admin, inference, read"
 
+
+
+def test_a_key_without_admin_scope_sees_no_buttons(keyed_site: Site, page: Any) -> None:
+    """A read-only key watches the same models but gets no buttons, and the daemon refuses it."""
+    page.goto(keyed_site.url + "/ui")
+    page.wait_for_selector("#key-form:not([hidden])")
+    page.fill("#key-input", VIEWER_KEY)
+    page.click("#key-form button[type=submit]")
+    page.wait_for_selector("#models tbody tr")
+    assert page.eval_on_selector_all("#models tbody tr", "els => els.length") == 3
+    assert page.eval_on_selector_all("#models button", "els => els.length") == 0
+    assert page.text_content("#who") == "key viewer: read"
+    refused = httpx.post(keyed_site.url + "/admin/models/a/load", headers={"x-api-key": VIEWER_KEY}, timeout=10)
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "insufficient_scope"

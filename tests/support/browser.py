@@ -20,6 +20,8 @@ DOCS = REPO / "docs"
 REQUIRE_ENV = "MLXD_REQUIRE_BROWSER"
 #: set to write the README's screenshots into docs/ (the tests always take them)
 SCREENSHOTS_ENV = "MLXD_WRITE_SCREENSHOTS"
+#: the keyed site's second key: ``read`` only (it may watch, not act)
+VIEWER_KEY = "viewer-key"
 CHROMIUM_ARGS = [
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",

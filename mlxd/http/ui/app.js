@@ -522,6 +522,9 @@
       const me = await api("/admin/whoami");
       view.scopes = me.scopes;
       $("forget-key").hidden = !sessionStorage.getItem(KEY_STORE);
+      const who = $("who");
+      who.hidden = !me.auth_required;
+      who.textContent = me.client ? `key ${me.client}: ${me.scopes.join(", ")}` : "";
       return true;
     } catch (e) {
       if (e.status === 401) return false;
