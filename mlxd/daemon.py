@@ -128,7 +128,11 @@ class Daemon:
             self._log_recovery(self.recovery)
             measured = self.journal.latest_measurements()
             manager = Manager(
-                self.config, self.engines, measured=measured, load_gate=self._journal_gate
+                self.config,
+                self.engines,
+                measured=measured,
+                load_times=self.journal.latest_load_seconds(),
+                load_gate=self._journal_gate,
             )
             self.manager = manager
             metrics = Metrics(manager)

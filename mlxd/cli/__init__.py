@@ -5,7 +5,7 @@ Errors are printed on stderr as one line, never as a traceback.
 
 Every ``argparse`` command and its printing lives in this package, one module
 per command family (:mod:`.serve`, :mod:`.client` for the commands that talk to
-a running daemon, :mod:`.history`, :mod:`.migrate`, :mod:`.check_config`,
+a running daemon, :mod:`.plan`, :mod:`.history`, :mod:`.migrate`, :mod:`.check_config`,
 :mod:`.demo_model`, :mod:`.service_files`); this module only parses arguments
 and dispatches (handlers are imported lazily so ``mlxd --help`` is instant).
 The CLI is the top layer: it may import anything; nothing imports it.
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from mlxd import __version__
 from mlxd.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, DaemonUnreachable
+from mlxd.residency.policy import STRATEGIES
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "DaemonUnreachable", "main"]
 
@@ -110,6 +111,17 @@ def _add_daemon_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     )
     _add_url(p)
     p.set_defaults(handler="mlxd.cli.client:cmd_unload")
+
+    p = sub.add_parser("plan", help="what loading a model now would do, and why (changes nothing)")
+    p.add_argument("name", help="model name")
+    p.add_argument("--json", action="store_true", help="print the raw JSON plan")
+    p.add_argument(
+        "--contention",
+        choices=STRATEGIES,
+        help="plan for a request sent with this X-Mlxd-Contention header",
+    )
+    _add_url(p)
+    p.set_defaults(handler="mlxd.cli.plan:cmd_plan")
 
     p = sub.add_parser("events", help="follow the daemon's residency and lease events")
     _add_url(p)

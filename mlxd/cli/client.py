@@ -202,6 +202,9 @@ def load_phase(loading: dict[str, Any]) -> str:
     total = loading.get("bytes_total")
     if phase == "downloading" and total:
         phase += f" {100 * loading.get('bytes_done', 0) / total:.0f}% of {format_bytes(total)}"
+    elif loading.get("percent") is not None:
+        eta = loading.get("eta_s")
+        phase += f" {loading['percent']}%" + ("" if eta is None else f", eta {seconds(eta)}")
     return phase
 
 
@@ -290,6 +293,11 @@ def format_event(seq: int | None, payload: dict[str, Any]) -> str:
         if payload.get("completion_tokens") is not None:
             parts.append(f"{payload.get('prompt_tokens') or 0}+{payload['completion_tokens']} tokens")
         return head + f"lease released ({', '.join(parts)})"
+    if kind == "load_progress":
+        pct, eta = payload.get("percent"), payload.get("eta_s")
+        done = "" if pct is None else f" {pct}%"
+        left = "" if eta is None else f", eta {seconds(eta)}"
+        return head + f"loading{done} ({seconds(payload.get('elapsed_s') or 0.0)} in{left})"
     rest = {k: v for k, v in payload.items() if k not in ("kind", "model", "at")}
     return head + f"{kind} {json.dumps(rest)}"
 
@@ -299,9 +307,12 @@ def format_event(seq: int | None, payload: dict[str, Any]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SSEMessage:
+    #: the last event id seen so far (SSE semantics: it carries over to messages without one)
     id: str | None
     event: str
     data: str
+    #: whether this message itself had an ``id:`` line (live events such as load_progress do not)
+    own_id: bool = False
 
 
 def parse_sse(lines: Iterable[str]) -> Iterator[SSEMessage]:
@@ -309,11 +320,12 @@ def parse_sse(lines: Iterable[str]) -> Iterator[SSEMessage]:
     event_id: str | None = None
     event = ""
     data: list[str] = []
+    own_id = False
     for line in lines:
         if not line:
             if data:
-                yield SSEMessage(event_id, event or "message", "\n".join(data))
-            event, data = "", []
+                yield SSEMessage(event_id, event or "message", "\n".join(data), own_id)
+            event, data, own_id = "", [], False
             continue
         if line.startswith(":"):
             continue
@@ -324,7 +336,7 @@ def parse_sse(lines: Iterable[str]) -> Iterator[SSEMessage]:
         elif field == "event":
             event = value
         elif field == "id" and "\0" not in value:
-            event_id = value
+            event_id, own_id = value, True
 
 
 # ---- progress on stderr --------------------------------------------------------------------
@@ -491,7 +503,8 @@ def follow_events(
                         for msg in parse_sse(resp.iter_lines()):
                             if msg.id is not None:
                                 last_id = msg.id
-                            seq = int(msg.id) if msg.id and msg.id.isdigit() else None
+                            own = msg.own_id and msg.id is not None and msg.id.isdigit()
+                            seq = int(msg.id) if own and msg.id is not None else None
                             emit(seq, json.loads(msg.data))
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                 if not connected:

@@ -22,7 +22,7 @@ from typing import Literal
 from mlxd.config.kv import resolve_cache_sizes
 from mlxd.config.readers import classify_source
 from mlxd.errors import ConfigError
-from mlxd.residency.policy import ContentionPolicy
+from mlxd.residency.policy import ContentionPolicy, ResidencyRules
 from mlxd.units import GIB, MIB
 
 DEMO_KINDS = ("tiny", "small", "vision")
@@ -92,6 +92,8 @@ class ManagerConfig:
     contention_policy: ContentionPolicy = field(default_factory=ContentionPolicy)
     #: an engine stop that takes longer counts as failed (and is retried later)
     stop_timeout_s: float = 60.0
+    #: eviction, min_resident_s, max_swap_delay_s, max_keep_alive_s
+    rules: ResidencyRules = field(default_factory=ResidencyRules)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +183,8 @@ class ModelConfig:
     #: ``kv_cache_gb`` / ``prompt_cache_gb`` as configured (None: derived, see mlxd.config.kv)
     kv_cache_bytes: int | None = None
     prompt_cache_bytes: int | None = None
+    #: higher is served first and may preempt lower (never the reverse)
+    priority: int = 0
     fake: FakeSettings | None = None
     #: faults to inject (testing only; None: none)
     faults: FaultSettings | None = None

@@ -43,7 +43,14 @@ from mlxd.config.readers import (
     parse_memory_size,
     show,
 )
-from mlxd.residency.policy import STRATEGIES, ContentionPolicy, Strategy
+from mlxd.residency.policy import (
+    EVICTIONS,
+    STRATEGIES,
+    ContentionPolicy,
+    Eviction,
+    ResidencyRules,
+    Strategy,
+)
 from mlxd.units import GIB
 
 TOP_KEYS = ("server", "journal", "manager", "models")
@@ -56,6 +63,10 @@ MANAGER_KEYS = (
     "restore_on_start",
     "contention_policy",
     "stop_timeout_s",
+    "eviction",
+    "min_resident_s",
+    "max_swap_delay_s",
+    "max_keep_alive_s",
 )
 POLICY_KEYS = ("strategy", "wait_timeout_s", "preempt_after_s")
 SOURCE_KEYS = ("path", "source", "model")
@@ -73,6 +84,7 @@ MODEL_KEYS = (
     "max_prompt_tokens",
     "kv_cache_gb",
     "prompt_cache_gb",
+    "priority",
     "fake",
     "faults",
     "image_dir",
@@ -215,6 +227,15 @@ class Parser:
             restore_on_start=t.boolean("restore_on_start", True),
             contention_policy=self._policy(t.table("contention_policy", POLICY_KEYS)),
             stop_timeout_s=t.number("stop_timeout_s", 60.0, positive=True),
+            rules=self._rules(t),
+        )
+
+    def _rules(self, t: Table) -> ResidencyRules:
+        return ResidencyRules(
+            eviction=cast(Eviction, t.string("eviction", "lru", choices=EVICTIONS)),
+            min_resident_s=t.number("min_resident_s", 0.0),
+            max_swap_delay_s=t.number("max_swap_delay_s", 0.0),
+            max_keep_alive_s=t.optional_number("max_keep_alive_s"),
         )
 
     def _policy(self, t: Table) -> ContentionPolicy:
@@ -278,6 +299,7 @@ class Parser:
             max_prompt_tokens=t.optional_integer("max_prompt_tokens", minimum=1),
             kv_cache_bytes=self._cache_gb(t, "kv_cache_gb", engine),
             prompt_cache_bytes=self._cache_gb(t, "prompt_cache_gb", engine),
+            priority=t.integer("priority", 0, minimum=-1000, maximum=1000),
             fake=fake,
             faults=self._faults(t),
             image_dir=self._image_dir(t, mllm, name),

@@ -1,4 +1,4 @@
-"""Admin and operations routes: status, load/unload, events, history, reload, health, metrics."""
+"""Admin and operations routes: status, plan, load/unload, events, history, reload, health, metrics."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ from mlxd.http import access_log, sse
 from mlxd.http.context import AppState, state
 from mlxd.http.metrics import CONTENT_TYPE
 from mlxd.http.openai_api import model_object
+from mlxd.http.preferences import parse_contention
 from mlxd.residency import views
+from mlxd.residency.plan import plan
 from mlxd.residency.states import Reason
 
 log = logging.getLogger("mlxd.http")
@@ -32,6 +34,8 @@ bp = Blueprint("admin", __name__)
 STUCK_FACTOR = 5.0
 STUCK_MIN_S = 120.0
 KEEPALIVE_S = 15.0
+#: while a load is in flight, /admin/events sends a live load_progress event this often
+PROGRESS_EVERY_S = 1.0
 
 
 def _bool_arg(name: str) -> bool:
@@ -114,6 +118,19 @@ async def admin_unload(model_id: str) -> Any:
     await _committed()
     crash_point("http.after_commit_before_reply")
     return model_object(st, model_id)
+
+
+@bp.get("/admin/plan")
+async def admin_plan() -> Any:
+    """What acquiring ``model`` now would do, computed by the core on a copy of its state."""
+    st = state()
+    model = request.args.get("model")
+    if not model:
+        raise InvalidRequest("model: required (the model to plan for)", param="model")
+    if not st.manager.has_model(model):
+        raise ModelNotFound(model)
+    contention = parse_contention(request.args.get("contention"))
+    return plan(st.manager.core, model, trio.current_time(), contention=contention).as_dict()
 
 
 #: what /admin/history lists: journal rows, or where retention's pruning left each model
@@ -234,8 +251,19 @@ async def metrics() -> Any:
     return Response(st.metrics.render(), mimetype=None, content_type=CONTENT_TYPE)
 
 
-def _sse_event(seq: int, payload: dict[str, Any]) -> bytes:
+def _sse_event(seq: int | None, payload: dict[str, Any]) -> bytes:
+    """One SSE event; ``seq`` None (live, not journaled) sends no ``id:``, so resuming skips it."""
     return sse.event(payload, id=seq, name=payload.get("kind", "event"))
+
+
+def _load_progress(st: AppState) -> list[bytes]:
+    """A live ``load_progress`` event for each load in flight (not journaled, no id)."""
+    out = []
+    for info in st.manager.loads_in_flight():
+        est = views.load_estimate(st.manager, info.model)
+        if est is not None:
+            out.append(_sse_event(None, {**est.as_dict(), "at": time.time()}))
+    return out
 
 
 @bp.get("/admin/events")
@@ -276,6 +304,9 @@ async def _backlog(st: AppState, last: int) -> AsyncIterator[tuple[int, dict[str
 async def event_stream(st: AppState, last: int) -> AsyncIterator[bytes]:
     """Backlog from the journal after ``last``, then live events, without loss or duplicates.
 
+    While a load is in flight, a ``load_progress`` event (no id: it is not
+    journaled, and resuming skips it) goes out every ``PROGRESS_EVERY_S``.
+
     At shutdown the daemon cancels the waits registered in ``st.event_waits``:
     the stream then sends what the journal committed last and ends cleanly.
     """
@@ -288,8 +319,17 @@ async def event_stream(st: AppState, last: int) -> AsyncIterator[bytes]:
             async for seq, payload in _backlog(st, last):
                 last = seq
                 yield _sse_event(seq, payload)
+            quiet_until = trio.current_time() + KEEPALIVE_S
+            progress_at = trio.current_time()
             while not st.closing:
-                with trio.move_on_after(KEEPALIVE_S) as wait:
+                if st.manager.loads_in_flight() and trio.current_time() >= progress_at:
+                    for event in _load_progress(st):
+                        yield event
+                    progress_at = trio.current_time() + PROGRESS_EVERY_S
+                wake = quiet_until
+                if st.manager.loads_in_flight():
+                    wake = min(wake, progress_at)
+                with trio.move_on_at(wake) as wait:
                     st.event_waits.add(wait)
                     try:
                         seq, payload = await sub.__anext__()
@@ -298,9 +338,11 @@ async def event_stream(st: AppState, last: int) -> AsyncIterator[bytes]:
                     finally:
                         st.event_waits.discard(wait)
                 if wait.cancelled_caught:
-                    if not st.closing:
+                    if not st.closing and trio.current_time() >= quiet_until:
                         yield sse.comment("keepalive")
+                        quiet_until = trio.current_time() + KEEPALIVE_S
                     continue
+                quiet_until = trio.current_time() + KEEPALIVE_S
                 if seq > last:
                     last = seq
                     yield _sse_event(seq, payload)

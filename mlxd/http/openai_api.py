@@ -5,7 +5,10 @@ holds it inside ``lease.scope()``. Streaming: the response body (an async
 generator, which must not hold a cancel scope across ``yield``) owns the lease,
 opens ``lease.scope()`` around each wait for the next token, and ends the
 lease in its ``finally`` -- which runs the moment the client disconnects
-(Quart cancels the body at its current await). Preemption cancels the scope,
+(Quart cancels the body at its current await). A streamed request whose model
+is loading starts its stream at once and receives the load's progress as SSE
+comment lines (``: loading demo 40% eta 1.2s``) until its lease comes; a
+request refused before that gets its error status as usual. Preemption cancels the scope,
 so the stream ends between two tokens with an SSE error event
 ``{"error": {..., "code": "preempted"}}`` that the OpenAI client raises.
 Either way the lease ends with ``lease.finish(exc)`` (the one outcome rule is
@@ -47,12 +50,16 @@ from mlxd.http import access_log, auth, bodyscan, sse
 from mlxd.http.context import AppState, state
 from mlxd.http.server import Connections, Key
 from mlxd.http.validation import ParsedRequest, parse_request
-from mlxd.residency.lease import Lease
+from mlxd.residency import views
+from mlxd.residency.lease import Lease, Ticket
 from mlxd.residency.states import Outcome
 
 log = logging.getLogger("mlxd.http")
 
 bp = Blueprint("openai", __name__)
+
+#: a stream waiting for its model's load gets a progress comment this often (at least once a second)
+PROGRESS_EVERY_S = 0.5
 
 
 def model_object(st: AppState, name: str, status: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -142,7 +149,11 @@ async def parse(kind: str) -> ParsedRequest:
     name = body.get("model") if isinstance(body, dict) else None
     mc = st.config.model(name) if isinstance(name, str) else None
     parsed = parse_request(
-        body, kind=kind, allow_images=bool(mc and mc.mllm), request_id=request_id()
+        body,
+        kind=kind,
+        allow_images=bool(mc and mc.mllm),
+        request_id=request_id(),
+        headers=request.headers,
     )
     if not st.manager.has_model(parsed.model):
         raise ModelNotFound(parsed.model)
@@ -258,19 +269,31 @@ async def generate(kind: str) -> Any:
     parsed = await parse(kind)
     t_request = trio.current_time()
     access_log.note(model=parsed.model)
-    lease = await st.manager.acquire(
+    prefs = parsed.preferences
+    ticket = st.manager.enqueue(
         parsed.model,
         request_id=parsed.generation.request_id,
         route=request.path,
         cancel_outcome=Outcome.DISCONNECTED,  # a cancelled request: its client went away
         client=auth.client(),
+        keep_alive_s=prefs.keep_alive_s,
+        contention=prefs.contention,
     )
-    access_log.note(lease=lease)
-    parsed = await _prepare(st, lease, parsed)
+    try:
+        await (ticket.moved if parsed.stream else ticket.done).wait()
+    except BaseException as e:
+        ticket.cancel(e)
+        raise
     builder = ResponseBuilder(kind, parsed.model, parsed.include_usage)
     if parsed.stream:
         connection = Connections.key_of(request.scope)
-        body = stream_body(st, lease, parsed, builder, t_request, connection)
+        if ticket.done.is_set():  # served or refused at once: a refusal keeps its status code
+            lease = ticket.result()
+            access_log.note(lease=lease)
+            parsed = await _prepare(st, lease, parsed)
+            body = stream_body(st, lease, parsed, builder, t_request, connection)
+        else:  # the model is loading: stream its progress as SSE comments until the lease comes
+            body = stream_after_load(st, ticket, parsed, builder, t_request, connection)
         # Start the body now, up to its first chunk: a started generator always runs
         # its ``finally`` (Quart closes it, or Trio's finalizer does when it is dropped),
         # so the lease is released even if the client leaves before the body is sent.
@@ -278,6 +301,9 @@ async def generate(kind: str) -> Any:
         return sse.response(
             _prepend(first, body), {"X-Request-Id": parsed.generation.request_id or ""}
         )
+    lease = ticket.result()
+    access_log.note(lease=lease)
+    parsed = await _prepare(st, lease, parsed)
     text: list[str] = []
     fin: Finished | None = None
     t_first: float | None = None
@@ -341,6 +367,44 @@ async def _abandon_stream(
         await events.aclose()
     if connection is not None:
         st.connections.abort(connection)
+
+
+async def stream_after_load(
+    st: AppState,
+    ticket: Ticket,
+    parsed: ParsedRequest,
+    builder: ResponseBuilder,
+    t_request: float,
+    connection: Key | None,
+) -> AsyncGenerator[bytes, None]:
+    """Load progress as SSE comments while ``ticket`` waits, then the generation's stream."""
+    error: BaseException | None = None
+    try:
+        while not ticket.done.is_set():
+            yield progress_comment(st, ticket.model)
+            with trio.move_on_after(PROGRESS_EVERY_S):
+                await ticket.done.wait()
+        try:
+            lease = ticket.result()
+            access_log.note(lease=lease)  # the body runs in the request's context
+            parsed = await _prepare(st, lease, parsed)
+        except MlxdError as e:  # the load failed, shutdown, a prompt too long: in-band now
+            yield sse.data(e.body())
+            return
+        async with aclosing(stream_body(st, lease, parsed, builder, t_request, connection)) as body:
+            async for chunk in body:
+                yield chunk
+    except BaseException as e:  # cancelled, or closed before its end: the client left
+        error = e
+        raise
+    finally:
+        ticket.cancel(error)  # leaves the queue, or ends a lease no body took
+
+
+def progress_comment(st: AppState, model: str) -> bytes:
+    """``: loading demo 40% eta 1.2s`` (an SSE comment, which clients ignore)."""
+    est = views.load_estimate(st.manager, model)
+    return sse.comment(est.describe() if est is not None else f"waiting for {model}")
 
 
 async def stream_body(

@@ -23,7 +23,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mlxd import __version__
+from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
 from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT, ROLES
+from mlxd.residency.plan import ACTIONS
+from mlxd.residency.policy import STRATEGIES
 from mlxd.residency.states import State
 
 if TYPE_CHECKING:
@@ -123,7 +126,45 @@ def _sampling(names: list[str]) -> dict[str, Any]:
         "stream_options": _nullable(
             {"type": "object", "properties": {"include_usage": {"type": "boolean"}}, **_OPEN}
         ),
+        "keep_alive": {"anyOf": [{"type": "number"}, _KEEP_ALIVE, {"type": "null"}]},
     }
+
+
+#: Ollama's keep_alive as a string: seconds or a Go duration ("5m"); negative: until evicted
+_KEEP_ALIVE = {"type": "string", "pattern": KEEP_ALIVE_PATTERN}
+_STRATEGY = {"enum": list(STRATEGIES)}
+_PREFERENCE_HEADERS = [
+    {"name": KEEP_ALIVE_HEADER, "in": "header", "required": False, "schema": _KEEP_ALIVE,
+     "description": "how long the model stays after this request (the body's keep_alive wins)"},
+    {"name": CONTENTION_HEADER, "in": "header", "required": False, "schema": _STRATEGY,
+     "description": "ask for less waiting or preemption than the model's policy (fail: fail fast)"},
+]
+
+_PLAN = {
+    "type": "object",
+    "required": ["model", "action", "victims", "error", "committed_after", "eta_s"],
+    "properties": {
+        "model": {"type": "string"},
+        "action": {"enum": list(ACTIONS)},
+        "victims": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["model", "state", "bytes", "why"],
+                "properties": {
+                    "model": {"type": "string"},
+                    "state": {"const": "loaded"},
+                    "bytes": {"type": "integer", "minimum": 0},
+                    "why": {"enum": ["idle_lru", "idle_cost", "drain", "preempt", "priority"]},
+                },
+            },
+        },
+        "error": _nullable({"type": "object", "required": ["code"],
+                            "properties": {"code": {"type": "string"}}}),
+        "committed_after": {"type": "integer", "minimum": 0},
+        "eta_s": _nullable({"type": "number", "minimum": 0}),
+    },
+}
 
 
 #: ``stream_options`` with any option in it is only allowed when ``stream`` is true
@@ -249,10 +290,11 @@ _GENERATION_EVENT = {
     },
 }
 
-#: one SSE event of /admin/events: the id is the journal sequence, the data a JSON payload
+#: one SSE event of /admin/events: the id is the journal sequence, the data a JSON payload;
+#: live load_progress events (not journaled) have no id
 _ADMIN_EVENT = {
     "type": "object",
-    "required": ["data", "id", "event"],
+    "required": ["data", "event"],
     "properties": {
         "id": {"type": "string", "pattern": "^[0-9]+$"},
         "event": {"type": "string"},
@@ -351,6 +393,7 @@ def _generation(summary: str, request: dict[str, Any], kind: str) -> dict[str, A
     return {
         "post": {
             "summary": summary,
+            "parameters": _PREFERENCE_HEADERS,
             "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
             "responses": {
                 "200": {
@@ -408,6 +451,20 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                 "responses": {"200": _json({"type": "object"}), **_errors(401, 403)},
             }
         },
+        "/admin/plan": {
+            "get": {
+                "summary": "What acquiring a model now would do (action, victims and why), "
+                "computed on a copy of the residency state: nothing changes",
+                "parameters": [
+                    {"name": "model", "in": "query", "required": True,
+                     "schema": {"type": "string", "minLength": 1}},
+                    {"name": "contention", "in": "query", "required": False,
+                     "description": "plan for a request with this X-Mlxd-Contention header",
+                     "schema": _STRATEGY},
+                ],
+                "responses": {"200": _json(_PLAN), **_errors(400, 404, *_GUARDED)},
+            }
+        },
         "/admin/models/{model_id}/load": {
             "post": {
                 "summary": "Load a model; replies once it is loaded and journaled",
@@ -431,10 +488,16 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                 "responses": {"200": _json(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
             }
         },
+    }
+
+
+def _admin_journal_paths() -> dict[str, Any]:
+    return {
         "/admin/events": {
             "get": {
                 "summary": "SSE of transitions and lease events; the event id is the journal "
-                "sequence, and Last-Event-ID resumes after it",
+                "sequence, and Last-Event-ID resumes after it; live load_progress events "
+                "(not journaled) carry no id",
                 "parameters": [
                     {"name": "Last-Event-ID", "in": "header", "required": False,
                      "schema": {"type": "string", "pattern": "^[0-9]{0,18}$"}},
@@ -524,6 +587,7 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
         "paths": {
             **_openai_paths(config, model_id),
             **_admin_paths(model_id),
+            **_admin_journal_paths(),
             **_operations_paths(),
         },
         "components": {"schemas": {"Error": _ERROR}},

@@ -4,7 +4,8 @@ Every problem raises :class:`mlxd.errors.InvalidRequest` whose ``param`` names
 the field (``messages[1].content``), so clients get a typed 400 that says what
 to fix. Fields of the OpenAI API that mlxd does not use (``user``,
 ``presence_penalty``, ``tools``, ...) are accepted and ignored, as OpenAI-
-compatible servers commonly do; ``n`` other than 1 is refused.
+compatible servers commonly do; ``n`` other than 1 is refused. The extension
+field ``keep_alive`` is read by :mod:`mlxd.http.preferences`.
 
 Text must be valid Unicode: JSON lets a body carry a lone UTF-16 surrogate
 (``"\\ud800"``), which no tokenizer can encode, so any such string is a 400
@@ -20,11 +21,12 @@ exactly these rules, so generated requests and this module agree.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.engines.base import ChatMessage, GenerationRequest
 from mlxd.errors import InvalidRequest
+from mlxd.http.preferences import Headers, Preferences, preferences
 
 #: upper bound on max_tokens; a larger value is a 400, not a silent clamp
 MAX_TOKENS_LIMIT = 131_072
@@ -39,6 +41,8 @@ class ParsedRequest:
     generation: GenerationRequest
     stream: bool
     include_usage: bool
+    #: keep_alive (body field or header) and X-Mlxd-Contention
+    preferences: Preferences = field(default_factory=Preferences)
 
 
 def _bad(param: str, message: str) -> InvalidRequest:
@@ -226,9 +230,18 @@ def _prompt(body: dict[str, Any]) -> str:
 
 
 def parse_request(
-    body: object, *, kind: str, allow_images: bool = False, request_id: str | None = None
+    body: object,
+    *,
+    kind: str,
+    allow_images: bool = False,
+    request_id: str | None = None,
+    headers: Headers | None = None,
 ) -> ParsedRequest:
-    """Validate a chat (``kind="chat"``) or completion body into a :class:`ParsedRequest`."""
+    """Validate a chat (``kind="chat"``) or completion body into a :class:`ParsedRequest`.
+
+    ``headers`` may carry ``X-Mlxd-Keep-Alive`` and ``X-Mlxd-Contention``
+    (:mod:`mlxd.http.preferences`).
+    """
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     model = _model(body)
@@ -250,4 +263,4 @@ def parse_request(
         seed=_seed(body),
         request_id=request_id,
     )
-    return ParsedRequest(model, gen, stream, include_usage)
+    return ParsedRequest(model, gen, stream, include_usage, preferences(body, headers or {}))

@@ -217,6 +217,14 @@ def read_checkpoint_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     return [dict(zip(CHECKPOINT_COLUMNS, r, strict=True)) for r in cur]
 
 
+def read_latest_load_seconds(conn: sqlite3.Connection) -> dict[str, float]:
+    """How long each model's most recent measured load took (seconds)."""
+    rows = conn.execute(
+        "SELECT model, load_seconds, max(at) FROM measurements GROUP BY model"
+    ).fetchall()
+    return {model: float(seconds) for model, seconds, _ in rows}
+
+
 # ---- the CLI --------------------------------------------------------------------------------
 
 
@@ -318,3 +326,8 @@ class JournalFile:
         """Each model's latest measurement (the memory estimate's second source)."""
         with self._reader() as conn:
             return read_latest_measurements(conn)
+
+    def latest_load_seconds(self) -> dict[str, float]:
+        """How long each model's latest measured load took (cost eviction, ETAs, progress)."""
+        with self._reader() as conn:
+            return read_latest_load_seconds(conn)

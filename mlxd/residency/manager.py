@@ -54,12 +54,11 @@ from mlxd.residency.events import (
     MeasurementEvent,
     TransitionEvent,
 )
-from mlxd.residency.lease import Lease, LeaseWaiter, abandon, end_when_overdue
+from mlxd.residency.lease import Lease, Ticket, abandon, end_when_overdue, new_lease_id
 from mlxd.residency.messages import (
     Acquire,
     AdminUnload,
     CancelLoad,
-    CancelWaiter,
     Command,
     EngineDeath,
     Event,
@@ -73,6 +72,7 @@ from mlxd.residency.messages import (
     Release,
     Satisfy,
     SetLoadGate,
+    SetLoadTime,
     SetSize,
     Shutdown,
     ShutdownDeadline,
@@ -83,6 +83,7 @@ from mlxd.residency.messages import (
     UnloadFinished,
     WaiterKind,
 )
+from mlxd.residency.policy import ContentionPolicy
 from mlxd.residency.states import Outcome, Reason, State
 from mlxd.residency.stats import ModelStats, totals
 from mlxd.residency.stops import DeathWatch, EngineStops
@@ -102,15 +103,18 @@ class Manager:
         engines: EngineFactory,
         *,
         measured: Mapping[str, Measurement] | None = None,
+        load_times: Mapping[str, float] | None = None,
         wall_clock: Callable[[], float] = time.time,
         stop_timeout_s: float | None = None,
         load_gate: Callable[[], str | None] | None = None,
     ) -> None:
         """``load_gate``, if given, is asked before each new waiter: a reason string
-        refuses new loads (e.g. the journal cannot write), None allows them."""
+        refuses new loads (e.g. the journal cannot write), None allows them.
+        ``measured`` and ``load_times``: each model's latest measured size and load seconds."""
         self.config = config
         self._engines_factory = engines
         self._measured: dict[str, Measurement] = dict(measured or {})
+        self._load_seconds: dict[str, float] = dict(load_times or {})
         self._wall = wall_clock
         self._stops = EngineStops(stop_timeout_s or config.manager.stop_timeout_s)
         self._load_gate_probe = load_gate
@@ -118,15 +122,13 @@ class Manager:
         self._memory_source: dict[str, str | None] = {}
         #: each model's estimate with its parts (weights, kv_cache, prompt_cache)
         self._estimates: dict[str, MemoryEstimate] = {}
-        self.core = Core(
-            [self._spec(m, config) for m in config.models],
-            config.manager.memory_budget_bytes,
-            config.manager.contention_policy,
-        )
+        m = config.manager
+        self.core = Core([self._spec(model, config) for model in config.models],
+                         m.memory_budget_bytes, m.contention_policy, m.rules)
         self._subscribers: tuple[Subscriber, ...] = ()
         self._lease_salt = os.urandom(4).hex()
         self._lease_counter = itertools.count()
-        self._waiters: dict[int, LeaseWaiter] = {}
+        self._waiters: dict[int, Ticket] = {}
         self._leases: dict[str, Lease] = {}
         self._engines: dict[str, Engine] = {}
         self._loads: dict[str, views.LoadInfo] = {}
@@ -143,7 +145,6 @@ class Manager:
         #: that must not miss a state that came and went within one step
         self._transition_count = 0
         self._recent_transitions: collections.deque[Transition] = collections.deque(maxlen=256)
-        self._load_seconds: dict[str, float] = {}
         #: what happened to each configured model in this run (read by /metrics)
         self.stats: dict[str, ModelStats] = {m.name: ModelStats() for m in config.models}
 
@@ -157,6 +158,8 @@ class Manager:
             size_bytes=est.bytes,
             pinned=model.pin,
             idle_unload_s=config.idle_unload_for(model.name),
+            priority=model.priority,
+            load_s=self._load_seconds.get(model.name),
         )
 
     def memory_parts(self, name: str) -> dict[str, int]:
@@ -203,7 +206,19 @@ class Manager:
     def has_model(self, name: str) -> bool:
         return name in self.core.models
 
-    async def acquire(
+    async def acquire(self, model: str, **asked: Any) -> Lease:
+        """Wait for a lease on ``model`` (``asked``: :meth:`enqueue`'s keywords); raises a typed
+        :class:`MlxdError` if none can be had. A cancelled caller leaves the queue (the last
+        waiter of a load in flight abandons it)."""
+        ticket = self.enqueue(model, **asked)
+        try:
+            await ticket.done.wait()
+        except BaseException as e:
+            ticket.cancel(e)
+            raise
+        return ticket.result()
+
+    def enqueue(
         self,
         model: str,
         *,
@@ -211,37 +226,23 @@ class Manager:
         route: str | None = None,
         cancel_outcome: Outcome = Outcome.CANCELLED,
         client: str | None = None,
-    ) -> Lease:
-        """Wait for a lease on ``model``; raises a typed :class:`MlxdError` if none can be had.
-
-        If the caller is cancelled while waiting, it leaves the queue; if it was the
-        last waiter of a load in flight, that load is cancelled (abandoned).
-        ``cancel_outcome``: the lease's outcome if its holder is cancelled
-        (``disconnected`` for HTTP requests).
-        """
+        keep_alive_s: float | None = None,
+        contention: ContentionPolicy | None = None,
+    ) -> Ticket:
+        """Queue a request for a lease on ``model`` without waiting for it (see :class:`Ticket`).
+        ``cancel_outcome``: the lease's if its holder is cancelled (HTTP: ``disconnected``);
+        ``client``: the request's API key name (journaled with the lease);
+        ``keep_alive_s``, ``contention``: what the request asked for (see :class:`Acquire`)."""
         if not self.has_model(model):
             raise ModelNotFound(model)
-        wid, w = self._new_waiter(
-            LeaseWaiter(model, request_id, route, WaiterKind.LEASE, cancel_outcome, client=client)
-        )
-        # Time-ordered (ns, this manager's random salt, a counter): the journal's leases primary
-        # key grows at its end (a random uuid4 dirtied a random index page per lease: 3x the
-        # SQLite work), and no syscall per lease (os.urandom was 15% of acquire+release).
-        lease_id = f"{time.time_ns():016x}{self._lease_salt}{next(self._lease_counter):08x}"
-        self._dispatch(Acquire(wid, model, lease_id, trio.current_time()))
-        try:
-            await w.done.wait()
-        except BaseException as e:
-            if not w.done.is_set():
-                self._waiters.pop(wid, None)
-                self._dispatch(CancelWaiter(wid, trio.current_time()))
-            elif w.lease is not None:
-                w.lease.finish(e)
-            raise
-        if w.error is not None:
-            raise w.error
-        assert w.lease is not None
-        return w.lease
+        ticket = self._new_waiter(model, WaiterKind.LEASE, request_id, route)
+        ticket.cancel_outcome, ticket.client = cancel_outcome, client
+        lease_id = new_lease_id(self._lease_salt, self._lease_counter)
+        self._dispatch(Acquire(ticket.id, model, lease_id, trio.current_time(),
+                               keep_alive_s=keep_alive_s, contention=contention))
+        if ticket.loading:  # it joined a load in flight
+            ticket.moved.set()
+        return ticket
 
     @asynccontextmanager
     async def lease(
@@ -264,14 +265,12 @@ class Manager:
         assert w.status is not None
         return w.status
 
-    def request_residency(self, model: str, *, reason: Reason) -> LeaseWaiter:
+    def request_residency(self, model: str, *, reason: Reason) -> Ticket:
         """Start making ``model`` resident (preload, restore, admin); never abandoned."""
         if not self.has_model(model):
             raise ModelNotFound(model)
-        wid, w = self._new_waiter(LeaseWaiter(model, None, None, WaiterKind.RESIDENT))
-        self._dispatch(
-            Acquire(wid, model, "", trio.current_time(), kind=WaiterKind.RESIDENT, reason=reason)
-        )
+        w = self._new_waiter(model, WaiterKind.RESIDENT, None, None)
+        self._dispatch(Acquire(w.id, model, "", trio.current_time(), kind=w.kind, reason=reason))
         return w
 
     async def unload(self, model: str, *, preempt: bool = False) -> None:
@@ -306,15 +305,9 @@ class Manager:
         new = {m.name: m for m in config.models}
         replaced = frozenset(n for n in old.keys() & new.keys() if old[n] != new[n])
         specs = tuple(self._spec(m, config) for m in config.models)
-        self._dispatch(
-            Reconfigure(
-                specs,
-                config.manager.memory_budget_bytes,
-                config.manager.contention_policy,
-                trio.current_time(),
-                replaced=replaced,
-            )
-        )
+        m = config.manager
+        self._dispatch(Reconfigure(specs, m.memory_budget_bytes, m.contention_policy,
+                                   trio.current_time(), replaced=replaced, rules=m.rules))
         self.config = config
         self.stats = {name: self.stats.get(name) or ModelStats() for name in new}
         return {
@@ -394,14 +387,16 @@ class Manager:
 
     # -- internals -------------------------------------------------------------------
 
-    def _new_waiter(self, w: LeaseWaiter) -> tuple[int, LeaseWaiter]:
+    def _new_waiter(
+        self, model: str, kind: WaiterKind, request_id: str | None, route: str | None
+    ) -> Ticket:
         if self._nursery is None:
             raise RuntimeError("Manager.run() must be started before use")
         if self._load_gate_probe is not None:
             self.set_load_gate(self._load_gate_probe())
-        wid = next(self._ids)
-        self._waiters[wid] = w
-        return wid, w
+        w = Ticket(self, next(self._ids), model, request_id, route, kind)
+        self._waiters[w.id] = w
+        return w
 
     async def _wait_change(self) -> None:
         await self._changed.wait()
@@ -465,7 +460,7 @@ class Manager:
                 lease._end(Outcome.CANCELLED)
             else:
                 w.lease = lease
-                w.done.set()
+                w.settle()
         elif isinstance(cmd, (Satisfy, Reject)):
             w = self._waiters.pop(cmd.waiter_id, None)
             if w is not None:
@@ -475,7 +470,7 @@ class Manager:
                         log.warning("residency of %s refused: %s", cmd.model, cmd.error.message)
                 else:
                     w.status = self.model_status(cmd.model)
-                w.done.set()
+                w.settle()
         elif self._nursery is None or self._closed.is_set():
             log.warning("manager closed: %s not carried out", cmd)
         elif isinstance(cmd, StartLoad):
@@ -485,6 +480,8 @@ class Manager:
             scope = trio.CancelScope()
             self._load_scopes[cmd.model] = (cmd.load_id, scope)
             self._nursery.start_soon(self._load_task, cmd.model, cmd.load_id, scope)
+            for w in [w for w in self._waiters.values() if w.model == cmd.model]:
+                w.moved.set()  # streams show its progress now
         elif isinstance(cmd, CancelLoad):
             entry = self._load_scopes.get(cmd.model)
             if entry is not None and entry[0] == cmd.load_id:
@@ -579,6 +576,7 @@ class Manager:
                 self._dispatch(SetSize(model, est.bytes, now))
         assert self._nursery is not None
         self._deaths.watch(self._nursery, model, engine)
+        self._dispatch(SetLoadTime(model, now - t0, now))
         self._dispatch(LoadFinished(model, load_id, now))
 
     async def _engine_died(self, model: str, engine: Engine, error: str) -> None:

@@ -7,11 +7,11 @@ carrying ``now``, monotonic seconds) and carries out the commands that
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from mlxd.errors import MlxdError
-from mlxd.residency.policy import ContentionPolicy
+from mlxd.residency.policy import ContentionPolicy, ResidencyRules
 from mlxd.residency.states import Reason, State
 
 # ---- inputs ----------------------------------------------------------------------------
@@ -26,6 +26,10 @@ class ModelSpec:
     pinned: bool = False
     #: seconds without a lease before an idle unload; 0 = never
     idle_unload_s: float = 0.0
+    #: higher is served first and may preempt lower (never the reverse)
+    priority: int = 0
+    #: seconds its last load took (measured), or None if never measured
+    load_s: float | None = None
 
 
 class WaiterKind(StrEnum):
@@ -41,6 +45,11 @@ class Acquire:
     now: float
     kind: WaiterKind = WaiterKind.LEASE
     reason: Reason = Reason.REQUEST
+    #: the request's ``keep_alive`` (seconds; 0 = unload when it ends; -1 = no idle
+    #: unload); None = the model's ``idle_unload_seconds``. Clamped by the rules' cap.
+    keep_alive_s: float | None = None
+    #: the policy the request asked for (``X-Mlxd-Contention``); it gets at most its model's
+    contention: ContentionPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +145,15 @@ class SetSize:
 
 
 @dataclass(frozen=True, slots=True)
+class SetLoadTime:
+    """How long ``model``'s last load took (seconds): cost eviction and plan ETAs use it."""
+
+    model: str
+    load_s: float
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class Shutdown:
     now: float
 
@@ -160,6 +178,7 @@ class Reconfigure:
     policy: ContentionPolicy
     now: float
     replaced: frozenset[str] = frozenset()
+    rules: ResidencyRules = field(default_factory=ResidencyRules)
 
 
 Event = (
@@ -174,6 +193,7 @@ Event = (
     | AdminUnload
     | SetLoadGate
     | SetSize
+    | SetLoadTime
     | Shutdown
     | ShutdownDeadline
     | Reconfigure

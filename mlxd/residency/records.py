@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlxd.residency.messages import ModelSpec, WaiterKind
+from mlxd.residency.policy import ContentionPolicy
 from mlxd.residency.states import COMMITTED, Reason, State
 
 #: drain owners that are not waiters: these drains are never called off
@@ -24,8 +25,15 @@ class ModelRecord:
     committed_bytes: int = 0
     leases: set[str] = field(default_factory=set)
     last_used: float | None = None
+    #: when its current residency became ``loaded`` (min_resident_s, max_swap_delay_s)
+    loaded_at: float | None = None
+    #: the ``keep_alive`` of the lease that ended last (None: the model's idle_unload_s);
+    #: forgotten when the model unloads
+    keep_alive_s: float | None = None
     last_error: str | None = None
     load_id: int = 0
+    #: when the load in flight (or the last one) started
+    load_started: float | None = None
     load_reason: Reason = Reason.REQUEST
     #: a CancelLoad was issued for the load in flight; it cannot be joined
     load_cancelling: bool = False
@@ -56,6 +64,14 @@ class ModelRecord:
     #: stopped: the model stays ``loading`` (bytes counted) until a stop succeeds,
     #: then moves to this state (``failed`` with the load's error, or ``unloaded``)
     teardown: tuple[State, str | None] | None = None
+    #: its waiters wait for a victim to become available (anti-thrash) until then
+    defer_until: float | None = None
+    #: waiters in its queue whose policy never waits (they fail when room is not at hand)
+    fail_waiters: int = 0
+    #: waiters in its queue whose policy is ``preempt`` (their victims drain as ``preempted``)
+    preempters: int = 0
+    #: the earliest ``preempt_at`` of its waiters (None: none of them preempts)
+    preempt_at: float | None = None
 
     @property
     def holds_budget(self) -> bool:
@@ -71,9 +87,45 @@ class ModelRecord:
     def head(self) -> Waiter | None:
         return next(iter(self.queue.values()), None)
 
+    @property
+    def priority(self) -> int:
+        return self.spec.priority
 
-@dataclass
+    def enqueue(self, w: Waiter) -> None:
+        """Add a waiter and keep the queue's summaries (deadline, policy counts) true."""
+        self.queue[w.id] = w
+        if w.deadline is not None and (self.queue_deadline is None or w.deadline < self.queue_deadline):
+            self.queue_deadline = w.deadline
+        self._count(w, 1)
+        if w.preempt_at is not None and (self.preempt_at is None or w.preempt_at < self.preempt_at):
+            self.preempt_at = w.preempt_at
+
+    def dequeue(self, w: Waiter) -> None:
+        """Remove a waiter (if queued) and keep the queue's summaries true."""
+        if self.queue.pop(w.id, None) is None:
+            return
+        self._count(w, -1)
+        if not self.queue:
+            self.blocked = False
+            self.queue_deadline = None
+            self.claims = []
+            self.defer_until = None
+            self.preempt_at = None
+        elif w.preempt_at is not None and w.preempt_at == self.preempt_at:
+            times = [x.preempt_at for x in self.queue.values() if x.preempt_at is not None]
+            self.preempt_at = min(times) if times else None
+
+    def _count(self, w: Waiter, n: int) -> None:
+        if not w.policy.waits:
+            self.fail_waiters += n
+        if w.policy.strategy == "preempt":
+            self.preempters += n
+
+
+@dataclass(frozen=True)
 class Waiter:
+    """One acquire waiting in its model's queue; never changed once made (copies share it)."""
+
     id: int
     model: str
     lease_id: str
@@ -84,3 +136,7 @@ class Waiter:
     deadline: float | None
     #: when this waiter may preempt its victims (None = never)
     preempt_at: float | None
+    #: its contention policy: the manager's, or less if the request asked for less
+    policy: ContentionPolicy = field(default_factory=ContentionPolicy)
+    #: the request's keep_alive, already clamped (None: the model's default)
+    keep_alive_s: float | None = None

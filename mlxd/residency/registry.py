@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from mlxd.residency.messages import ModelSpec
-from mlxd.residency.policy import ContentionPolicy
+from mlxd.residency.policy import ContentionPolicy, ResidencyRules
 from mlxd.residency.records import ModelRecord, Waiter
 from mlxd.residency.states import State
 
@@ -20,19 +20,30 @@ from mlxd.residency.states import State
 class Registry:
     """The core's books and the questions asked of them; :class:`~mlxd.residency.core.Core` changes them."""
 
-    def __init__(self, specs: Iterable[ModelSpec], budget_bytes: int, policy: ContentionPolicy) -> None:
+    def __init__(
+        self,
+        specs: Iterable[ModelSpec],
+        budget_bytes: int,
+        policy: ContentionPolicy,
+        rules: ResidencyRules | None = None,
+    ) -> None:
         self.budget = int(budget_bytes)
         self.policy = policy
+        self.rules = rules or ResidencyRules()
         self.models: dict[str, ModelRecord] = {s.name: ModelRecord(s) for s in specs}
         #: every waiter by id; each model's ``queue`` holds its own in arrival order
         self.waiters: dict[int, Waiter] = {}
         #: every live lease's model; invariant: lease ``l`` is in ``models[lease_model[l]].leases``
         self.lease_model: dict[str, str] = {}
+        #: the clamped keep_alive of live leases that asked for one
+        self.lease_keep_alive: dict[str, float] = {}
         #: None, or why new loads are refused (the journal cannot write)
         self.load_gate: str | None = None
         self.shutting_down = False
         #: the latest ``now`` of any event (monotonic seconds); never goes back
         self.now = 0.0
+        #: the id of the last load started (load ids only grow)
+        self.last_load_id = 0
 
     # -- queries ---------------------------------------------------------------------
 
@@ -53,15 +64,16 @@ class Registry:
         """The earliest time at which a :class:`Tick` could change something."""
         times: list[float] = []
         for r in self.models.values():
-            head = r.head
-            if head is None:
+            if not r.queue:
                 continue
             if r.blocked and r.queue_deadline is not None:
                 times.append(r.queue_deadline)
-            if head.preempt_at is not None and any(
+            if r.blocked and r.defer_until is not None:
+                times.append(r.defer_until)
+            if r.preempt_at is not None and any(
                 not self.models[v].preempted for v in r.claims if v in self.models
             ):
-                times.append(head.preempt_at)
+                times.append(r.preempt_at)
         for r in self.models.values():
             due = self._idle_due(r)
             if due is not None:
@@ -71,14 +83,18 @@ class Registry:
         return min(times) if times else None
 
     def _idle_due(self, r: ModelRecord) -> float | None:
+        """When ``r`` unloads for want of leases: its last lease's keep_alive, else its idle_unload_s."""
         if (
-            r.state is State.LOADED
-            and not r.leases
-            and not r.spec.pinned
-            and r.spec.idle_unload_s > 0
-            and r.last_used is not None
-            and not self.shutting_down
+            r.state is not State.LOADED
+            or r.leases
+            or r.spec.pinned
+            or r.last_used is None
+            or self.shutting_down
         ):
+            return None
+        if r.keep_alive_s is not None:
+            return None if r.keep_alive_s < 0 else r.last_used + r.keep_alive_s
+        if r.spec.idle_unload_s > 0:
             return r.last_used + r.spec.idle_unload_s
         return None
 
@@ -91,3 +107,4 @@ class Registry:
             for lid in r.leases:
                 assert self.lease_model[lid] == name
         assert len(self.lease_model) == sum(len(r.leases) for r in self.models.values())
+        assert self.lease_keep_alive.keys() <= self.lease_model.keys()

@@ -6,12 +6,13 @@ and its core and build plain dicts; they never change anything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from mlxd.engines.base import LoadProgress
+from mlxd.residency.progress import LoadEstimate
 from mlxd.residency.states import Reason, State
 from mlxd.units import format_bytes
 
@@ -29,9 +30,25 @@ class LoadInfo:
     progress: LoadProgress = field(default_factory=LoadProgress)
 
 
+def load_estimate(manager: Manager, model: str) -> LoadEstimate | None:
+    """How far ``model``'s load in flight is, by its measured load time (None: not loading)."""
+    info = manager._loads.get(model)
+    if info is None:
+        return None
+    p = info.progress
+    return LoadEstimate(
+        model,
+        trio.current_time() - info.started,
+        manager.expected_load_seconds(model),
+        p.phase,
+        p.bytes_done,
+        p.bytes_total,
+    )
+
+
 def model_status(manager: Manager, name: str) -> dict[str, Any]:
     r = manager.core.models[name]
-    info = manager._loads.get(name)
+    est = load_estimate(manager, name)
     return {
         "state": r.state.value,
         "loaded": r.state is State.LOADED,
@@ -53,14 +70,15 @@ def model_status(manager: Manager, name: str) -> dict[str, Any]:
         "waiters": len(r.queue),
         "idle_unload_seconds": r.spec.idle_unload_s,
         "engine": _engine(manager, name),
-        "loading": None
-        if info is None
-        else {
-            "seconds": round(trio.current_time() - info.started, 3),
-            "phase": info.progress.phase,
-            "bytes_done": info.progress.bytes_done,
-            "bytes_total": info.progress.bytes_total,
+        "loading": None if est is None else {
+            "seconds": round(est.elapsed_s, 3),
+            "phase": est.phase,
+            "bytes_done": est.bytes_done,
+            "bytes_total": est.bytes_total,
+            "percent": est.percent,
+            "eta_s": None if est.eta_s is None else round(est.eta_s, 3),
         },
+        "priority": r.spec.priority,
     }
 
 
@@ -98,6 +116,7 @@ def status(manager: Manager) -> dict[str, Any]:
             "strategy": manager.core.policy.strategy,
             "wait_timeout_s": manager.core.policy.wait_timeout_s,
             "preempt_after_s": manager.core.policy.preempt_after_s,
+            **asdict(manager.core.rules),
         },
         "shutting_down": manager.core.shutting_down,
         "load_gate": manager.core.load_gate,

@@ -81,8 +81,12 @@ class Follower:
                 return out
 
     def json_until(self, model: str, to_state: str, reason: str = "admin") -> list[dict[str, Any]]:
+        """The journaled events up to that transition (live load_progress events, which
+        have no id, are left out)."""
         lines = self.until(rf'"model": "{model}".*"to_state": "{to_state}", "reason": "{reason}"')
-        return [json.loads(line) for line in lines]
+        events = [json.loads(line) for line in lines]
+        assert all(e["seq"] is None for e in events if e["kind"] == "load_progress")
+        return [e for e in events if e["kind"] != "load_progress"]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -289,6 +293,7 @@ def test_parse_sse_skips_comments_and_joins_data_lines() -> None:
     assert [(m.id, m.event, m.data) for m in messages] == [
         ("7", "transition", '{"a":\n1}'), ("8", "message", "x"),
     ]
+    assert [m.own_id for m in messages] == [True, False]  # "x" only inherits the last id
 
 
 def test_status_table_shows_loads_waiters_and_leases() -> None:

@@ -16,6 +16,14 @@ load's partial engine) and are retried; loads and stops hang (they finish
 only when a later rule lets them). Promises under faults: every engine that
 may hold memory is in a state whose bytes are counted; a model whose stop
 failed is nobody's victim until its retry; ``fail`` never waits for a drain.
+
+The policy rules run too: random priorities, eviction (lru/cost, with measured
+load times), anti-thrash (min_resident_s, max_swap_delay_s), per-request
+keep_alive (with a cap) and X-Mlxd-Contention. Checked with them: a waiter
+never preempts, nor keeps draining, a model of higher priority; no idle model
+outlives its keep-alive; a scheduling pass is idempotent (stepping an unchanged
+core changes nothing); and a plan, computed at any moment, equals what the
+acquire then does.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from mlxd.residency.messages import (
     AdminUnload,
     CancelLoad,
     CancelWaiter,
+    Command,
     EngineDeath,
     Event,
     Grant,
@@ -54,6 +63,7 @@ from mlxd.residency.messages import (
     Release,
     Satisfy,
     SetLoadGate,
+    SetLoadTime,
     SetSize,
     Shutdown,
     ShutdownDeadline,
@@ -64,8 +74,11 @@ from mlxd.residency.messages import (
     UnloadFinished,
     WaiterKind,
 )
+from mlxd.residency.plan import plan
+from mlxd.residency.policy import ResidencyRules
 from mlxd.residency.states import COMMITTED, TRANSITIONS, State
 from mlxd.units import GIB
+from tests.property.test_plan import ASKED, fingerprint, what_acquiring_did
 
 NAMES = ["a", "b", "c", "d"]
 #: names a reload may add (and that requests may ask for before it does)
@@ -95,6 +108,8 @@ class CoreMachine(RuleBasedStateMachine):
         self.hung: set[str] = set()
         self.orphans: set[str] = set()  # leases of a dead engine, not yet given back by holders
         self.steps = 0
+        self.admin_step = False  # the current step is an admin unload (it may preempt anyone)
+        self.last_commands: list[Command] = []
 
     @initialize(
         sizes=st.lists(st.integers(2, 6), min_size=4, max_size=4),
@@ -104,6 +119,14 @@ class CoreMachine(RuleBasedStateMachine):
         preempt_after=st.sampled_from([None, 0.0, 3.0]),
         pinned=st.sets(st.sampled_from(NAMES), max_size=2),
         idle=st.sampled_from([0.0, 10.0]),
+        priorities=st.lists(st.integers(0, 2), min_size=4, max_size=4),
+        rules=st.builds(
+            ResidencyRules,
+            eviction=st.sampled_from(["lru", "cost"]),
+            min_resident_s=st.sampled_from([0.0, 0.0, 4.0]),
+            max_swap_delay_s=st.sampled_from([0.0, 0.0, 2.0]),
+            max_keep_alive_s=st.sampled_from([None, 10.0]),
+        ),
     )
     def setup(
         self,
@@ -114,12 +137,15 @@ class CoreMachine(RuleBasedStateMachine):
         preempt_after: float | None,
         pinned: set[str],
         idle: float,
+        priorities: list[int],
+        rules: ResidencyRules,
     ) -> None:
         specs = [
-            ModelSpec(name, size * GIB, pinned=name in pinned, idle_unload_s=idle)
-            for name, size in zip(NAMES, sizes, strict=True)
+            ModelSpec(name, size * GIB, pinned=name in pinned, idle_unload_s=idle, priority=prio)
+            for name, size, prio in zip(NAMES, sizes, priorities, strict=True)
         ]
-        self.core = Core(specs, budget * GIB, ContentionPolicy(strategy, timeout, preempt_after))
+        policy = ContentionPolicy(strategy, timeout, preempt_after)  # type: ignore[arg-type]
+        self.core = Core(specs, budget * GIB, policy, rules)
         self.shadow = {name: State.UNLOADED for name in NAMES}
 
     # -- carrying out commands --------------------------------------------------------
@@ -127,11 +153,13 @@ class CoreMachine(RuleBasedStateMachine):
     def feed(self, event: Event) -> bool:
         """Step the core and carry out its commands; True if the core refused the event."""
         assert self.core is not None
+        self.last_commands = []
         try:
             commands = self.core.step(event)
         except MlxdError as e:
             note_event(f"refused {type(event).__name__}: {e.code}")
             return True  # admin refusals change nothing (checked by the invariants)
+        self.last_commands = commands
         self.steps += 1
         for cmd in commands:
             note_event(type(cmd).__name__ + (f" {cmd.to_state}/{cmd.reason}" if isinstance(cmd, Transition) else ""))
@@ -163,18 +191,59 @@ class CoreMachine(RuleBasedStateMachine):
                 for lid in cmd.lease_ids:
                     assert self.leases[lid] == cmd.model
                     self.preempted.add(lid)
+                if not (cmd.shutdown or self.admin_step):  # a waiter preempts: never upwards
+                    victim = self.core.models[cmd.model].priority
+                    assert any(
+                        cmd.model in r.claims and r.priority >= victim
+                        for r in self.core.models.values()
+                    ), cmd
         return False
 
     # -- rules -----------------------------------------------------------------------
 
     @precondition(lambda self: self.core is not None)
-    @rule(model=st.sampled_from(ALL_NAMES), resident=st.booleans())
-    def acquire(self, model: str, resident: bool) -> None:
+    @rule(
+        model=st.sampled_from(ALL_NAMES),
+        resident=st.booleans(),
+        keep_alive=st.sampled_from([None, None, 0.0, 5.0, -1.0, 3600.0]),
+        asked=st.sampled_from(ASKED),
+    )
+    def acquire(
+        self, model: str, resident: bool, keep_alive: float | None, asked: ContentionPolicy | None
+    ) -> None:
+        self.feed(self.acquire_event(model, resident, keep_alive, asked))
+
+    def acquire_event(
+        self, model: str, resident: bool, keep_alive: float | None, asked: ContentionPolicy | None
+    ) -> Acquire:
         wid = next(self.ids)
         kind = WaiterKind.RESIDENT if resident else WaiterKind.LEASE
         if not resident:
             self.waiters[wid] = model
-        self.feed(Acquire(wid, model, f"L{wid}", self.now, kind=kind))
+        return Acquire(wid, model, f"L{wid}", self.now, kind=kind, keep_alive_s=keep_alive,
+                       contention=asked)
+
+    @precondition(
+        lambda self: self.core is not None and not self.core.shutting_down and bool(self.core.models)
+    )
+    @rule(data=st.data(), asked=st.sampled_from(ASKED))
+    def plan_then_acquire(self, data: st.DataObject, asked: ContentionPolicy | None) -> None:
+        """The plan changes nothing, and says what the acquire then does."""
+        core = self.core
+        assert core is not None
+        model = data.draw(st.sampled_from(sorted(core.models)), label="model")
+        before = fingerprint(core)
+        p = plan(core, model, self.now, contention=asked)
+        assert fingerprint(core) == before
+        event = self.acquire_event(model, False, None, asked)
+        self.feed(event)
+        did = what_acquiring_did(core, event.waiter_id, model, self.last_commands)
+        assert (p.action, [(v.model, v.bytes) for v in p.victims], p.error_code) == did
+
+    @precondition(lambda self: self.core is not None)
+    @rule(model=st.sampled_from(ALL_NAMES), seconds=st.sampled_from([0.5, 2.0, 8.0]))
+    def measure(self, model: str, seconds: float) -> None:
+        self.feed(SetLoadTime(model, seconds, self.now))
 
     @precondition(lambda self: bool(self.waiters))
     @rule(data=st.data())
@@ -262,7 +331,11 @@ class CoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.core is not None)
     @rule(model=st.sampled_from(NAMES), preempt=st.booleans())
     def admin_unload(self, model: str, preempt: bool) -> None:
-        self.feed(AdminUnload(model, self.now, preempt=preempt))
+        self.admin_step = True
+        try:
+            self.feed(AdminUnload(model, self.now, preempt=preempt))
+        finally:
+            self.admin_step = False
 
     @precondition(lambda self: self.core is not None)
     @rule(closed=st.booleans())
@@ -311,7 +384,8 @@ class CoreMachine(RuleBasedStateMachine):
         specs = []
         for name in sorted(keep | added):
             if name in added or name in replaced:
-                specs.append(ModelSpec(name, size_of[name] * GIB, pinned=name in pinned, idle_unload_s=idle))
+                specs.append(ModelSpec(name, size_of[name] * GIB, pinned=name in pinned, idle_unload_s=idle,
+                                       priority=size_of[name] % 3))
             elif name in resized:  # a measured size since the last reload
                 specs.append(replace(core.models[name].spec, size_bytes=size_of[name] * GIB))
             else:
@@ -319,7 +393,7 @@ class CoreMachine(RuleBasedStateMachine):
         before = self._snapshot()
         refused = self.feed(
             Reconfigure(tuple(specs), budget * GIB, ContentionPolicy(strategy, timeout, preempt_after),  # type: ignore[arg-type]
-                        self.now, replaced=frozenset(replaced))
+                        self.now, replaced=frozenset(replaced), rules=core.rules)
         )
         if refused:
             assert self._snapshot() == before, "a refused reload changed the core"
@@ -402,6 +476,23 @@ class CoreMachine(RuleBasedStateMachine):
             assert core.models[self.leases[lid]].state in (State.DRAINING, State.LOADED)
         if core.shutting_down:
             assert not core.waiters
+        for v in core.models.values():  # a busy model drains only for a waiter of its priority or more
+            if v.state is State.DRAINING and v.drain_owner is None:
+                assert any(
+                    v.spec.name in r.claims and r.priority >= v.priority
+                    for r in core.models.values()
+                ), v.spec.name
+        for r in core.models.values():  # no idle model outlives its keep-alive (or idle time)
+            due = core._idle_due(r)
+            assert due is None or due > core.now, (r.spec.name, due, core.now)
+
+    @invariant()
+    def a_pass_is_idempotent(self) -> None:
+        """Stepping an unchanged core (a no-op event) decides nothing new."""
+        if self.core is None:
+            return
+        copy = self.core.copy()
+        assert copy.step(SetLoadGate(copy.load_gate, copy.now)) == []
 
 
 CoreMachine.TestCase.settings = settings(stateful_step_count=80)

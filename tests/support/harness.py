@@ -20,6 +20,7 @@ from mlxd.errors import MlxdError
 from mlxd.residency.events import ManagerEvent, TransitionEvent
 from mlxd.residency.lease import Lease
 from mlxd.residency.manager import Manager
+from mlxd.residency.policy import ResidencyRules
 from mlxd.units import GIB
 
 
@@ -36,9 +37,14 @@ def make_config(
     load_seconds: float = 1.0,
     tokens_per_second: float = 10.0,
     stop_timeout_s: float = 60.0,
+    priorities: dict[str, int] | None = None,
+    rules: ResidencyRules | None = None,
+    model_load_seconds: dict[str, float] | None = None,
 ) -> Config:
     """A config of fake models with the given sizes in GB."""
     model_idle = model_idle or {}
+    priorities = priorities or {}
+    model_load_seconds = model_load_seconds or {}
     pinned = set(pinned)
     models = tuple(
         ModelConfig(
@@ -48,7 +54,11 @@ def make_config(
             estimated_memory_bytes=int(gb * GIB),
             pin=name in pinned,
             idle_unload_seconds=model_idle.get(name),
-            fake=FakeSettings(load_seconds=load_seconds, tokens_per_second=tokens_per_second),
+            priority=priorities.get(name, 0),
+            fake=FakeSettings(
+                load_seconds=model_load_seconds.get(name, load_seconds),
+                tokens_per_second=tokens_per_second,
+            ),
         )
         for name, gb in sizes.items()
     )
@@ -58,6 +68,7 @@ def make_config(
             idle_unload_seconds=idle_unload_seconds,
             contention_policy=ContentionPolicy(strategy, wait_timeout_s, preempt_after_s),  # type: ignore[arg-type]
             stop_timeout_s=stop_timeout_s,
+            rules=rules or ResidencyRules(),
         ),
         models=models,
     )

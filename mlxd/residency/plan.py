@@ -1,0 +1,126 @@
+"""What acquiring a model now would do, without doing it: the residency plan.
+
+:func:`plan` is a pure function of the core: it copies the
+:class:`~mlxd.residency.core.Core` (:meth:`~mlxd.residency.moves.CoreState.copy`), feeds the copy the very
+:class:`~mlxd.residency.messages.Acquire` a request would bring, and reads
+the answer off the copy: the commands for that waiter, the victims the
+scheduling pass recorded with their why (:class:`~mlxd.residency.moves.Victim`),
+and the model's state. The real core is never touched, and the plan cannot
+drift from what an acquire does, because it *is* the acquire's decision
+(``tests/property/test_plan.py`` checks both against the real step).
+
+``action``:
+
+* ``ready``: a lease is granted at once;
+* ``load``: the model's load starts now, or is in flight and the request joins it;
+* ``evict_then_load``: idle models unload first (``victims``), then the load;
+* ``drain_then_load``: busy models drain (or are preempted) first;
+* ``wait``: nothing moves now: the room is already on its way, or the
+  available victims are protected for a while (anti-thrash), or no victim can
+  help until a lease ends;
+* ``fail``: refused at once (``error.code``: ``model_capacity``,
+  ``model_exceeds_budget``, ``shutting_down``, ...).
+
+``committed_after`` is the committed bytes once the action is done (victims
+gone, the model loaded); for ``wait`` and ``fail``, what is committed now.
+``eta_s`` is the seconds until the model is ready counted from its measured
+load time (unloads taken as instant); None when it depends on leases ending
+(a drain, a wait) or the model was never measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mlxd.errors import ModelNotFound
+from mlxd.residency.core import Core
+from mlxd.residency.messages import Acquire, Grant, Reject, Satisfy
+from mlxd.residency.moves import Victim
+from mlxd.residency.policy import ContentionPolicy
+from mlxd.residency.states import State
+
+ACTIONS = ("ready", "load", "evict_then_load", "drain_then_load", "wait", "fail")
+#: victims whose leases stop them (the waiter preempts) or whose leases must end (drain)
+BUSY_WHYS = frozenset({"drain", "preempt", "priority"})
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    model: str
+    action: str
+    victims: tuple[Victim, ...]
+    error_code: str | None
+    error_message: str | None
+    committed_after: int
+    eta_s: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON shape of ``GET /admin/plan`` (DESIGN.md)."""
+        return {
+            "model": self.model,
+            "action": self.action,
+            "victims": [
+                {"model": v.model, "state": v.state.value, "bytes": v.bytes, "why": v.why}
+                for v in self.victims
+            ],
+            "error": None
+            if self.error_code is None
+            else {"code": self.error_code, "message": self.error_message},
+            "committed_after": self.committed_after,
+            "eta_s": None if self.eta_s is None else round(self.eta_s, 3),
+        }
+
+
+def plan(
+    core: Core, model: str, now: float, *, contention: ContentionPolicy | None = None
+) -> Plan:
+    """What an acquire of ``model`` at ``now`` would do; ``core`` is left as it was."""
+    if model not in core.models:
+        raise ModelNotFound(model)
+    sim = core.copy()
+    wid = max(sim.waiters, default=0) + 1  # after every waiter already queued, as a new one is
+    commands = sim.step(Acquire(wid, model, "plan", now, contention=contention))
+    victims = tuple(sim.victims)
+    before, after = core.models[model], sim.models[model]
+    answer = next(
+        (c for c in commands if isinstance(c, Grant | Satisfy | Reject) and c.waiter_id == wid),
+        None,
+    )
+    if isinstance(answer, Reject):
+        e = answer.error
+        return Plan(model, "fail", victims, e.code, e.message, core.committed, None)
+    if answer is not None:
+        return Plan(model, "ready", victims, None, None, core.committed, 0.0)
+    action = classify(after.state is State.LOADING and not after.load_cancelling, victims)
+    committed = core.committed
+    if action != "wait":
+        committed -= sum(v.bytes for v in victims)
+        if not before.holds_budget:
+            committed += before.spec.size_bytes
+    return Plan(model, action, victims, None, None, committed, _eta(sim, model, action, victims))
+
+
+def classify(loading: bool, victims: tuple[Victim, ...] | list[Victim]) -> str:
+    """The action of a waiter neither served nor refused at once (see the module doc)."""
+    if loading:
+        return "load"
+    if any(v.why in BUSY_WHYS for v in victims):
+        return "drain_then_load"
+    return "evict_then_load" if victims else "wait"
+
+
+def _eta(sim: Core, model: str, action: str, victims: tuple[Victim, ...]) -> float | None:
+    r = sim.models[model]
+    load_s = r.spec.load_s
+    if load_s is None or action == "wait":
+        return None
+    if action == "load":
+        started = r.load_started if r.load_started is not None else sim.now
+        return max(0.0, load_s - (sim.now - started))
+    if action == "evict_then_load":
+        return load_s
+    busy = [v for v in victims if v.why in BUSY_WHYS]
+    if r.preempt_at is None or any(v.why == "drain" for v in busy):
+        return None  # the leases decide when the room is free
+    return max(0.0, r.preempt_at - sim.now) + load_s

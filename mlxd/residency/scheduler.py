@@ -1,0 +1,339 @@
+"""The scheduling pass of the residency core: who is served, who loads, who makes room.
+
+Theory of operation
+-------------------
+After every event the core runs one pass (:meth:`Scheduler._schedule`) over
+the models that have waiters, **highest priority first**, then in the order of
+their earliest waiter. All waiters of a model share its fate. First every
+``loaded`` model grants its waiters their leases (a model about to serve is
+busy, not an idle victim); then, for each model:
+
+* ``loading``: they join the load (single flight);
+* on its way out (``draining``, ``unloading``, a failed or cancelled load
+  tearing down): they wait; a late joiner starts a fresh load. Waiters whose
+  policy never waits (``fail``) are refused when it is draining or its engine
+  stop is stuck (a failed stop waiting for its retry);
+* otherwise the model needs a load of ``need`` bytes. The pass tracks
+  ``free`` (budget minus committed bytes, minus what earlier models took) and
+  ``incoming`` (bytes of models already on their way out, not yet claimed;
+  never a stuck stop, and a drain only when the manager's policy waits). The
+  load starts when ``need <= free``; else the waiters make room
+  (:meth:`Scheduler._make_room`).
+
+Making room takes **victims** in this order, until the room suffices:
+
+1. idle ``loaded`` models, never pinned, by the eviction rule (``lru``: least
+   recently used first; ``cost``: fewest measured reload seconds per byte
+   freed, LRU breaking ties); they unload at once;
+2. if a waiter's policy waits: busy ``loaded`` models of **lower or equal
+   priority**, never pinned, lowest priority then least recently used first;
+   they drain (``draining``: no new leases). Preempting policies cancel their
+   leases once the waiters' ``preempt_at`` has come.
+
+Anti-thrash protects some victims for a while: an idle model loaded less than
+``min_resident_s`` ago is no victim yet, and a model in use since the waiters
+came (busy, or used after they came) keeps serving its own requests until
+``max_swap_delay_s`` after they came (or after it loaded, if later), so A B A B
+traffic runs as A A B B.
+
+If the victims available now cannot make the room but will (a protected idle
+model, a busy one inside its swap delay), the waiters take nothing yet and
+**reserve** them, with the time to look again (``defer_until``); if no victim
+can ever help, they claim nothing, so they do not block the queue behind them.
+Waiters whose policy never waits (``fail``) are refused when the room is not at
+hand: free bytes, bytes whose engine stop is in flight (never a drain), and idle
+victims available now.
+
+A waiter whose room is on its way keeps it: models later in the pass cannot
+take it (liveness). A ``draining`` victim that no waiter claims at the end of a
+pass goes back to ``loaded`` (the drain is called off), unless an admin unload
+or shutdown drains it. Every victim is recorded with its why
+(:class:`~mlxd.residency.moves.Victim`), which is what the plan reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mlxd.errors import JournalError, MlxdError
+from mlxd.residency import refusals
+from mlxd.residency.moves import CoreState, Victim
+from mlxd.residency.records import ModelRecord
+from mlxd.residency.states import Reason, State
+
+#: ``reload seconds per byte`` of a model never measured: the dearest to evict
+_UNKNOWN_COST = float("inf")
+
+
+@dataclass
+class _Room:
+    """What one pass has left to give out."""
+
+    free: int
+    incoming: int
+    #: victim on its way out -> model whose waiters claimed it
+    claimed: dict[str, str] = field(default_factory=dict)
+    #: loaded models a deferred waiter counts on: no one else takes them this pass
+    reserved: set[str] = field(default_factory=set)
+
+
+class Scheduler(CoreState):
+    """The scheduling pass (see the module docstring)."""
+
+    def _schedule(self) -> None:
+        # A drain called off turns a victim back to ``loaded``; its waiters are
+        # served by the next pass. Passes converge: a called-off victim was
+        # claimed by nobody, and nothing else changed in between.
+        for _ in range(4):
+            if not self._pass():
+                break
+
+    def _pass(self) -> bool:
+        """One pass over the models with waiters; returns True if a drain was called off."""
+        room = _Room(
+            free=self.budget - self.committed,
+            incoming=sum(r.committed_bytes for r in self.models.values() if self._outgoing(r)),
+        )
+        # Loaded models serve their waiters first: a model about to grant leases is
+        # busy, not an idle victim for a waiter of higher priority.
+        for r in self.models.values():
+            if r.queue and r.state is State.LOADED:
+                for w in list(r.queue.values()):
+                    self._satisfy(w, r)
+        waiting = sorted(
+            (r for r in self.models.values() if r.queue),
+            key=lambda r: (-r.priority, next(iter(r.queue))),
+        )
+        for r in waiting:
+            self._serve(r, room)
+        called_off = self._call_off_unclaimed(room.claimed)
+        self._preempt_due()
+        return called_off
+
+    def _serve(self, r: ModelRecord, room: _Room) -> None:
+        r.claims = []
+        r.defer_until = None
+        if r.state is State.LOADING and not r.load_cancelling:
+            r.blocked = False
+            return
+        r.blocked = True
+        if r.state not in (State.UNLOADED, State.FAILED):
+            # on its way out, or a failed or cancelled load still tearing down
+            if r.fail_waiters and (r.state is State.DRAINING or r.stuck):
+                error = refusals.model_leaving(r.spec.name, r.state, r.retry_at, self.now)
+                self._reject_failing(r, error)
+            return
+        name, need = r.spec.name, r.spec.size_bytes
+        if need > self.budget:
+            self._reject_queue(r, refusals.exceeds_budget(name, need, self.budget))
+        elif self.load_gate is not None:
+            self._reject_queue(r, JournalError(f"new loads are refused: {self.load_gate}"))
+        elif need <= room.free:
+            room.free -= need
+            self._start_load(r)
+        else:
+            self._make_room(r, need, room)
+
+    def _make_room(self, r: ModelRecord, need: int, room: _Room) -> None:
+        """``r``'s waiters need ``need`` bytes more than are free: evict, drain, defer or refuse."""
+        waits = r.fail_waiters < len(r.queue)
+        idle, protected = self._idle_victims(r, room)
+        busy, delayed = self._busy_victims(r, room) if waits else ([], [])
+        idle_bytes = sum(v.committed_bytes for v in idle)
+        at_hand = room.free + room.incoming + idle_bytes
+        if r.fail_waiters and room.free + self._unloading(room) + idle_bytes < need:
+            self._reject_failing(r, refusals.no_room(r.spec.name, need, self.committed, self.budget))
+            if not r.queue:
+                return
+        now_bytes = at_hand + sum(v.committed_bytes for v in busy)
+        if now_bytes < need:
+            later = sorted(protected + delayed, key=lambda v: self._available_at(r, v))
+            if now_bytes + sum(v.committed_bytes for v in later) >= need:
+                self._defer(r, need, room, idle + busy + later)
+            return  # else no victim can make room now: claim nothing, touch nothing
+        for v in idle:
+            if room.free + room.incoming >= need:
+                break
+            room.incoming += v.committed_bytes
+            self._record_victim(v, r, self._idle_why())
+            self._begin_unload(v, Reason.EVICTED)
+        drain_reason = Reason.PREEMPTED if r.preempters else Reason.EVICTED
+        for v in busy:
+            if room.free + room.incoming >= need:
+                break
+            room.incoming += v.committed_bytes
+            self._record_victim(v, r, self._busy_why(v, r))
+            self._begin_drain(v, drain_reason, owner=None)
+        self._take(r, need, room)
+
+    def _take(self, r: ModelRecord, need: int, room: _Room) -> int:
+        """Let ``r`` take free bytes, then claim bytes on their way out; returns what is still missing."""
+        take_free = min(room.free, need)
+        room.free -= take_free
+        rest = need - take_free
+        take_in = min(room.incoming, rest)
+        room.incoming -= take_in
+        self._claim_outgoing(r, take_in, room.claimed)
+        return rest - take_in
+
+    def _reject_failing(self, r: ModelRecord, error: MlxdError) -> None:
+        """Refuse ``r``'s waiters whose policy never waits (``fail``)."""
+        for w in [w for w in r.queue.values() if not w.policy.waits]:
+            self._reject(w, error)
+
+    def _defer(self, r: ModelRecord, need: int, room: _Room, candidates: list[ModelRecord]) -> None:
+        """Not yet: reserve what will make the room, and look again when the next one is available."""
+        missing = self._take(r, need, room)
+        times = []
+        for v in candidates:
+            if missing <= 0:
+                break
+            missing -= v.committed_bytes
+            room.reserved.add(v.spec.name)
+            at = self._available_at(r, v)
+            if at > self.now:
+                times.append(at)
+        r.defer_until = min(times) if times else None
+
+    # -- victims ---------------------------------------------------------------------
+
+    def _candidates(self, r: ModelRecord, room: _Room, *, busy: bool) -> list[ModelRecord]:
+        return [
+            v
+            for name, v in self.models.items()
+            if name != r.spec.name
+            and v.state is State.LOADED
+            and not v.spec.pinned
+            and name not in room.reserved
+            and bool(v.leases) == busy
+        ]
+
+    def _idle_victims(
+        self, r: ModelRecord, room: _Room
+    ) -> tuple[list[ModelRecord], list[ModelRecord]]:
+        """Idle victims available now in eviction order, and those protected by min_resident_s."""
+        cost = self.rules.eviction == "cost"
+
+        def key(v: ModelRecord) -> tuple[float, float, str]:
+            return (self._reload_cost(v) if cost else 0.0, v.last_used or 0.0, v.spec.name)
+
+        now: list[ModelRecord] = []
+        protected: list[ModelRecord] = []
+        for v in sorted(self._candidates(r, room, busy=False), key=key):
+            (protected if self._available_at(r, v) > self.now else now).append(v)
+        return now, protected
+
+    def _busy_victims(
+        self, r: ModelRecord, room: _Room
+    ) -> tuple[list[ModelRecord], list[ModelRecord]]:
+        """Busy victims of lower or equal priority available now, and those inside their swap delay."""
+        cands = sorted(
+            (v for v in self._candidates(r, room, busy=True) if v.priority <= r.priority),
+            key=lambda v: (v.priority, v.last_used or 0.0, v.spec.name),
+        )
+        now = [v for v in cands if self._available_at(r, v) <= self.now]
+        return now, [v for v in cands if self._available_at(r, v) > self.now]
+
+    def _available_at(self, r: ModelRecord, v: ModelRecord) -> float:
+        """When ``v`` may become ``r``'s victim: when its anti-thrash protection ends (or now).
+
+        An idle model loaded less than ``min_resident_s`` ago is protected until then. A
+        model in use since ``r``'s waiters came (busy, or used after they came) keeps
+        serving until ``max_swap_delay_s`` after they came (or after it loaded, if later).
+        """
+        loaded_at = v.loaded_at if v.loaded_at is not None else float("-inf")
+        at = self.now
+        if not v.leases and self.rules.min_resident_s:
+            at = max(at, loaded_at + self.rules.min_resident_s)
+        if self.rules.max_swap_delay_s:
+            head = r.head
+            start = max(head.since if head is not None else self.now, loaded_at)
+            if v.leases or (v.last_used is not None and v.last_used >= start):
+                at = max(at, start + self.rules.max_swap_delay_s)
+        return at
+
+    def _reload_cost(self, v: ModelRecord) -> float:
+        """Measured reload seconds per byte freed (never measured: the dearest)."""
+        if v.spec.load_s is None or v.committed_bytes <= 0:
+            return _UNKNOWN_COST
+        return v.spec.load_s / v.committed_bytes
+
+    def _idle_why(self) -> str:
+        return "idle_cost" if self.rules.eviction == "cost" else "idle_lru"
+
+    def _busy_why(self, v: ModelRecord, r: ModelRecord) -> str:
+        if r.preempt_at is None:
+            return "drain"
+        return "priority" if v.priority < r.priority else "preempt"
+
+    def _record_victim(self, v: ModelRecord, r: ModelRecord, why: str) -> None:
+        self.victims.append(Victim(v.spec.name, v.state, v.committed_bytes, why, r.spec.name))
+
+    # -- claims, calling off, preemption ---------------------------------------------
+
+    def _outgoing(self, v: ModelRecord) -> bool:
+        """Whether a waiter may count on ``v``'s bytes coming free (claim them)."""
+        if v.stuck:
+            return False  # its stop failed; not until the retry
+        if v.state is State.UNLOADING:
+            return True
+        return v.state is State.DRAINING and self.policy.waits  # `fail` never waits for a drain
+
+    def _unloading(self, room: _Room) -> int:
+        """Bytes of this pass's ``incoming`` whose engine stop is in flight (never a drain):
+        all a ``fail`` waiter may count on."""
+        unclaimed = sum(
+            v.committed_bytes
+            for v in self.models.values()
+            if v.state is State.UNLOADING and not v.stuck and v.spec.name not in room.claimed
+        )
+        return min(room.incoming, unclaimed)
+
+    def _claim_outgoing(self, r: ModelRecord, rest: int, claimed: dict[str, str]) -> None:
+        """Let ``r``'s waiters claim unclaimed bytes on their way out, unloading ones first
+        (never a drain of higher priority than theirs: unclaimed, it is called off)."""
+        if rest <= 0:
+            return
+        outgoing = sorted(
+            (
+                v
+                for v in self.models.values()
+                if self._outgoing(v)
+                and v.spec.name not in claimed
+                and not self._drains_upward(v, r)
+            ),
+            key=lambda v: (v.state is State.DRAINING, v.last_used or 0.0, v.spec.name),
+        )
+        for v in outgoing:
+            if rest <= 0:
+                break
+            claimed[v.spec.name] = r.spec.name
+            rest -= v.committed_bytes
+            if v.state is State.DRAINING:
+                r.claims.append(v.spec.name)
+
+    @staticmethod
+    def _drains_upward(v: ModelRecord, r: ModelRecord) -> bool:
+        """Whether keeping ``v`` draining for ``r`` would drain a busy model of higher priority
+        (a drain an admin unload or shutdown owns goes on whoever claims its room)."""
+        return v.state is State.DRAINING and v.drain_owner is None and v.priority > r.priority
+
+    def _call_off_unclaimed(self, claimed: dict[str, str]) -> bool:
+        called_off = False
+        for r in self.models.values():
+            if r.state is State.DRAINING and r.drain_owner is None and r.spec.name not in claimed:
+                r.preempted = False
+                self._move(r, State.LOADED, Reason.ABANDONED)
+                called_off = True
+        return called_off
+
+    def _preempt_due(self) -> None:
+        """Preempt the claimed victims of waiters whose ``preempt_at`` has come (never of higher priority)."""
+        for r in self.models.values():
+            if not r.queue or r.preempt_at is None or self.now < r.preempt_at:
+                continue
+            for name in r.claims:
+                v = self.models[name]
+                if v.state is State.DRAINING and not v.preempted and v.priority <= r.priority:
+                    v.out_reason = Reason.PREEMPTED
+                    self._preempt(v, shutdown=False)
