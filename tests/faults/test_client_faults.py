@@ -104,8 +104,10 @@ def test_clients_that_leave_misbehave_or_idle_keep_every_promise(tmp_path: Path)
             # 2. leaves while its model loads: the load is abandoned
             leave_after(d.url, "slowload", 0.5)
             eventually(lambda: c.get("/v1/models/slowload").json()["status"] == "unloaded")
-            assert rows(journal, "SELECT from_state, to_state, reason FROM transitions"
-                                 " WHERE model = 'slowload'")[-1] == ("loading", "unloaded", "abandoned")
+            # the journal writer commits in its own time: wait for the row, do not race it
+            eventually(lambda: rows(journal, "SELECT from_state, to_state, reason FROM transitions"
+                                             " WHERE model = 'slowload'")[-1:]
+                       == [("loading", "unloaded", "abandoned")])
             # 3. leaves before the first token (one token a second), 4. leaves mid-stream
             assert c.post("/admin/models/slowtoken/load").status_code == 200
             leave_after(d.url, "slowtoken", 0.3)
