@@ -52,11 +52,7 @@ REPO = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(REPO))
 
-from bench.engine import machine
-
-RESULTS = REPO / "bench" / "results"
-PROMPT = "Once upon a time, in a small town by the sea, there lived"
-TOLERANCE = 0.05
+from bench.engine import PROMPT, RESULTS, TOLERANCE, machine
 
 
 def child(kind: str, model: str, tokens: int, requests: int, streams: int) -> dict[str, float]:
