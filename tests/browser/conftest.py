@@ -76,3 +76,14 @@ def site(shared_site: Site) -> Site:
 @pytest.fixture(scope="module")
 def keyed_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     yield from _serve(tmp_path_factory.mktemp("ui-key"), "s3cret-key")
+
+
+@pytest.fixture(scope="module")
+def slow_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    """A daemon whose one model takes 2.5 s to load: long enough to watch a load's progress."""
+    folder = tmp_path_factory.mktemp("ui-slow")
+    raw = fake_models_config({"slow": 1.0}, 2.0, load_seconds=2.5)
+    config = write_config(folder / "models.yaml", raw)
+    journal = folder / "j.db"
+    with DaemonProcess(config, folder, args=("--journal", str(journal))) as d:
+        yield Site(d.url, journal, None, folder)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 import time
 from typing import Any
 
@@ -177,3 +178,34 @@ def test_a_key_without_admin_scope_sees_no_buttons(keyed_site: Site, page: Any) 
     refused = httpx.post(keyed_site.url + "/admin/models/a/load", headers={"x-api-key": VIEWER_KEY}, timeout=10)
     assert refused.status_code == 403
     assert refused.json()["error"]["code"] == "insufficient_scope"
+
+
+def test_plan_shows_what_loading_a_model_would_do(site: Site, page: Any) -> None:
+    """The plan button shows /admin/plan's answer: with a and b resident, c evicts the older a."""
+    cli(site, "load", "a")
+    cli(site, "load", "b")
+    _open(site, page)
+    page.click('#models tr[data-model="c"] button[data-action="plan"]')
+    page.wait_for_selector("#plan strong:has-text('evict then load')")
+    plan = site.get("/admin/plan?model=c")
+    assert plan["action"] == "evict_then_load"
+    victims = page.eval_on_selector_all("#plan li", "els => els.map(e => e.textContent)")
+    assert [v.split(" ")[0] for v in victims] == [v["model"] for v in plan["victims"]] == ["a"]
+    assert _row_state(page, "a") == "loaded"  # a plan changes nothing
+
+
+def test_a_load_shows_its_progress_while_it_runs(slow_site: Site, page: Any) -> None:
+    """A first load shows its seconds; once measured, the next load shows a percent and an eta."""
+    _open(slow_site, page)
+    progress = '#models tr[data-model="slow"] .progress'
+    for expected in (r"^\d+\.\ds$", r"^\d+% eta \d+\.\ds$"):
+        loader = threading.Thread(target=httpx.post, args=(slow_site.url + "/admin/models/slow/load",), kwargs={"timeout": 30})
+        loader.start()
+        page.wait_for_selector(progress, timeout=2000)
+        text = page.text_content(progress) or ""
+        loader.join()
+        assert re.match(expected, text), text
+        page.wait_for_selector('#models tr[data-model="slow"] [data-state="loaded"]')
+        assert page.query_selector(progress) is None
+        slow_site.unload_all()
+        page.wait_for_selector('#models tr[data-model="slow"] [data-state="unloaded"]')

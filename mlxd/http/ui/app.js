@@ -191,9 +191,12 @@
   function stateCell(name, m) {
     const cell = el("td", { title: "state" }, el("span", { class: "state " + m.state, "data-state": m.state }, m.state));
     const p = view.progress.get(name);
-    if (m.state === "loading" && p && p.percent !== undefined && p.percent !== null) {
+    if (m.state === "loading" && p) {
+      // the percent and eta come from the model's last measured load; a first load shows its seconds
+      const known = p.percent !== undefined && p.percent !== null;
       const eta = p.eta_s !== undefined && p.eta_s !== null ? ` eta ${Number(p.eta_s).toFixed(1)}s` : "";
-      cell.append(el("span", { class: "progress" }, `${Math.round(p.percent)}%${eta}`));
+      const text = known ? `${Math.round(p.percent)}%${eta}` : `${Number(p.elapsed_s).toFixed(1)}s`;
+      cell.append(el("span", { class: "progress", title: "load progress (load_progress events)" }, text));
     }
     return cell;
   }
