@@ -80,9 +80,10 @@ def keyed_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 
 @pytest.fixture(scope="module")
 def slow_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    """A daemon whose one model takes 2.5 s to load: long enough to watch a load's progress."""
+    """A daemon whose one model takes 2.5 s to load (long enough to watch) and has a KV and a prompt cache."""
     folder = tmp_path_factory.mktemp("ui-slow")
     raw = fake_models_config({"slow": 1.0}, 2.0, load_seconds=2.5)
+    raw["models"][0].update(kv_cache_gb=0.5, prompt_cache_gb=0.25)  # memory beyond the weights
     config = write_config(folder / "models.yaml", raw)
     journal = folder / "j.db"
     with DaemonProcess(config, folder, args=("--journal", str(journal))) as d:

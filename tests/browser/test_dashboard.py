@@ -209,3 +209,20 @@ def test_a_load_shows_its_progress_while_it_runs(slow_site: Site, page: Any) -> 
         assert page.query_selector(progress) is None
         slow_site.unload_all()
         page.wait_for_selector('#models tr[data-model="slow"] [data-state="unloaded"]')
+
+
+def test_the_budget_bar_splits_a_model_by_part(slow_site: Site, page: Any) -> None:
+    """Weights, KV cache and prompt cache are separate segments, each as wide as its share."""
+    _open(slow_site, page)
+    httpx.post(slow_site.url + "/admin/models/slow/load", timeout=30).raise_for_status()
+    page.wait_for_selector('#models tr[data-model="slow"] [data-state="loaded"]')
+    memory = slow_site.get("/admin/status")["models"]["slow"]["memory"]
+    segs = page.eval_on_selector_all(
+        '#budget-bar .seg[data-model="slow"]',
+        "els => els.map(e => [e.dataset.part, parseFloat(e.style.width)])",
+    )
+    assert [part for part, _ in segs] == ["weights", "kv cache", "prompt cache"]
+    budget = slow_site.get("/admin/status")["budget_bytes"]
+    for (_, width), key in zip(segs, ("weights", "kv_cache", "prompt_cache"), strict=True):
+        assert width == pytest.approx(100 * memory[key] / budget, abs=0.01)
+    slow_site.unload_all()
