@@ -10,8 +10,9 @@ What it does, in order:
 3. for each model, starts each server in turn on 127.0.0.1 with the same model
    files and runs the same workloads against it:
 
-   * single stream: latency of a 1-token request, time to first token (TTFT)
-     and decode tok/s (the extra tokens of a full-length request over its
+   * single stream: latency of a 1-token request and the CPU time the server's
+     processes spend on one (a figure less moved by other work on the machine),
+     time to first token (TTFT) and decode tok/s (the extra tokens of a full-length request over its
      extra time against the 1-token request, medians);
    * ``--clients`` concurrent streams (1, 4, 8, 16, 32): aggregate tok/s,
      TTFT p50/p99, errors;
@@ -144,6 +145,24 @@ class Server:
             env={**os.environ, **self.env},
             start_new_session=True,
         )
+
+    def cpu_seconds(self) -> float:
+        """CPU time used so far by the server's live processes (its session), -1 off Linux.
+
+        Less sensitive to other work on the machine than a wall time: the row
+        made with it still compares servers on a busy box.
+        """
+        if self.proc is None or not Path("/proc/self/stat").exists():
+            return -1.0
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+            if int(fields[3]) == self.proc.pid:  # session id (started with start_new_session)
+                total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+        return total / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         if self.proc is None:
@@ -393,8 +412,13 @@ def measure(
             single = asyncio.run(
                 run_concurrent(server, kind, 1, args.single_requests, args.tokens, count)
             )
-            one = asyncio.run(run_concurrent(server, kind, 1, args.single_requests, 1, count))
+            cpu0 = server.cpu_seconds()
+            # 1-token requests are cheap: at least 20, for a CPU figure above the clock's tick
+            n_one = max(20, args.single_requests)
+            one = asyncio.run(run_concurrent(server, kind, 1, n_one, 1, count))
+            cpu = server.cpu_seconds() - cpu0
             single["one_token_s"] = one["seconds_p50"]
+            single["one_token_cpu_s"] = cpu / one["requests"] if cpu >= 0 else None
             single["decode_tok_s"] = decode_rate(single, one)
             out["single"] = single
             out["clients"] = {
@@ -452,6 +476,12 @@ def rows_of(
             "ms",
             False,
             get(lambda r: r["single"]["one_token_s"] * 1000),
+        ),
+        (
+            "single stream: server CPU per 1-token request",
+            "ms",
+            False,
+            get(lambda r: r["single"]["one_token_cpu_s"] * 1000),
         ),
         ("single stream: TTFT", "ms", False, get(lambda r: r["single"]["ttft_p50"] * 1000)),
         ("single stream: decode", "tok/s", True, get(lambda r: r["single"]["decode_tok_s"])),
