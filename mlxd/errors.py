@@ -79,6 +79,12 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class ToolsNotSupported(InvalidRequest):
+    """The model's chat template has no tool support (tools are never silently ignored)."""
+
+    code = "tools_not_supported"
+
+
 class AuthenticationFailed(MlxdError):
     http_status = 401
     type = "authentication_error"

@@ -10,7 +10,7 @@ from mlxd.engines.demo_model import DemoKind, DemoModelError, write_demo_model
 
 
 def cmd_demo_model(args: argparse.Namespace) -> int:
-    """``mlxd demo-model PATH [--size tiny|small] [--vision] [--force]``."""
+    """``mlxd demo-model PATH [--size tiny|small] [--vision] [--no-tools] [--force]``."""
     kind: DemoKind = "vision" if args.vision else args.size
     if args.vision and args.size not in (None, "tiny"):
         print(
@@ -24,7 +24,13 @@ def cmd_demo_model(args: argparse.Namespace) -> int:
         print(f"demo-model: {msg} ({time.monotonic() - t0:.1f}s)", file=sys.stderr, flush=True)
 
     try:
-        write_demo_model(args.path, kind, force=bool(getattr(args, "force", False)), report=report)
+        write_demo_model(
+            args.path,
+            kind,
+            force=bool(getattr(args, "force", False)),
+            report=report,
+            tools=not getattr(args, "no_tools", False),
+        )
     except DemoModelError as e:
         print(f"mlxd: {e}", file=sys.stderr)
         return 2

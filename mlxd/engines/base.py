@@ -37,10 +37,57 @@ LogitsProcessor = Callable[[Any, Any], Any]
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A call of a declared function: in an assistant message of the history, or generated."""
+
+    id: str
+    name: str
+    #: the arguments as JSON text (OpenAI's shape), an object
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A function the model may call (OpenAI ``tools[i].function``)."""
+
+    name: str
+    description: str | None = None
+    #: a JSON Schema of type object
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+
+    def as_openai(self) -> dict[str, Any]:
+        """The shape chat templates receive (``{"type": "function", "function": {...}}``)."""
+        fn: dict[str, Any] = {"name": self.name, "parameters": self.parameters}
+        if self.description is not None:
+            fn["description"] = self.description
+        return {"type": "function", "function": fn}
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: str
     #: plain text, or OpenAI content parts (``{"type": "text"|"image_url", ...}``)
     content: str | list[dict[str, Any]]
+    #: an assistant message's earlier calls
+    tool_calls: tuple[ToolCall, ...] = ()
+    #: a ``tool`` message: the call it answers
+    tool_call_id: str | None = None
+    #: a ``tool`` message: the function's name (if the client gave it)
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """What grammar-constrained decoding must produce (see :mod:`mlxd.engines.constrained`).
+
+    ``json_object``: any JSON object. ``json_schema``: JSON valid against
+    ``schema``. ``tool_call``: one call, in the model's tool-call format, of
+    one of ``tools`` (``tool_choice`` ``required``) or of the one named.
+    """
+
+    kind: Literal["json_object", "json_schema", "tool_call"]
+    #: the JSON Schema as JSON text (json_schema); empty otherwise
+    schema: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +109,18 @@ class GenerationRequest:
     request_id: str | None = None
     #: the prompt's token ids, once the engine's ``prepare`` has tokenized it
     prompt_ids: tuple[int, ...] | None = None
+    #: functions passed to the chat template (empty with ``tool_choice: none``)
+    tools: tuple[Tool, ...] = ()
+    #: ``auto`` | ``none`` | ``required`` | ``function`` (``tool_name`` then names it)
+    tool_choice: Literal["auto", "none", "required", "function"] = "auto"
+    tool_name: str | None = None
+    #: grammar-constrained decoding (response_format, or tool_choice required / named): plain
+    #: data, so it crosses to a worker process; the engine's ``prepare`` turns it into
+    #: :attr:`logits_processors` where the model is
+    constraint: Constraint | None = None
     #: per-request logits processors, mlx-lm's ``(tokens, logits) -> logits`` (both ``mx.array``;
     #: ``logits`` has shape ``(1, vocab)``), applied in order before sampling each token, on the
-    #: model's MLX thread, batched or not (grammar-constrained decoding plugs in here)
+    #: model's MLX thread, batched or not. Callables: they never cross a process boundary
     logits_processors: tuple[LogitsProcessor, ...] = ()
     #: report each generated token's log-probability and this many top alternatives
     #: (:attr:`TextDelta.logprobs`); None: off (no per-token cost)
@@ -73,11 +129,16 @@ class GenerationRequest:
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
-    """One generated token's log-probability and the top alternatives (token id, logprob)."""
+    """One token's log-probability: its id, its text and exact bytes (OpenAI's ``token`` /
+    ``bytes``: a byte-level BPE token may hold part of a character), and, for a generated
+    token, the most likely alternatives (each a :class:`TokenLogprob` without ``top``)."""
 
-    token: int
+    id: int
+    token: str
     logprob: float
-    top: tuple[tuple[int, float], ...] = ()
+    bytes: tuple[int, ...]
+    #: the ``logprobs`` most likely tokens at this step, most likely first
+    top: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +151,30 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A complete tool call parsed from the output (``index`` counts calls from 0)."""
+
+    index: int
+    call: ToolCall
+
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """The last item of every generation."""
 
-    finish_reason: Literal["stop", "length"]
+    finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
     #: prompt tokens whose KV was reused from the model's prompt cache
     cached_tokens: int = 0
+    #: the stop string that ended the output (finish_reason "stop"), if one did
+    stop_sequence: str | None = None
 
 
-GenerationEvent = TextDelta | Finished
+GenerationEvent = TextDelta | ToolCallDelta | Finished
 
 
 @dataclass(slots=True)

@@ -17,8 +17,10 @@ runs as one job on the MLX thread and repeats one *step*:
    plus one prefill chunk (``prefill_step`` tokens) of each newcomer, so a
    long prompt never freezes the running streams;
 4. deliver each new token (:func:`~mlxd.engines.streaming.deliver_token`:
-   stop strings, logprobs, ``Finished``); a finished sequence's KV goes to the
-   prompt cache and its job is reported done to the Trio side.
+   stop strings, tool calls, logprobs, ``Finished``, through the job's
+   :class:`~mlxd.engines.streaming.Output`, made by the engine); a finished
+   sequence's KV goes to the prompt cache and its job is reported done to the
+   Trio side.
 
 When no job is left and none is waiting in the inbox, :meth:`run` returns, so
 jobs queued behind it on the thread (an unload) run. An exception inside a
@@ -38,15 +40,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxd.engines import memory
-from mlxd.engines.base import TokenLogprob
+from mlxd.engines.base import GenerationRequest
 from mlxd.engines.mlx_thread import Job, Outbox, PrefillProgress
 from mlxd.engines.prompt_cache import PromptCache
-from mlxd.engines.streaming import StopText, deliver_token
+from mlxd.engines.streaming import Output, deliver_token
 
 log = logging.getLogger(__name__)
 
 #: done(job, error or None): called on the MLX thread when a job has left the batch
 DoneCallback = Callable[[Job, BaseException | None], None]
+#: the engine's Output for a request (its tokenizer's texts, its tool-call format)
+OutputFactory = Callable[[GenerationRequest], Output]
 
 
 @dataclass(eq=False)
@@ -56,7 +60,7 @@ class _Seq:
     job: Job
     uid: int
     detok: Any
-    stops: StopText
+    out: Output
     cached: int
     n_tokens: int = 0
 
@@ -86,21 +90,6 @@ def make_sampler(temperature: float, top_p: float, seed: int | None) -> Any:
     return sampler
 
 
-def token_logprob(logprobs: Any, token: int, top: int) -> TokenLogprob:
-    """The chosen token's log-probability and the ``top`` most likely tokens (one sync)."""
-    import mlx.core as mx
-
-    chosen = float(logprobs[token].item())
-    if top <= 0:
-        return TokenLogprob(token, chosen)
-    k = min(top, int(logprobs.shape[-1]))
-    idx = mx.argpartition(-logprobs, kth=k - 1)[:k]
-    ids: Any = idx.tolist()
-    values: Any = logprobs[idx].tolist()
-    pairs = sorted(zip(ids, values, strict=True), key=lambda p: -p[1])
-    return TokenLogprob(token, chosen, tuple((int(t), float(v)) for t, v in pairs))
-
-
 class BatchLoop:
     """See the module docstring. Constructed on the Trio side; everything MLX runs on ``thread``."""
 
@@ -114,6 +103,7 @@ class BatchLoop:
         prompt_cache_bytes: int,
         on_done: DoneCallback,
         outbox: Outbox,
+        output: OutputFactory,
     ) -> None:
         self._submit = submit  # runs a callable on the engine's MLX thread
         self._model = model  # () -> (model, tokenizer), read on the MLX thread
@@ -122,6 +112,7 @@ class BatchLoop:
         self.prompt_cache_bytes = prompt_cache_bytes
         self._on_done = on_done
         self._outbox = outbox
+        self._output = output
         self._lock = threading.Lock()
         # invariant: _running is True exactly while run() is queued on or running on the thread
         self._inbox: collections.deque[Job] = collections.deque()
@@ -281,7 +272,7 @@ class BatchLoop:
             logits_processors=[list(req.logits_processors)],
             stop_sequences=[StopSequences([(t,) for t in tok.eos_token_ids])],
         )
-        self._seqs[uid] = _Seq(job, uid, tok.detokenizer, StopText(req.stop), cached)
+        self._seqs[uid] = _Seq(job, uid, tok.detokenizer, self._output(req), cached)
 
     def _drop_cancelled(self) -> None:
         gone = [s for s in self._seqs.values() if s.job.cancel.is_set()]
@@ -323,16 +314,15 @@ class BatchLoop:
                 seq.detok.add_token(r.token)
             if r.finish_reason is not None:
                 seq.detok.finalize()
-            want = seq.job.request.logprobs
-            lp = token_logprob(r.logprobs, r.token, want) if want is not None else None
             over = deliver_token(
                 seq.job,
-                seq.stops,
+                seq.out,
                 seq.detok.last_segment,
+                r.token,
+                r.logprobs,
                 seq.n_tokens,
                 r.finish_reason,
                 cached_tokens=seq.cached,
-                logprob=lp,
             )
             if r.finish_reason is not None:
                 if r.prompt_cache is not None and self._cache is not None:

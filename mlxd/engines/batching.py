@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlxd.engines.batch_loop import BatchLoop
+from mlxd.engines.batch_loop import BatchLoop, OutputFactory
 from mlxd.engines.mlx_thread import Job, MlxThread, Outbox, SerialScheduler, call_soon
 from mlxd.errors import InvalidRequest
 from mlxd.units import format_bytes
@@ -100,8 +100,10 @@ class BatchScheduler(SerialScheduler):
         kv_bytes_per_token: int | None,
         prompt_cache_bytes: int,
         outbox: Outbox,
+        output: OutputFactory,
     ) -> BatchScheduler:
-        """A scheduler and its :class:`BatchLoop` on ``thread`` (``model() -> (model, tokenizer)``)."""
+        """A scheduler and its :class:`BatchLoop` on ``thread`` (``model() -> (model, tokenizer)``,
+        ``output(request)``: what the engine streams for a request)."""
         box: list[BatchScheduler] = []
         loop = BatchLoop(
             lambda fn: thread.submit(fn),
@@ -111,6 +113,7 @@ class BatchScheduler(SerialScheduler):
             prompt_cache_bytes=prompt_cache_bytes,
             on_done=lambda job, error: box[0].done_on_thread(job, error),
             outbox=outbox,
+            output=output,
         )
         box.append(
             cls(

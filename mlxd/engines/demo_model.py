@@ -51,8 +51,35 @@ TEXT_SHAPES: dict[str, dict[str, Any]] = {
 }
 VOCAB_SIZE = {"tiny": 512, "small": 512, "vision": 512}
 
-#: renders plain-string contents (text models) and content-part lists (LLaVA) alike
+#: the markers of a tool call in the text (mlx-lm's ``json_tools`` family: Hermes / Qwen 2.5)
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+TOOL_MARKERS = (TOOL_CALL_START, TOOL_CALL_END, "<tool_response>", "</tool_response>")
+
+#: renders plain-string contents (text models) and content-part lists (LLaVA) alike.
+#: With ``tools``: a system line listing them, assistant ``tool_calls`` as
+#: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` and tool results as
+#: ``<tool_response>...</tool_response>`` -- the format whose markers and parser
+#: mlx-lm infers from the template (``json_tools``).
 CHAT_TEMPLATE = (
+    "{% if tools %}system: you may call these functions; answer with "
+    "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>\n<tools>"
+    "{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>{{ '\\n' }}{% endif %}"
+    "{% for m in messages %}{{ m['role'] }}: "
+    "{% if m['role'] == 'tool' %}<tool_response>{{ m['content'] }}</tool_response>"
+    "{% elif m['content'] is string %}{{ m['content'] }}"
+    "{% elif m['content'] %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<image>{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{% for tool_call in m['tool_calls'] or [] %}"
+    "{% if tool_call['function'] is defined %}{% set tool_call = tool_call['function'] %}{% endif %}"
+    "<tool_call>{\"name\": {{ tool_call.name | tojson }}, \"arguments\": "
+    "{{ tool_call.arguments | tojson }}}</tool_call>{% endfor %}{{ '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+#: the template of a model without tool support (``mlxd demo-model --no-tools``)
+PLAIN_CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: "
     "{% if m['content'] is string %}{{ m['content'] }}"
     "{% else %}{% for c in m['content'] %}"
@@ -77,8 +104,8 @@ class DemoModelError(Exception):
     """Bad input for the demo model writer (the CLI exits 2 with its message)."""
 
 
-def _train_tokenizer(vocab_size: int, *, vision: bool) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def _train_tokenizer(vocab_size: int, *, vision: bool, tools: bool = True) -> Any:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<s>", "</s>", "<image>"] if vision else ["<s>", "</s>"]
@@ -92,10 +119,12 @@ def _train_tokenizer(vocab_size: int, *, vision: bool) -> Any:
         show_progress=False,
     )
     tok.train_from_iterator([line * 3 for line in _CORPUS] * 40, trainer)
+    if tools:  # one token each, not special: they are text the tool parser reads
+        tok.add_tokens([AddedToken(m, special=False, normalized=False) for m in TOOL_MARKERS])
     extra: dict[str, Any] = {"extra_special_tokens": {"image_token": "<image>"}} if vision else {}
     make_fast: Any = PreTrainedTokenizerFast
     fast = make_fast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", **extra)
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = CHAT_TEMPLATE if tools else PLAIN_CHAT_TEMPLATE
     return fast
 
 
@@ -115,13 +144,13 @@ def _random_params(model: Any, eos_id: int, embed_keys: tuple[str, ...]) -> dict
     return params
 
 
-def _write_text(out: Path, size: str, seed: int, report: Report) -> int:
+def _write_text(out: Path, size: str, seed: int, report: Report, *, tools: bool = True) -> int:
     import mlx.core as mx
 
     llama: Any = importlib.import_module("mlx_lm.models.llama")
 
     report(f"training a {VOCAB_SIZE[size]}-token BPE tokenizer")
-    fast = _train_tokenizer(VOCAB_SIZE[size], vision=False)
+    fast = _train_tokenizer(VOCAB_SIZE[size], vision=False, tools=tools)
     fast.save_pretrained(str(out))
     vocab = len(fast)
     eos = fast.convert_tokens_to_ids("</s>")
@@ -154,7 +183,7 @@ def _write_vision(out: Path, seed: int, report: Report) -> int:
         raise DemoModelError(f"--vision needs the vlm extra (pip install 'mlxd[vlm]'): {e}") from e
 
     report("training a 512-token BPE tokenizer with an <image> token")
-    fast = _train_tokenizer(VOCAB_SIZE["vision"], vision=True)
+    fast = _train_tokenizer(VOCAB_SIZE["vision"], vision=True, tools=False)
     vocab = len(fast)
     eos = fast.convert_tokens_to_ids("</s>")
     ip = CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
@@ -218,8 +247,12 @@ def write_demo_model(
     force: bool = False,
     seed: int = 0,
     report: Report | None = None,
+    tools: bool = True,
 ) -> int:
     """Write a demo model of ``kind`` into ``path``; return its parameter count.
+
+    Text models get a chat template with tool support (the markers and the
+    ``json_tools`` format of :data:`CHAT_TEMPLATE`) unless ``tools`` is false.
 
     Refuses (:class:`DemoModelError`) to write into a non-empty directory unless
     ``force``. The files are written into a sibling temporary directory and
@@ -241,7 +274,10 @@ def write_demo_model(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        n = _write_vision(tmp, seed, say) if kind == "vision" else _write_text(tmp, kind, seed, say)
+        if kind == "vision":
+            n = _write_vision(tmp, seed, say)
+        else:
+            n = _write_text(tmp, kind, seed, say, tools=tools)
         (tmp / "README.md").write_text(
             f"# mlxd demo model ({kind})\n\nRandom fp32 weights ({n:,} parameters) written by "
             "`mlxd demo-model`; its output is gibberish by design.\n"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 
@@ -31,9 +31,11 @@ from mlxd.engines.base import (
     LoadProgress,
     ProgressCallback,
     TextDelta,
+    TokenLogprob,
 )
 from mlxd.engines.faults import Faults, InjectedFault
-from mlxd.errors import EngineDied, Overloaded
+from mlxd.engines.prompts import uses_tools
+from mlxd.errors import EngineDied, InvalidRequest, Overloaded, ToolsNotSupported
 from mlxd.faults import crash_point
 
 
@@ -243,11 +245,19 @@ class FakeEngine:
         return self._queued
 
     async def prepare(self, request: GenerationRequest) -> GenerationRequest:
-        """Check the prompt (a word is a token) against the model's prompt cap."""
+        """Check the prompt (a word is a token) against the model's prompt cap; the fake has
+        no chat template and no grammar, so tools and constraints are refused."""
         cap = self.model.max_prompt_tokens or prompt_limits.DEFAULT_MAX_PROMPT_TOKENS
         limits = prompt_limits.PromptLimits(context=None, max_prompt_tokens=cap)
         prompt_limits.check_prompt_chars(self.name, request, limits)
         prompt_limits.check_prompt_tokens(self.name, request, _count_words(request), limits)
+        if uses_tools(request):
+            raise ToolsNotSupported(f"model '{self.name}' (a fake engine) takes no tools", param="tools")
+        if request.constraint is not None:
+            raise InvalidRequest(
+                f"response_format: model '{self.name}' (a fake engine) only writes its canned text",
+                param="response_format",
+            )
         return request
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
@@ -282,11 +292,11 @@ class FakeEngine:
                     if hit is not None:
                         keep = hit - len(text)
                         if keep > 0:
-                            yield TextDelta(piece[:keep])
+                            yield TextDelta(piece[:keep], _certain(piece[:keep], request))
                         finish = "stop"
                         break
                     text += piece
-                    yield TextDelta(piece)
+                    yield TextDelta(piece, _certain(piece, request))
                 m.record("generate done")
                 yield Finished(
                     finish_reason="stop" if finish == "stop" else "length",
@@ -295,6 +305,14 @@ class FakeEngine:
                 )
         finally:
             self._queued -= 1
+
+
+def _certain(piece: str, request: GenerationRequest) -> tuple[TokenLogprob, ...]:
+    """The fake's text is certain: each "token" (word) has log probability 0 and no rival."""
+    if request.logprobs is None:
+        return ()
+    certain = TokenLogprob(0, piece, 0.0, tuple(piece.encode()))  # the fake has no token ids
+    return (replace(certain, top=(certain,)) if request.logprobs > 0 else certain,)
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:

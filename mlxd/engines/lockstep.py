@@ -20,9 +20,10 @@ both:
   to stop (:meth:`MlxTextEngine._stop_now`: a generation's start, each prefill
   chunk, each token), the ranks take rank 0's answer (:meth:`Lockstep.agree`).
 
-Everything else (tokenizing, sampling, stop strings, ``max_tokens``) is
-deterministic given the same request and the same logits, so the ranks stay in
-step. Rank 0's unload tells the others to stop following (``("stop",)``).
+Everything else (tokenizing, sampling, stop strings, ``max_tokens``, the
+grammar of a constrained request, which each rank builds from the shared
+request's constraint) is deterministic given the same request and the same
+logits, so the ranks stay in step. Rank 0's unload tells the others to stop following (``("stop",)``).
 Anything unexpected on a follower ends its process: the daemon then fails the
 model cleanly (a rank out of step would wait forever in an ``all_sum``).
 
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.config import ModelConfig
+from mlxd.engines.constrained import logits_processors
 from mlxd.engines.mlx_text import MlxTextEngine
 from mlxd.engines.mlx_thread import Job
 from mlxd.engines.wire import Rank
@@ -104,7 +106,7 @@ class DistributedTextEngine(MlxTextEngine):
             )
         loaded: Any = sharded_load(str(path))
         model, tokenizer = loaded[0], loaded[1]
-        self._has_chat_template = bool(getattr(tokenizer, "has_chat_template", False))
+        self._learn_tokenizer(model, tokenizer)
         self._lockstep = Lockstep(group)
         return model, tokenizer
 
@@ -119,7 +121,8 @@ class DistributedTextEngine(MlxTextEngine):
         if self.rank.rank == 0 and self._lockstep is not None:
             if job.request.seed is None:  # every rank must sample alike
                 job.request = replace(job.request, seed=int.from_bytes(os.urandom(4), "little"))
-            self._lockstep.share(("job", job.request))
+            # the processors are callables: each rank builds its own from the constraint
+            self._lockstep.share(("job", replace(job.request, logits_processors=())))
         super()._run_one(job)
 
     def _stop_now(self, job: Job) -> bool:
@@ -148,7 +151,10 @@ class DistributedTextEngine(MlxTextEngine):
             message = lockstep.share(None)
             if message[0] == "stop":
                 return
-            job = Job(request=message[1], sink=_Discard())  # type: ignore[arg-type]
+            request = message[1]
+            made = logits_processors(request, self._tokenizer, self._vocab_size, self._grammar)
+            request = replace(request, logits_processors=tuple(made))
+            job = Job(request=request, sink=_Discard())  # type: ignore[arg-type]
             try:
                 self._run_one(job)
             except MlxdError:

@@ -20,9 +20,13 @@ is yielded) and relays what the MLX thread emits. When the consumer leaves
 set; the MLX thread checks it after every token and, during prefill, after
 every ``prefill_step_size`` chunk (the progress callback raises).
 
-Text is streamed through :class:`StopText`, which trims the output at the first
-stop string and holds back any tail that could still become one, so no part
-of a stop string is ever sent.
+What a generation sends goes through :class:`~mlxd.engines.streaming.Output`
+(stop strings, tool calls in the model family's format, log probabilities),
+the same on the serial and the batched path. A request with a
+:class:`~mlxd.engines.base.Constraint` (structured output, ``tool_choice``
+required or named) gets its grammar logits processor in ``prepare``
+(:mod:`mlxd.engines.constrained`), where the model is: in a worker process
+under ``isolation: process``.
 """
 
 from __future__ import annotations
@@ -42,16 +46,15 @@ import trio
 from mlxd.config import ModelConfig
 from mlxd.engines import memory, prompt_limits, sources
 from mlxd.engines.base import (
-    ChatMessage,
     Finished,
     GenerationEvent,
     GenerationRequest,
     LoadProgress,
     ProgressCallback,
-    TokenLogprob,
 )
 from mlxd.engines.batch_loop import BatchLoop
 from mlxd.engines.batching import BatchScheduler, cap_to_kv
+from mlxd.engines.constrained import GrammarCache, with_grammar
 from mlxd.engines.faults import Faults
 from mlxd.engines.mlx_thread import (
     GenerationStats,
@@ -63,7 +66,9 @@ from mlxd.engines.mlx_thread import (
     Sink,
     call_soon,
 )
-from mlxd.engines.streaming import StopText, deliver_token, pending_events
+from mlxd.engines.prompts import check_tools, count_image_parts, encode_prompt
+from mlxd.engines.streaming import Output, TokenTexts, deliver_token, pending_events
+from mlxd.engines.tool_calls import ToolFormat, tool_format
 from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError, describe_error
 
 PREFILL_STEP_ENV = "MLXD_PREFILL_STEP"
@@ -85,23 +90,6 @@ Observer = Callable[[str, GenerationStats], None]
 
 class _PrefillAborted(Exception):
     """Raised from the prefill progress callback to stop a cancelled prompt at a chunk boundary."""
-
-
-def message_text(message: ChatMessage) -> str:
-    """The text of a chat message (plain string, or the ``text`` content parts joined)."""
-    if isinstance(message.content, str):
-        return message.content
-    return "".join(str(p.get("text", "")) for p in message.content if p.get("type") == "text")
-
-
-def count_image_parts(messages: tuple[ChatMessage, ...]) -> int:
-    return sum(
-        1
-        for m in messages
-        if not isinstance(m.content, str)
-        for p in m.content
-        if p.get("type") in ("image_url", "image", "input_image")
-    )
 
 
 def prefill_step_size(on_gpu: bool) -> int:
@@ -158,6 +146,12 @@ class MlxTextEngine:
         #: stop() was called: no new generation, no new load
         self._stopped = False
         self._has_chat_template = False
+        #: the model family's tool-call format (None: the template has no tool support)
+        self._tools: ToolFormat | None = None
+        self._vocab_size = 0
+        #: the tokenizer as constrained decoding and logprobs need it (built lazily)
+        self._grammar = GrammarCache()
+        self._texts: TokenTexts | None = None
         # owned by the MLX thread: written and read only there
         self._model: Any = None
         self._tokenizer: Any = None
@@ -286,6 +280,7 @@ class MlxTextEngine:
             kv_bytes_per_token=self.kv_bytes_per_token,
             prompt_cache_bytes=self.prompt_cache_bytes,
             outbox=outbox,
+            output=self._output,
         )
         self.batch = scheduler.loop
         return scheduler
@@ -316,8 +311,20 @@ class MlxTextEngine:
 
         loaded: Any = load(str(path))
         model, tokenizer = loaded[0], loaded[1]
-        self._has_chat_template = bool(getattr(tokenizer, "has_chat_template", False))
+        self._learn_tokenizer(model, tokenizer)
         return model, tokenizer
+
+    def _learn_tokenizer(self, model: Any, tokenizer: Any) -> None:
+        """What requests are checked against: chat template, tool-call format, vocabulary."""
+        self._has_chat_template = bool(getattr(tokenizer, "has_chat_template", False))
+        self._tools = tool_format(tokenizer) if self._has_chat_template else None
+        args = getattr(model, "args", None)
+        self._vocab_size = int(getattr(args, "vocab_size", 0) or len(tokenizer.vocab))
+        self._texts = TokenTexts(tokenizer)
+
+    def _output(self, request: GenerationRequest) -> Output:
+        """What a generation of ``request`` sends (both decode paths; MLX thread)."""
+        return Output(request, self._texts, self._tools)
 
     async def stop(self) -> None:
         """Free the model; safe to call again after it raised or was cut short.
@@ -383,13 +390,15 @@ class MlxTextEngine:
                 f"model '{self.name}' does not accept images (it is not an mllm model)",
                 param="messages",
             )
+        check_tools(self.name, request, self._tools)
 
     async def _job_data(self, request: GenerationRequest) -> Any:
         """Engine-specific input prepared off the MLX thread (the vision engine decodes images)."""
         return None
 
     async def prepare(self, request: GenerationRequest) -> GenerationRequest:
-        """Validate, tokenize off the MLX thread, check the prompt limits (see the module docstring)."""
+        """Validate, tokenize off the MLX thread, check the prompt limits, cap ``max_tokens`` to
+        the KV room, and add the grammar processor of a constraint (module docstring)."""
         if not self._ready:
             raise EngineError(f"{self.name}: the model is not loaded", retry_after=1.0)
         self._validate(request)
@@ -404,7 +413,16 @@ class MlxTextEngine:
                 partial(encode_prompt, self._tokenizer, request), abandon_on_cancel=True
             )
         prompt_limits.check_prompt_tokens(self.name, request, len(ids), self.limits)
-        return replace(request, prompt_ids=tuple(ids))
+        # what batch admission reserves is prompt + max_tokens: a request that could not fit
+        # even alone generates what fits (before its grammar processor plans its budget)
+        capped = cap_to_kv(len(ids), request.max_tokens, self.kv_bytes_per_token, self.kv_cache_bytes)
+        request = replace(request, prompt_ids=tuple(ids), max_tokens=capped)
+        return await with_grammar(request, self._tokenizer, self._vocab_size, self._grammar)
+
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """The prompt's tokens, as :meth:`prepare` counts them (off the MLX thread)."""
+        prepared = await self.prepare(replace(request, constraint=None))
+        return len(prepared.prompt_ids or ())
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         scheduler = self._scheduler
@@ -413,11 +431,7 @@ class MlxTextEngine:
         request = await self.prepare(request)
         kv_tokens = 0  # what batch admission reserves: prompt + max_tokens (text models)
         if request.prompt_ids is not None:
-            n = len(request.prompt_ids)
-            capped = cap_to_kv(n, request.max_tokens, self.kv_bytes_per_token, self.kv_cache_bytes)
-            if capped != request.max_tokens:
-                request = replace(request, max_tokens=capped)
-            kv_tokens = n + capped
+            kv_tokens = len(request.prompt_ids) + request.max_tokens  # prepare capped it
         scheduler.check_capacity()
         data = await self._job_data(request)
         job = Job(request=request, sink=Sink(self._outbox), data=data, kv_tokens=kv_tokens)
@@ -485,7 +499,7 @@ class MlxTextEngine:
                 st.prefill_chunks += 1
                 job.emit(PrefillProgress(done, total))
 
-        stops = StopText(req.stop)
+        out = self._output(req)
         gen = stream_generate(
             self._model,
             self._tokenizer,
@@ -498,12 +512,9 @@ class MlxTextEngine:
         )
         try:
             for r in gen:
-                lp = None
-                if req.logprobs is not None:
-                    from mlxd.engines.batch_loop import token_logprob
-
-                    lp = token_logprob(r.logprobs, int(r.token), req.logprobs)
-                if self._on_token(job, stops, r.text, r.generation_tokens, r.finish_reason, lp):
+                if self._on_token(
+                    job, out, r.text, int(r.token), r.logprobs, r.generation_tokens, r.finish_reason
+                ):
                     return
         except _PrefillAborted:
             st.outcome = "cancelled"
@@ -513,43 +524,17 @@ class MlxTextEngine:
     def _on_token(
         self,
         job: Job,
-        stops: StopText,
+        out: Output,
         text: str,
+        token: int,
+        logprobs: Any,
         n_tokens: int,
         finish_reason: str | None,
-        logprob: TokenLogprob | None = None,
     ) -> bool:
         """Handle one generated token; True when the generation is over (finished or cancelled)."""
         return deliver_token(
-            job, stops, text, n_tokens, finish_reason, logprob=logprob, stop_now=self._stop_now
+            job, out, text, token, logprobs, n_tokens, finish_reason, stop_now=self._stop_now
         )
-
-
-def encode_prompt(tokenizer: Any, request: GenerationRequest) -> list[int]:
-    """The prompt token ids, exactly as ``mlx_lm.stream_generate`` encodes a string prompt.
-
-    Pure (no MLX): runs on a worker thread, see :meth:`MlxTextEngine.prepare`.
-    """
-    if request.kind == "chat":
-        messages = [{"role": m.role, "content": message_text(m)} for m in request.messages]
-        try:
-            prompt = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
-            )
-        except Exception as e:  # jinja errors: roles out of order, unsupported role, ...
-            raise InvalidRequest(
-                f"the chat template rejected the messages: {e}", param="messages"
-            ) from e
-    else:
-        prompt = request.prompt or ""
-    add_special = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
-    ids = list(tokenizer.encode(prompt, add_special_tokens=add_special))
-    if not ids:
-        raise InvalidRequest(
-            "the prompt is empty",
-            param="prompt" if request.kind == "completion" else "messages",
-        )
-    return ids
 
 
 def seed_rng(seed: int | None) -> None:

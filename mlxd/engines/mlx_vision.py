@@ -38,16 +38,10 @@ from mlxd.config import ModelConfig
 from mlxd.engines import prompt_limits, sources
 from mlxd.engines.base import GenerationRequest
 from mlxd.engines.faults import Faults
-from mlxd.engines.mlx_text import (
-    MlxTextEngine,
-    Observer,
-    count_image_parts,
-    message_text,
-    seed_rng,
-)
+from mlxd.engines.mlx_text import MlxTextEngine, Observer, seed_rng
 from mlxd.engines.mlx_thread import Job
-from mlxd.engines.streaming import StopText
-from mlxd.errors import EngineError, InvalidRequest, LoadFailed
+from mlxd.engines.prompts import count_image_parts, message_text, uses_tools
+from mlxd.errors import EngineError, InvalidRequest, LoadFailed, ToolsNotSupported
 
 _TOKENIZER_KWARGS = ("padding", "padding_side", "add_special_tokens", "truncation", "max_length")
 
@@ -116,6 +110,20 @@ class MlxVisionEngine(MlxTextEngine):
 
     def _validate(self, request: GenerationRequest) -> None:
         self._validate_common(request)
+        if uses_tools(request):
+            raise ToolsNotSupported(
+                f"model '{self.name}' (a vision model) does not take tools", param="tools"
+            )
+        if request.constraint is not None:
+            raise InvalidRequest(
+                f"response_format: model '{self.name}' (a vision model) only writes text",
+                param="response_format",
+            )
+        if request.logprobs is not None:
+            raise InvalidRequest(
+                f"logprobs: model '{self.name}' (a vision model) does not report them",
+                param="logprobs",
+            )
         if request.kind != "chat" and request.images:
             raise InvalidRequest(
                 "images need a chat request (image_url content parts)", param="prompt"
@@ -128,6 +136,13 @@ class MlxVisionEngine(MlxTextEngine):
         self._validate(request)
         prompt_limits.check_prompt_chars(self.name, request, self.limits)
         return request
+
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """Text tokens of the prompt (images count as their placeholder tokens)."""
+        request = await self.prepare(request)
+        prompt = self._prompt(request, count_image_parts(request.messages) + len(request.images))
+        tok = getattr(self._processor, "tokenizer", self._processor)
+        return len(tok.encode(prompt))
 
     async def _job_data(self, request: GenerationRequest) -> Any:
         if not request.images and not count_image_parts(request.messages):
@@ -173,7 +188,7 @@ class MlxVisionEngine(MlxTextEngine):
         images = list(job.data or [])
         prompt = self._prompt(req, len(images))
         seed_rng(req.seed)
-        stops = StopText(req.stop)
+        out = self._output(req)  # no logprobs, no tools: _validate refused them
         gen = stream_generate(
             self._model,
             self._processor,
@@ -188,7 +203,10 @@ class MlxVisionEngine(MlxTextEngine):
             for r in gen:
                 if st.first_token_at is None:
                     st.prompt_tokens = int(r.prompt_tokens)
-                if self._on_token(job, stops, r.text, int(r.generation_tokens), r.finish_reason):
+                if self._on_token(
+                    job, out, r.text, int(r.token or 0), None, int(r.generation_tokens),
+                    r.finish_reason,
+                ):
                     return
         finally:
             gen.close()

@@ -12,7 +12,8 @@ The messages (daemon -> worker):
 * ``("load", ModelConfig, Rank | None)``: make the engine and load it;
 * ``("cancel_load",)``: the load was abandoned: stop and exit;
 * ``("prepare", rid, GenerationRequest)``: answered by ``("event", rid, request)``
-  (prepared) or ``("error", rid, error)``;
+  (prepared, without its ``logits_processors``: callables stay in the worker,
+  whose engine builds them from the request's ``constraint``) or ``("error", rid, error)``;
 * ``("generate", rid, GenerationRequest)`` and ``("cancel", rid)`` (of either);
 * ``("stop",)``: stop the engine, answer ``stopped``, exit.
 

@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -221,7 +222,10 @@ class Worker:
             with scope:
                 if engine is None:
                     raise MlxdError("the model is not loaded")
-                self.post(("event", rid, await engine.prepare(request)))
+                prepared = await engine.prepare(request)
+                # logits processors are callables bound to this process's model: they stay
+                # here (this engine's prepare builds them again for the generate)
+                self.post(("event", rid, replace(prepared, logits_processors=())))
         except Exception as e:
             name = self._config.name if self._config is not None else "engine"
             self.post(("error", rid, error_to_wire(e, f"{name}: preparing the request failed")))

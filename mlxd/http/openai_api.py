@@ -1,58 +1,32 @@
 """The OpenAI-compatible routes: models, chat completions, completions.
 
-A generation holds a lease for its whole life. Non-streaming: the handler
-holds it inside ``lease.scope()``. Streaming: the response body (an async
-generator, which must not hold a cancel scope across ``yield``) owns the lease,
-opens ``lease.scope()`` around each wait for the next token, and ends the
-lease in its ``finally`` -- which runs the moment the client disconnects
-(Quart cancels the body at its current await). A streamed request whose model
-is loading starts its stream at once and receives the load's progress as SSE
-comment lines (``: loading demo 40% eta 1.2s``) until its lease comes; a
-request refused before that gets its error status as usual. Preemption cancels the scope,
-so the stream ends between two tokens with an SSE error event
-``{"error": {..., "code": "preempted"}}`` that the OpenAI client raises.
-Either way the lease ends with ``lease.finish(exc)`` (the one outcome rule is
-:func:`mlxd.residency.lease.outcome_of`; a cancelled request is ``disconnected``).
-
-A body that cannot send (the client stopped reading) does not hold the model
-hostage: the manager ends a preempted lease itself, and the body's abandon hook
-(:func:`_abandon_stream`) closes the engine's iterator (cancelling its job) and
-the connection.
+A generation runs under a lease through :func:`mlxd.http.generation.run`
+(whole or streamed; see there for how the lease ends); this module gives it
+the OpenAI shapes (:class:`ResponseBuilder`). A preempted stream ends between
+two tokens with an SSE error event ``{"error": {..., "code": "preempted"}}``
+that the OpenAI client raises.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
 
 import trio
-from quart import Blueprint, Response, request
+from quart import Blueprint, request
 
-from mlxd.engines.base import Finished, GenerationEvent, TextDelta
+from mlxd.engines.base import Finished, TextDelta, TokenLogprob, ToolCall, ToolCallDelta
 from mlxd.engines.prompt_limits import check_chars, check_prompt_chars, limits_for
-from mlxd.errors import (
-    EngineError,
-    InvalidRequest,
-    MlxdError,
-    ModelNotFound,
-    Overloaded,
-    ShuttingDown,
-)
-from mlxd.http import access_log, auth, bodyscan, sse
+from mlxd.errors import InvalidRequest, MlxdError, ModelNotFound, ShuttingDown
+from mlxd.http import bodyscan, generation, sse
 from mlxd.http.context import AppState, state
-from mlxd.http.server import Connections, Key
+from mlxd.http.generation import Collected
 from mlxd.http.validation import ParsedRequest, parse_request
-from mlxd.residency import views
-from mlxd.residency.lease import Lease, Ticket
-from mlxd.residency.states import Outcome
 
 log = logging.getLogger("mlxd.http")
 
@@ -118,7 +92,8 @@ async def read_json_body() -> object:
 
 
 #: the routes whose bodies carry a prompt, and the field it is in
-GENERATION_ROUTES = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}
+GENERATION_ROUTES = {"/v1/chat/completions": "messages", "/v1/completions": "prompt",
+                     "/v1/messages": "messages"}
 #: child processes reading large bodies at once (each holds a copy of its body)
 _LARGE_BODY_READERS = trio.CapacityLimiter(2)
 
@@ -178,29 +153,6 @@ def request_id() -> str:
     return "req-" + uuid.uuid4().hex[:24]
 
 
-def _check_queue(st: AppState, lease: Lease) -> None:
-    mc = st.config.model(lease.model)
-    limit = mc.max_queue if mc is not None else 64
-    if lease.engine.queue_depth() >= limit:
-        raise Overloaded(f"'{lease.model}' already has {limit} requests queued; retry shortly")
-
-
-async def _prepare(st: AppState, lease: Lease, parsed: ParsedRequest) -> ParsedRequest:
-    """After the lease, before any response: the queue bound and the engine's prompt checks.
-
-    A refusal here is a plain HTTP error (400 ``context_length_exceeded``, 503
-    ``overloaded``), also for a stream, and ends the lease.
-    """
-    try:
-        _check_queue(st, lease)
-        with lease.scope():  # tokenizing a long prompt is cancellable, and preemptible
-            generation = await lease.engine.prepare(parsed.generation)
-    except BaseException as e:
-        lease.finish(e)
-        raise
-    return replace(parsed, generation=generation)
-
-
 class ResponseBuilder:
     """Builds the OpenAI response objects of one generation: stream chunks or the whole reply."""
 
@@ -210,22 +162,34 @@ class ResponseBuilder:
         self.include_usage = include_usage
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
+        self._offset = 0  # completions logprobs: text_offset of the next token
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": None}
 
-    def chunk(self, text: str | None, finish: str | None = None, *, first: bool = False) -> bytes:
+    def chunk(
+        self,
+        text: str | None,
+        finish: str | None = None,
+        *,
+        first: bool = False,
+        logprobs: tuple[TokenLogprob, ...] = (),
+        call: ToolCallDelta | None = None,
+    ) -> bytes:
+        lp = self.logprobs(logprobs) if logprobs else None
         if self.kind == "chat":
             delta: dict[str, Any] = {}
             if first:
                 delta = {"role": "assistant", "content": ""}
+            elif call is not None:
+                delta = {"tool_calls": [{"index": call.index, **tool_call(call.call)}]}
             elif text is not None:
                 delta = {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
             obj = self._base("chat.completion.chunk")
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
             obj = self._base("text_completion")
         obj["choices"] = [choice]
         if self.include_usage:
@@ -238,18 +202,74 @@ class ResponseBuilder:
         obj["usage"] = usage(fin)
         return sse.data(obj)
 
-    def whole(self, text: str, fin: Finished) -> dict[str, Any]:
+    # ---- the Renderer protocol (mlxd.http.generation) ------------------------------------
+
+    def first(self) -> bytes:
+        """The role delta (chat), or a comment (completions)."""
+        return self.chunk(None, first=True) if self.kind == "chat" else sse.comment("mlxd")
+
+    def text(self, ev: TextDelta) -> list[bytes]:
+        return [self.chunk(ev.text, logprobs=ev.logprobs)] if ev.text or ev.logprobs else []
+
+    def call(self, ev: ToolCallDelta) -> list[bytes]:
+        return [self.chunk(None, call=ev)]
+
+    def finish(self, fin: Finished) -> list[bytes]:
+        out = [self.chunk(None, fin.finish_reason)]
+        if self.include_usage:
+            out.append(self.usage_chunk(fin))
+        return [*out, sse.DONE]
+
+    def error(self, err: MlxdError) -> bytes:
+        return sse.data(err.body())
+
+    def whole(self, out: Collected, fin: Finished) -> dict[str, Any]:
+        text = "".join(out.text)
+        lp = self.logprobs(tuple(out.logprobs)) if out.wants_logprobs else None
         if self.kind == "chat":
             obj = self._base("chat.completion")
-            message = {"role": "assistant", "content": text, "refusal": None}
-            obj["choices"] = [{"index": 0, "message": message, "logprobs": None,
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            if out.calls:
+                message["content"] = text or None
+                message["tool_calls"] = [tool_call(c.call) for c in out.calls]
+            obj["choices"] = [{"index": 0, "message": message, "logprobs": lp,
                                "finish_reason": fin.finish_reason}]
         else:
             obj = self._base("text_completion")
-            obj["choices"] = [{"index": 0, "text": text, "logprobs": None,
+            obj["choices"] = [{"index": 0, "text": text, "logprobs": lp,
                                "finish_reason": fin.finish_reason}]
         obj["usage"] = usage(fin)
         return obj
+
+    def logprobs(self, entries: tuple[TokenLogprob, ...]) -> dict[str, Any]:
+        """OpenAI's chat shape (``content``) or the completions shape (``tokens``, ...)."""
+        if self.kind == "chat":
+            return {
+                "content": [
+                    {**_entry(e), "top_logprobs": [_entry(t) for t in e.top]}
+                    for e in entries
+                ],
+                "refusal": None,
+            }
+        offsets = []
+        for e in entries:
+            offsets.append(self._offset)
+            self._offset += len(e.token)
+        return {
+            "tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t.token: t.logprob for t in e.top} for e in entries],
+            "text_offset": offsets,
+        }
+
+
+def _entry(e: TokenLogprob) -> dict[str, Any]:
+    return {"token": e.token, "logprob": e.logprob, "bytes": list(e.bytes)}
+
+
+def tool_call(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def usage(fin: Finished) -> dict[str, Any]:
@@ -263,199 +283,11 @@ def usage(fin: Finished) -> dict[str, Any]:
 
 
 async def generate(kind: str) -> Any:
-    st = state()
-    if st.draining:
+    if state().draining:
         raise ShuttingDown("mlxd is shutting down")
     parsed = await parse(kind)
-    t_request = trio.current_time()
-    access_log.note(model=parsed.model)
-    prefs = parsed.preferences
-    ticket = st.manager.enqueue(
-        parsed.model,
-        request_id=parsed.generation.request_id,
-        route=request.path,
-        cancel_outcome=Outcome.DISCONNECTED,  # a cancelled request: its client went away
-        client=auth.client(),
-        keep_alive_s=prefs.keep_alive_s,
-        contention=prefs.contention,
-    )
-    try:
-        await (ticket.moved if parsed.stream else ticket.done).wait()
-    except BaseException as e:
-        ticket.cancel(e)
-        raise
     builder = ResponseBuilder(kind, parsed.model, parsed.include_usage)
-    if parsed.stream:
-        connection = Connections.key_of(request.scope)
-        if ticket.done.is_set():  # served or refused at once: a refusal keeps its status code
-            lease = ticket.result()
-            access_log.note(lease=lease)
-            parsed = await _prepare(st, lease, parsed)
-            body = stream_body(st, lease, parsed, builder, t_request, connection)
-        else:  # the model is loading: stream its progress as SSE comments until the lease comes
-            body = stream_after_load(st, ticket, parsed, builder, t_request, connection)
-        # Start the body now, up to its first chunk: a started generator always runs
-        # its ``finally`` (Quart closes it, or Trio's finalizer does when it is dropped),
-        # so the lease is released even if the client leaves before the body is sent.
-        first = await body.__anext__()
-        return sse.response(
-            _prepend(first, body), {"X-Request-Id": parsed.generation.request_id or ""}
-        )
-    lease = ticket.result()
-    access_log.note(lease=lease)
-    parsed = await _prepare(st, lease, parsed)
-    text: list[str] = []
-    fin: Finished | None = None
-    t_first: float | None = None
-    try:
-        async with lease:
-            with lease.scope():
-                async with aclosing(lease.engine.generate(parsed.generation)) as events:
-                    async for ev in events:
-                        if isinstance(ev, TextDelta):
-                            if t_first is None:
-                                t_first = trio.current_time()
-                            text.append(ev.text)
-                        else:
-                            fin = ev
-            if fin is None:
-                raise EngineError("the engine ended the generation unexpectedly")
-            lease.set_usage(fin.prompt_tokens, fin.completion_tokens)
-    except MlxdError:
-        raise
-    except Exception as e:
-        raise engine_failed(e) from e
-    _observe(st, parsed.model, t_request, t_first, fin)
-    return Response(
-        json.dumps(builder.whole("".join(text), fin)),
-        mimetype="application/json",
-        headers={"X-Request-Id": parsed.generation.request_id or ""},
-    )
-
-
-def engine_failed(e: Exception) -> EngineError:
-    """An engine's own exception, logged with an id, as the 502 its client gets."""
-    ref = uuid.uuid4().hex[:12]
-    log.error("generation failed (error id %s)", ref, exc_info=e)
-    return EngineError(f"the engine failed: {type(e).__name__} (error id {ref})")
-
-
-def _observe(st: AppState, model: str, t0: float, t_first: float | None, fin: Finished) -> None:
-    now = trio.current_time()
-    st.metrics.observe_generation(
-        model,
-        None if t_first is None else t_first - t0,
-        fin.completion_tokens,
-        now - (t_first if t_first is not None else t0),
-    )
-
-
-async def _prepend(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
-    try:
-        yield first
-        async for chunk in rest:
-            yield chunk
-    finally:
-        await rest.aclose()
-
-
-async def _abandon_stream(
-    st: AppState, events: AsyncGenerator[GenerationEvent, None], connection: Key | None
-) -> None:
-    """The manager ended this stream's lease: cancel the engine's job, close the connection."""
-    with contextlib.suppress(RuntimeError):  # running in the body's task: its scope is cancelled
-        await events.aclose()
-    if connection is not None:
-        st.connections.abort(connection)
-
-
-async def stream_after_load(
-    st: AppState,
-    ticket: Ticket,
-    parsed: ParsedRequest,
-    builder: ResponseBuilder,
-    t_request: float,
-    connection: Key | None,
-) -> AsyncGenerator[bytes, None]:
-    """Load progress as SSE comments while ``ticket`` waits, then the generation's stream."""
-    error: BaseException | None = None
-    try:
-        while not ticket.done.is_set():
-            yield progress_comment(st, ticket.model)
-            with trio.move_on_after(PROGRESS_EVERY_S):
-                await ticket.done.wait()
-        try:
-            lease = ticket.result()
-            access_log.note(lease=lease)  # the body runs in the request's context
-            parsed = await _prepare(st, lease, parsed)
-        except MlxdError as e:  # the load failed, shutdown, a prompt too long: in-band now
-            yield sse.data(e.body())
-            return
-        async with aclosing(stream_body(st, lease, parsed, builder, t_request, connection)) as body:
-            async for chunk in body:
-                yield chunk
-    except BaseException as e:  # cancelled, or closed before its end: the client left
-        error = e
-        raise
-    finally:
-        ticket.cancel(error)  # leaves the queue, or ends a lease no body took
-
-
-def progress_comment(st: AppState, model: str) -> bytes:
-    """``: loading demo 40% eta 1.2s`` (an SSE comment, which clients ignore)."""
-    est = views.load_estimate(st.manager, model)
-    return sse.comment(est.describe() if est is not None else f"waiting for {model}")
-
-
-async def stream_body(
-    st: AppState,
-    lease: Lease,
-    parsed: ParsedRequest,
-    builder: ResponseBuilder,
-    t_request: float,
-    connection: Key | None = None,
-) -> AsyncGenerator[bytes, None]:
-    error: BaseException | None = None
-    t_first: float | None = None
-    events = lease.engine.generate(parsed.generation)
-    lease.on_abandon(lambda: _abandon_stream(st, events, connection))
-    try:
-        # The first chunk needs no await (see generate()): the role delta, or a comment.
-        yield builder.chunk(None, first=True) if builder.kind == "chat" else sse.comment("mlxd")
-        while True:
-            with lease.scope():  # preemption cancels this wait and raises Preempted
-                ev: GenerationEvent = await events.__anext__()
-            if isinstance(ev, TextDelta):
-                if t_first is None:
-                    t_first = trio.current_time()
-                if ev.text:
-                    yield builder.chunk(ev.text)
-                continue
-            lease.set_usage(ev.prompt_tokens, ev.completion_tokens)
-            yield builder.chunk(None, ev.finish_reason)
-            if parsed.include_usage:
-                yield builder.usage_chunk(ev)
-            yield sse.DONE
-            _observe(st, builder.model, t_request, t_first, ev)
-            return
-    except StopAsyncIteration:
-        log.error("engine for %s ended without a Finished event", lease.model)
-        error = EngineError("the engine ended the generation unexpectedly")
-        yield sse.data(error.body())
-    except MlxdError as e:
-        error = e
-        yield sse.data(e.body())
-    except Exception as e:
-        error = e
-        yield sse.data(engine_failed(e).body())
-    except BaseException as e:  # cancelled, or closed before its end: the client left
-        error = e
-        raise
-    finally:
-        # Closing the engine's iterator sets its stop flag; bounded, as every shield is.
-        with trio.CancelScope(shield=True), trio.move_on_after(5), contextlib.suppress(RuntimeError):
-            await events.aclose()
-        lease.finish(error)
+    return await generation.run(parsed.model, parsed.generation, builder, stream=parsed.stream)
 
 
 @bp.post("/v1/chat/completions")

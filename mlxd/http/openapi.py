@@ -23,6 +23,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mlxd import __version__
+from mlxd.http.openapi_clients import (
+    CHAT_LOGPROBS,
+    COMPLETION_LOGPROBS,
+    REQUIRED_NEEDS_TOOLS,
+    RESPONSE_TOOL_CALLS,
+    TEXT_LOGPROBS,
+    TOP_NEEDS_LOGPROBS,
+    chat_fields,
+    message_extras,
+)
 from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
 from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT, ROLES
 from mlxd.residency.plan import ACTIONS
@@ -201,9 +211,10 @@ _IMAGE_PART = {
 }
 
 
-def _messages(*, images: bool) -> dict[str, Any]:
+def _messages(*, images: bool, tools: bool = False) -> dict[str, Any]:
     part = {"anyOf": [_TEXT_PART, _IMAGE_PART]} if images else _TEXT_PART
     content = {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": part}]}
+    extras, rules = message_extras(tools=tools)
     return {
         "type": "array",
         "minItems": 1,
@@ -213,31 +224,44 @@ def _messages(*, images: bool) -> dict[str, Any]:
             "properties": {
                 "role": {"enum": sorted(ROLES)},
                 "content": {"anyOf": [*content["anyOf"], {"type": "null"}]},
+                **extras,
             },
-            # only an assistant message may leave its content out (or null)
-            "if": {"properties": {"role": {"const": "assistant"}}},
-            "else": {"required": ["content"], "properties": {"content": content}},
+            "allOf": [
+                # only an assistant message may leave its content out (or null)
+                {"if": {"properties": {"role": {"const": "assistant"}}},
+                 "else": {"required": ["content"], "properties": {"content": content}}},
+                *rules,
+            ],
             **_OPEN,
         },
     }
 
 
-def _chat_request(text_models: list[str], vision_models: list[str]) -> dict[str, Any]:
-    """Image parts only for vision models; with no config at all, a generic description."""
-    def variant(names: list[str], *, images: bool) -> dict[str, Any]:
+#: what each engine group takes: (images, tools, grammar, logprobs)
+_GROUPS = {"text": (False, True, True, True), "vision": (True, False, False, False),
+           "fake": (False, False, False, True)}
+
+
+def _chat_request(groups: dict[str, list[str]]) -> dict[str, Any]:
+    """One variant per engine group (see :mod:`mlxd.http.openapi_clients`); a generic one without models."""
+    def variant(names: list[str], kind: str) -> dict[str, Any]:
+        images, tools, grammar, logprobs = _GROUPS[kind]
         return {
             "type": "object",
             "required": ["model", "messages"],
-            "properties": {**_sampling(names), "messages": _messages(images=images)},
-            **_STREAM_OPTIONS_NEED_STREAM,
+            "properties": {
+                **_sampling(names),
+                "messages": _messages(images=images, tools=tools),
+                **chat_fields(tools=tools, grammar=grammar, logprobs=logprobs),
+            },
+            "allOf": [_STREAM_OPTIONS_NEED_STREAM, TOP_NEEDS_LOGPROBS, REQUIRED_NEEDS_TOOLS],
             **_OPEN,
         }
 
-    if vision_models and text_models:
-        return {"anyOf": [variant(text_models, images=False), variant(vision_models, images=True)]}
-    if vision_models or not text_models:
-        return variant(vision_models, images=True)
-    return variant(text_models, images=False)
+    variants = [variant(names, kind) for kind, names in groups.items() if names]
+    if not variants:
+        return variant([], "text")
+    return variants[0] if len(variants) == 1 else {"anyOf": variants}
 
 
 def _completion_request(names: list[str]) -> dict[str, Any]:
@@ -246,6 +270,7 @@ def _completion_request(names: list[str]) -> dict[str, Any]:
         "required": ["model", "prompt"],
         "properties": {
             **_sampling(names),
+            "logprobs": COMPLETION_LOGPROBS,
             "prompt": {
                 "anyOf": [
                     {"type": "string"},
@@ -273,7 +298,7 @@ _USAGE = {
     },
 }
 
-_FINISH = {"enum": ["stop", "length"]}
+_FINISH = {"enum": ["stop", "length", "tool_calls"]}
 
 #: one SSE event of a generation stream (Open API 3.1: the stream's ``schema`` is one event)
 _GENERATION_EVENT = {
@@ -314,8 +339,11 @@ def _completion(kind: str) -> dict[str, Any]:
                 "message": {
                     "type": "object",
                     "required": ["role", "content"],
-                    "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}},
+                    "properties": {"role": {"const": "assistant"},
+                                   "content": {"type": ["string", "null"]},
+                                   "tool_calls": RESPONSE_TOOL_CALLS},
                 },
+                "logprobs": CHAT_LOGPROBS,
                 "finish_reason": _FINISH,
             },
         }
@@ -323,7 +351,8 @@ def _completion(kind: str) -> dict[str, Any]:
         choice = {
             "type": "object",
             "required": ["index", "text", "finish_reason"],
-            "properties": {"index": {"const": 0}, "text": {"type": "string"}, "finish_reason": _FINISH},
+            "properties": {"index": {"const": 0}, "text": {"type": "string"},
+                           "logprobs": TEXT_LOGPROBS, "finish_reason": _FINISH},
         }
     return {
         "type": "object",
@@ -414,8 +443,11 @@ def _generation(summary: str, request: dict[str, Any], kind: str) -> dict[str, A
 def _openai_paths(config: Config | None, model_id: dict[str, Any]) -> dict[str, Any]:
     models = list(config.models) if config is not None else []
     names = [m.name for m in models]
-    text_models = [m.name for m in models if not m.mllm]
-    vision_models = [m.name for m in models if m.mllm]
+    groups = {
+        "text": [m.name for m in models if not m.mllm and m.engine != "fake"],
+        "vision": [m.name for m in models if m.mllm and m.engine != "fake"],
+        "fake": [m.name for m in models if m.engine == "fake"],
+    }
     return {
         "/v1/models": {
             "get": {
@@ -432,7 +464,7 @@ def _openai_paths(config: Config | None, model_id: dict[str, Any]) -> dict[str, 
         },
         "/v1/chat/completions": _generation(
             "Chat completion (whole, or SSE with stream=true)",
-            _chat_request(text_models, vision_models),
+            _chat_request(groups),
             "chat",
         ),
         "/v1/completions": _generation(

@@ -3,9 +3,11 @@
 Every problem raises :class:`mlxd.errors.InvalidRequest` whose ``param`` names
 the field (``messages[1].content``), so clients get a typed 400 that says what
 to fix. Fields of the OpenAI API that mlxd does not use (``user``,
-``presence_penalty``, ``tools``, ...) are accepted and ignored, as OpenAI-
-compatible servers commonly do; ``n`` other than 1 is refused. The extension
-field ``keep_alive`` is read by :mod:`mlxd.http.preferences`.
+``presence_penalty``, ...) are accepted and ignored, as OpenAI-compatible
+servers commonly do; ``n`` other than 1 is refused. The fields mlxd acts on
+beyond plain generation (``tools``, ``tool_choice``, ``response_format``,
+``logprobs``, tool history) are checked in :mod:`mlxd.http.structured`. The
+extension field ``keep_alive`` is read by :mod:`mlxd.http.preferences`.
 
 Text must be valid Unicode: JSON lets a body carry a lone UTF-16 surrogate
 (``"\\ud800"``), which no tokenizer can encode, so any such string is a 400
@@ -27,6 +29,7 @@ from typing import Any
 from mlxd.engines.base import ChatMessage, GenerationRequest
 from mlxd.errors import InvalidRequest
 from mlxd.http.preferences import Headers, Preferences, preferences
+from mlxd.http.structured import assistant_tool_calls, openai_fields
 
 #: upper bound on max_tokens; a larger value is a 400, not a silent clamp
 MAX_TOKENS_LIMIT = 131_072
@@ -212,7 +215,17 @@ def _messages(body: dict[str, Any], *, allow_images: bool) -> tuple[ChatMessage,
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
-        out.append(ChatMessage(role, _content(content, f"{p}.content", allow_images=allow_images)))
+        parsed = _content(content, f"{p}.content", allow_images=allow_images)
+        calls = assistant_tool_calls(m.get("tool_calls"), f"{p}.tool_calls")
+        if calls and role != "assistant":
+            raise _bad(f"{p}.tool_calls", "only assistant messages carry tool calls")
+        call_id = m.get("tool_call_id")
+        if role == "tool" and (not isinstance(call_id, str) or not call_id):
+            raise _bad(f"{p}.tool_call_id", "is required in a tool message (the id of the call it answers)")
+        name = m.get("name")
+        if name is not None and not isinstance(name, str):
+            raise _bad(f"{p}.name", "must be a string")
+        out.append(ChatMessage(role, parsed, calls, call_id if role == "tool" else None, name))
     return tuple(out)
 
 
@@ -252,6 +265,7 @@ def parse_request(
     temperature = _optional_number(body, "temperature", 0.0, 2.0, 1.0)
     if top_p == 0.0:
         temperature = 0.0  # the nucleus holds only the most likely token: greedy
+    fields = openai_fields(body, chat=chat)
     gen = GenerationRequest(
         kind="chat" if chat else "completion",
         messages=_messages(body, allow_images=allow_images) if chat else (),
@@ -262,5 +276,10 @@ def parse_request(
         stop=_stop(body),
         seed=_seed(body),
         request_id=request_id,
+        tools=fields.tools,
+        tool_choice=fields.tool_choice,
+        tool_name=fields.tool_name,
+        constraint=fields.constraint,
+        logprobs=fields.logprobs,
     )
     return ParsedRequest(model, gen, stream, include_usage, preferences(body, headers or {}))

@@ -32,7 +32,7 @@ async def collect(
         if isinstance(event, TextDelta):
             assert finished is None, "a delta after Finished"
             deltas.append(event.text)
-        else:
+        elif isinstance(event, Finished):
             finished = event
     assert finished is not None, "the generation ended without Finished"
     return "".join(deltas), finished, deltas

@@ -173,12 +173,12 @@ async def test_logits_processors_and_logprobs_are_per_request(batched: MlxTextEn
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_constrained)
         free_text, _, _ = await collect(batched, free)
-    tokens = [lp.token for d in deltas for lp in d.logprobs]
+    tokens = [lp.id for d in deltas for lp in d.logprobs]
     assert tokens == [forced] * 5
     for d in deltas:
         for lp in d.logprobs:
             assert lp.logprob == pytest.approx(0.0, abs=1e-4)  # all the mass on the forced token
-            assert len(lp.top) == 2 and lp.top[0][0] == forced
+            assert len(lp.top) == 2 and lp.top[0].id == forced
     alone, _, _ = await collect(batched, free)
     assert free_text == alone
 

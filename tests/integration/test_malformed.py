@@ -132,7 +132,46 @@ MESSAGE_MUTATIONS: list[tuple[Any, str]] = [
     ([{"role": "user", "content": "ok"}, {"role": "robot", "content": "y"}], "messages[1].role"),
     ([{"role": "user", "content": "ok"}, {"role": "tool", "content": [{}]}],
      "messages[1].content[0].type"),
+    ([{"role": "user", "content": "ok"}, {"role": "tool", "content": "42"}], "messages[1].tool_call_id"),
+    ([{"role": "tool", "content": "42", "tool_call_id": 7}], "messages[0].tool_call_id"),
+    ([{"role": "assistant", "tool_calls": 1}], "messages[0].tool_calls"),
+    ([{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{"}}]}],
+     "messages[0].tool_calls[0].function.arguments"),
+    ([{"role": "assistant", "tool_calls": [{"id": "", "function": {"name": "f", "arguments": "{}"}}]}],
+     "messages[0].tool_calls[0].id"),
+    ([{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}],
+     "tools"),
+    ([{"role": "user", "content": "x", "name": 5}], "messages[0].name"),
 ]
+
+_FN = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+#: chat-only fields of the real clients (tools, structured output, logprobs); the daemon's
+#: models are fakes, so even well-formed tools and grammars get a 400 naming the field
+CHAT_MUTATIONS: dict[str, list[Any]] = {
+    "tools": [1, "x", {}, [1], [{"type": "x"}], [{"type": "function"}],
+              [{"type": "function", "function": {"name": ""}}],
+              [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+              [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
+              [{"type": "function", "function": {"name": "f", "parameters": []}}],
+              [{"type": "function", "function": {"name": "f", "description": 3}}],
+              [_FN, _FN], [_FN] * 200, [_FN]],
+    "tool_choice": ["sometimes", 1, True, [], {"type": "function"}, "required",
+                    {"type": "function", "function": {"name": "nope"}}],
+    "response_format": [1, "json", [], {}, {"type": "xml"}, {"type": "json_schema"},
+                        {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}},
+                        {"type": "json_schema", "json_schema": {"name": "x y", "schema": {}}},
+                        {"type": "json_schema",
+                         "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
+                        {"type": "json_object"}],
+    "logprobs": ["yes", 1, [], {}],
+    "top_logprobs": [21, -1, "3", 1.5, 5],
+    "parallel_tool_calls": ["yes", 1, []],
+}
+COMPLETION_MUTATIONS: dict[str, list[Any]] = {
+    "logprobs": [6, -1, True, "2", 1.5, []],
+    "tools": [[_FN]],
+    "response_format": [{"type": "json_object"}],
+}
 
 PROMPT_MUTATIONS: list[Any] = [MISSING, None, 1, True, [], ["a", "b"], [1], [None], {}, [["a"]]]
 
@@ -156,6 +195,12 @@ def short(value: Any) -> str:
 def field_cases() -> Iterator[Bad]:
     for path, base in ((CHAT, CHAT_BODY), (COMPLETIONS, COMPLETION_BODY)):
         for field, values in COMMON_MUTATIONS.items():
+            for value in values:
+                yield Bad(f"{path} {field}={short(value)}", "POST", path,
+                          dumps(mutate(base, field, value)), status=400, param=field)
+    for path, base, table in ((CHAT, CHAT_BODY, CHAT_MUTATIONS),
+                              (COMPLETIONS, COMPLETION_BODY, COMPLETION_MUTATIONS)):
+        for field, values in table.items():
             for value in values:
                 yield Bad(f"{path} {field}={short(value)}", "POST", path,
                           dumps(mutate(base, field, value)), status=400, param=field)

@@ -1,0 +1,271 @@
+"""One generation under a lease, whole or streamed, for any API shape (OpenAI, Anthropic).
+
+A generation holds a lease for its whole life. Whole: the handler holds it
+inside ``lease.scope()``. Streamed: the response body (an async generator,
+which must not hold a cancel scope across ``yield``) owns the lease, opens
+``lease.scope()`` around each wait for the next event, and ends the lease in
+its ``finally`` -- which runs the moment the client disconnects (Quart cancels
+the body at its current await). Preemption cancels the scope, so the stream
+ends between two tokens with the API's error event. Either way the lease ends
+with ``lease.finish(exc)`` (the one outcome rule is
+:func:`mlxd.residency.lease.outcome_of`; a cancelled request is ``disconnected``).
+
+A body that cannot send (the client stopped reading) does not hold the model
+hostage: the manager ends a preempted lease itself, and the body's abandon hook
+(:func:`_abandon_stream`) closes the engine's iterator (cancelling its job) and
+the connection.
+
+The routes differ only in their :class:`Renderer`: how the stream starts,
+how each event and the end are written, how an error mid-stream looks, and
+the shape of a whole response.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import trio
+from quart import Response, request
+
+from mlxd.engines.base import (
+    Finished,
+    GenerationEvent,
+    GenerationRequest,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+)
+from mlxd.errors import EngineError, MlxdError, Overloaded, ShuttingDown
+from mlxd.http import access_log, auth, sse
+from mlxd.http.context import AppState, state
+from mlxd.http.server import Connections, Key
+from mlxd.residency.lease import Lease
+from mlxd.residency.states import Outcome
+
+log = logging.getLogger("mlxd.http")
+
+
+@dataclass
+class Collected:
+    """What a whole (non-streamed) response gathers from the engine's events."""
+
+    wants_logprobs: bool
+    text: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    calls: list[ToolCallDelta] = field(default_factory=list)
+
+
+class Renderer(Protocol):
+    """An API's shapes for one generation."""
+
+    model: str
+
+    def first(self) -> bytes:
+        """The first bytes of a stream (sent before any await)."""
+        ...
+
+    def text(self, ev: TextDelta) -> list[bytes]: ...
+
+    def call(self, ev: ToolCallDelta) -> list[bytes]: ...
+
+    def finish(self, fin: Finished) -> list[bytes]: ...
+
+    def error(self, err: MlxdError) -> bytes: ...
+
+    def whole(self, out: Collected, fin: Finished) -> dict[str, Any]: ...
+
+
+def _check_queue(st: AppState, lease: Lease) -> None:
+    mc = st.config.model(lease.model)
+    limit = mc.max_queue if mc is not None else 64
+    if lease.engine.queue_depth() >= limit:
+        raise Overloaded(f"'{lease.model}' already has {limit} requests queued; retry shortly")
+
+
+async def prepare_under(st: AppState, lease: Lease, gen: GenerationRequest) -> GenerationRequest:
+    """After the lease, before any response: the queue bound and the engine's checks
+    (tools, grammar, prompt limits; tokenizing is cancellable and preemptible).
+
+    A refusal here is a plain HTTP error (400 ``context_length_exceeded`` or
+    ``tools_not_supported``, 503 ``overloaded``), also for a stream, and
+    ends the lease.
+    """
+    try:
+        _check_queue(st, lease)
+        with lease.scope():
+            return await lease.engine.prepare(gen)
+    except BaseException as e:
+        lease.finish(e)
+        raise
+
+
+async def run(
+    model: str,
+    gen: GenerationRequest,
+    renderer: Renderer,
+    *,
+    stream: bool,
+    prepare: Callable[[Lease], Awaitable[None]] | None = None,
+) -> Any:
+    """Acquire ``model``, check the request against the loaded engine, and generate.
+
+    ``prepare(lease)`` runs after the engine's checks and before the response
+    starts (the Anthropic stream counts its prompt tokens there).
+    """
+    st = state()
+    if st.draining:
+        raise ShuttingDown("mlxd is shutting down")
+    t_request = trio.current_time()
+    access_log.note(model=model)
+    lease = await st.manager.acquire(
+        model,
+        request_id=gen.request_id,
+        route=request.path,
+        cancel_outcome=Outcome.DISCONNECTED,  # a cancelled request: its client went away
+        client=auth.client(),
+    )
+    access_log.note(lease=lease)
+    gen = await prepare_under(st, lease, gen)
+    if prepare is not None:
+        try:
+            with lease.scope():
+                await prepare(lease)
+        except BaseException as e:
+            lease.finish(e)
+            raise
+    headers = {"X-Request-Id": gen.request_id or ""}
+    if stream:
+        connection = Connections.key_of(request.scope)
+        body = _stream_body(st, lease, gen, renderer, t_request, connection)
+        # Start the body now, up to its first chunk: a started generator always runs
+        # its ``finally`` (Quart closes it, or Trio's finalizer does when it is dropped),
+        # so the lease is released even if the client leaves before the body is sent.
+        first = await body.__anext__()
+        return sse.response(_prepend(first, body), headers)
+    out, fin, t_first = await _whole(lease, gen)
+    _observe(st, model, t_request, t_first, fin)
+    return Response(json.dumps(renderer.whole(out, fin)), mimetype="application/json", headers=headers)
+
+
+async def _whole(lease: Lease, gen: GenerationRequest) -> tuple[Collected, Finished, float | None]:
+    """Gather the whole generation; the lease ends with it (completed, or however it failed)."""
+    out = Collected(gen.logprobs is not None)
+    fin: Finished | None = None
+    t_first: float | None = None
+    try:
+        async with lease:
+            with lease.scope():
+                async with aclosing(lease.engine.generate(gen)) as events:
+                    async for ev in events:
+                        if isinstance(ev, TextDelta):
+                            if t_first is None:
+                                t_first = trio.current_time()
+                            out.text.append(ev.text)
+                            out.logprobs.extend(ev.logprobs)
+                        elif isinstance(ev, ToolCallDelta):
+                            out.calls.append(ev)
+                        else:
+                            fin = ev
+            if fin is None:
+                raise EngineError("the engine ended the generation unexpectedly")
+            lease.set_usage(fin.prompt_tokens, fin.completion_tokens)
+    except MlxdError:
+        raise
+    except Exception as e:
+        raise engine_failed(e) from e
+    return out, fin, t_first
+
+
+def engine_failed(e: Exception) -> EngineError:
+    """An engine's own exception, logged with an id, as the 502 its client gets."""
+    ref = uuid.uuid4().hex[:12]
+    log.error("generation failed (error id %s)", ref, exc_info=e)
+    return EngineError(f"the engine failed: {type(e).__name__} (error id {ref})")
+
+
+def _observe(st: AppState, model: str, t0: float, t_first: float | None, fin: Finished) -> None:
+    now = trio.current_time()
+    st.metrics.observe_generation(
+        model,
+        None if t_first is None else t_first - t0,
+        fin.completion_tokens,
+        now - (t_first if t_first is not None else t0),
+    )
+
+
+async def _prepend(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    try:
+        yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()
+
+
+async def _abandon_stream(
+    st: AppState, events: AsyncGenerator[GenerationEvent, None], connection: Key | None
+) -> None:
+    """The manager ended this stream's lease: cancel the engine's job, close the connection."""
+    with contextlib.suppress(RuntimeError):  # running in the body's task: its scope is cancelled
+        await events.aclose()
+    if connection is not None:
+        st.connections.abort(connection)
+
+
+async def _stream_body(
+    st: AppState,
+    lease: Lease,
+    gen: GenerationRequest,
+    renderer: Renderer,
+    t_request: float,
+    connection: Key | None = None,
+) -> AsyncGenerator[bytes, None]:
+    error: BaseException | None = None
+    t_first: float | None = None
+    events = lease.engine.generate(gen)
+    lease.on_abandon(lambda: _abandon_stream(st, events, connection))
+    try:
+        yield renderer.first()  # needs no await (see run())
+        while True:
+            with lease.scope():  # preemption cancels this wait and raises Preempted
+                ev: GenerationEvent = await events.__anext__()
+            if isinstance(ev, TextDelta):
+                if t_first is None:
+                    t_first = trio.current_time()
+                for chunk in renderer.text(ev):
+                    yield chunk
+                continue
+            if isinstance(ev, ToolCallDelta):
+                for chunk in renderer.call(ev):
+                    yield chunk
+                continue
+            lease.set_usage(ev.prompt_tokens, ev.completion_tokens)
+            for chunk in renderer.finish(ev):
+                yield chunk
+            _observe(st, renderer.model, t_request, t_first, ev)
+            return
+    except StopAsyncIteration:
+        log.error("engine for %s ended without a Finished event", lease.model)
+        error = EngineError("the engine ended the generation unexpectedly")
+        yield renderer.error(error)
+    except MlxdError as e:
+        error = e
+        yield renderer.error(e)
+    except Exception as e:
+        error = e
+        yield renderer.error(engine_failed(e))
+    except BaseException as e:  # cancelled, or closed before its end: the client left
+        error = e
+        raise
+    finally:
+        # Closing the engine's iterator sets its stop flag; bounded, as every shield is.
+        with trio.CancelScope(shield=True), trio.move_on_after(5), contextlib.suppress(RuntimeError):
+            await events.aclose()
+        lease.finish(error)

@@ -1,0 +1,172 @@
+"""OpenAPI pieces of the real-client fields: tools, response_format, logprobs (``/v1/chat/completions``).
+
+Kept beside :mod:`mlxd.http.openapi`, which assembles the document. What a
+model accepts depends on its engine: mlx-lm text models take tools (when
+their template has tool support, else 400 ``tools_not_supported``),
+grammar-constrained ``response_format`` and logprobs; vision models take
+none of these; fake engines take logprobs only. The document gives each
+group its own request variant, so generated "valid" requests are valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxd.http.structured import (
+    MAX_COMPLETION_LOGPROBS,
+    MAX_TOOLS,
+    MAX_TOP_LOGPROBS,
+    NAME_PATTERN,
+)
+
+_OPEN = {"additionalProperties": True}
+_NAME = {"type": "string", "pattern": NAME_PATTERN}
+
+
+def nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+#: a JSON Schema of type object (tool parameters); the daemon checks it against the meta-schema
+OBJECT_SCHEMA = {
+    "type": "object",
+    "properties": {"type": {"const": "object"}, "properties": {"type": "object"}},
+    "description": "a JSON Schema of type object",
+    **_OPEN,
+}
+
+_TOOL = {
+    "type": "object",
+    "required": ["type", "function"],
+    "properties": {
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": _NAME,
+                "description": {"type": "string"},
+                "parameters": OBJECT_SCHEMA,
+            },
+            **_OPEN,
+        },
+    },
+    **_OPEN,
+}
+
+_TOOL_CALL = {
+    "type": "object",
+    "required": ["id", "function"],
+    "properties": {
+        "id": {"type": "string", "minLength": 1},
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name", "arguments"],
+            "properties": {"name": _NAME, "arguments": {"type": "string",
+                                                        "contentMediaType": "application/json"}},
+        },
+    },
+    **_OPEN,
+}
+
+#: no tools: absent, null or an empty list
+_NO_TOOLS = nullable({"type": "array", "maxItems": 0})
+
+
+def chat_fields(*, tools: bool, grammar: bool, logprobs: bool) -> dict[str, Any]:
+    """The properties of a chat request for a group of models with these capabilities."""
+    out: dict[str, Any] = {"parallel_tool_calls": nullable({"type": "boolean"})}
+    if tools:
+        out["tools"] = nullable({"type": "array", "items": _TOOL, "maxItems": MAX_TOOLS})
+        out["tool_choice"] = {
+            "anyOf": [
+                {"enum": ["auto", "none", "required"]},
+                {"type": "object", "required": ["type", "function"],
+                 "properties": {"type": {"const": "function"},
+                                "function": {"type": "object", "required": ["name"],
+                                             "properties": {"name": _NAME}}}},
+                {"type": "null"},
+            ],
+            "description": "'required' and a named function need tools; the name must be declared",
+        }
+    else:
+        out["tools"] = _NO_TOOLS
+        out["tool_choice"] = nullable({"enum": ["auto", "none"]})
+    formats: list[dict[str, Any]] = [{"type": "object", "required": ["type"],
+                                      "properties": {"type": {"const": "text"}}}]
+    if grammar:
+        formats += [
+            {"type": "object", "required": ["type"], "properties": {"type": {"const": "json_object"}}},
+            {"type": "object", "required": ["type", "json_schema"],
+             "properties": {"type": {"const": "json_schema"},
+                            "json_schema": {"type": "object", "required": ["name", "schema"],
+                                            "properties": {"name": _NAME,
+                                                           "schema": {"type": "object"},
+                                                           "strict": nullable({"type": "boolean"})}}}},
+        ]
+    out["response_format"] = nullable({"anyOf": formats})
+    if logprobs:
+        out["logprobs"] = nullable({"type": "boolean"})
+        out["top_logprobs"] = nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS})
+    else:
+        out["logprobs"] = nullable({"const": False})
+        out["top_logprobs"] = {"type": "null"}
+    return out
+
+
+#: top_logprobs only with logprobs: true
+TOP_NEEDS_LOGPROBS = {
+    "if": {"required": ["top_logprobs"],
+           "properties": {"top_logprobs": {"type": "integer"}}},
+    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+}
+#: 'required' needs tools
+REQUIRED_NEEDS_TOOLS = {
+    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"const": "required"}}},
+    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+}
+
+
+def message_extras(*, tools: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Extra message properties (tool_calls, tool_call_id, name) and the rules tying them to roles."""
+    props: dict[str, Any] = {
+        "tool_calls": nullable({"type": "array", "items": _TOOL_CALL}) if tools else _NO_TOOLS,
+        "tool_call_id": nullable({"type": "string"}),
+        "name": nullable({"type": "string"}),
+    }
+    rules = [
+        {"if": {"properties": {"role": {"const": "tool"}}},
+         "then": {"required": ["tool_call_id"],
+                  "properties": {"tool_call_id": {"type": "string", "minLength": 1}}}},
+        {"if": {"properties": {"role": {"not": {"const": "assistant"}}}},
+         "then": {"properties": {"tool_calls": _NO_TOOLS}}},
+    ]
+    return props, rules
+
+
+COMPLETION_LOGPROBS = nullable({"type": "integer", "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS})
+
+_TOP = {"type": "object", "required": ["token", "logprob"],
+        "properties": {"token": {"type": "string"}, "logprob": {"type": "number"},
+                       "bytes": nullable({"type": "array", "items": {"type": "integer"}})}}
+CHAT_LOGPROBS = nullable({
+    "type": "object",
+    "required": ["content"],
+    "properties": {"content": {"type": "array", "items": {
+        **_TOP, "properties": {**_TOP["properties"], "top_logprobs": {"type": "array", "items": _TOP}}}}},
+})
+TEXT_LOGPROBS = nullable({
+    "type": "object",
+    "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+    "properties": {"tokens": {"type": "array", "items": {"type": "string"}},
+                   "token_logprobs": {"type": "array", "items": {"type": "number"}},
+                   "top_logprobs": {"type": "array", "items": {"type": "object"}},
+                   "text_offset": {"type": "array", "items": {"type": "integer"}}},
+})
+RESPONSE_TOOL_CALLS = {"type": "array", "items": {
+    "type": "object", "required": ["id", "type", "function"],
+    "properties": {"id": {"type": "string"}, "type": {"const": "function"},
+                   "function": {"type": "object", "required": ["name", "arguments"],
+                                "properties": {"name": {"type": "string"},
+                                               "arguments": {"type": "string"}}}}}}

@@ -1,0 +1,261 @@
+"""Request fields of the real clients: tools, tool_choice, response_format, logprobs, tool history.
+
+Shared by the OpenAI routes (:mod:`mlxd.http.validation`) and the Anthropic
+route (:mod:`mlxd.http.anthropic_api`). Every problem raises
+:class:`~mlxd.errors.InvalidRequest` whose ``param`` names the field. A JSON
+Schema (tool parameters, ``response_format.json_schema.schema``) is checked
+against its meta-schema with the ``jsonschema`` library; whether the grammar
+library can enforce it is checked by the engine before any token is spent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from mlxd.engines.base import Constraint, Tool, ToolCall
+from mlxd.errors import InvalidRequest
+
+#: OpenAI's rule for function names
+NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+_NAME = re.compile(NAME_PATTERN)
+MAX_TOOLS = 128
+#: chat ``top_logprobs`` (OpenAI's bound) and completions ``logprobs`` (the legacy bound)
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+#: JSON nesting allowed in a schema (deeper is refused before any library recurses into it)
+MAX_SCHEMA_DEPTH = 32
+
+ToolChoice = Literal["auto", "none", "required", "function"]
+
+
+def bad(param: str, message: str) -> InvalidRequest:
+    return InvalidRequest(f"{param}: {message}", param=param)
+
+
+def _depth(v: object, limit: int) -> int:
+    stack: list[tuple[object, int]] = [(v, 1)]
+    deepest = 0
+    while stack:
+        item, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        if isinstance(item, dict):
+            stack.extend((x, d + 1) for x in item.values())
+        elif isinstance(item, list):
+            stack.extend((x, d + 1) for x in item)
+    return deepest
+
+
+def check_schema(schema: object, param: str, *, object_only: bool = False) -> dict[str, Any]:
+    """A valid JSON Schema (a JSON object), or a 400 naming ``param``."""
+    import jsonschema
+
+    if not isinstance(schema, dict):
+        raise bad(param, "must be a JSON Schema object")
+    if _depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        raise bad(param, f"is nested more than {MAX_SCHEMA_DEPTH} levels deep")
+    if object_only and schema.get("type", "object") != "object":
+        raise bad(param, f"must be a JSON Schema of type 'object' (got type {schema.get('type')!r})")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/".join(str(p) for p in e.absolute_path)
+        raise bad(param, f"is not a valid JSON Schema: {e.message}" + (f" (at {where})" if where else "")) from None
+    except (jsonschema.exceptions.UnknownType, ValueError, TypeError) as e:
+        raise bad(param, f"is not a valid JSON Schema: {e}") from None
+    except RecursionError:
+        raise bad(param, "is nested too deeply") from None
+    return schema
+
+
+def function_name(v: object, param: str) -> str:
+    if not isinstance(v, str) or not _NAME.match(v):
+        raise bad(param, "must be 1-64 letters, digits, '_' or '-'")
+    return v
+
+
+def make_tool(name: str, description: object, parameters: object, param: str) -> Tool:
+    """One declared function; ``param`` is where its fields sit (``tools[2].function``)."""
+    if description is not None and not isinstance(description, str):
+        raise bad(f"{param}.description", "must be a string")
+    if parameters is None:
+        parameters = {"type": "object", "properties": {}}
+    params = check_schema(parameters, f"{param}.parameters", object_only=True)
+    return Tool(name, description, params)
+
+
+def openai_tools(body: dict[str, Any]) -> tuple[Tool, ...]:
+    raw = body.get("tools")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise bad("tools", "must be a list of {\"type\": \"function\", \"function\": {...}}")
+    if len(raw) > MAX_TOOLS:
+        raise bad("tools", f"at most {MAX_TOOLS} tools")
+    tools: list[Tool] = []
+    for i, item in enumerate(raw):
+        p = f"tools[{i}]"
+        if not isinstance(item, dict):
+            raise bad(p, "must be an object")
+        if item.get("type") != "function":
+            raise bad(f"{p}.type", "must be 'function'")
+        fn = item.get("function")
+        if not isinstance(fn, dict):
+            raise bad(f"{p}.function", "must be an object with a 'name'")
+        name = function_name(fn.get("name"), f"{p}.function.name")
+        if any(t.name == name for t in tools):
+            raise bad(f"{p}.function.name", f"'{name}' is declared twice")
+        tools.append(make_tool(name, fn.get("description"), fn.get("parameters"), f"{p}.function"))
+    return tuple(tools)
+
+
+def openai_tool_choice(body: dict[str, Any], tools: tuple[Tool, ...]) -> tuple[ToolChoice, str | None]:
+    v = body.get("tool_choice")
+    if v is None:
+        return "auto", None
+    if isinstance(v, str):
+        if v not in ("auto", "none", "required"):
+            raise bad("tool_choice", "must be 'auto', 'none', 'required' or {\"type\": \"function\", ...}")
+        if v == "required" and not tools:
+            raise bad("tool_choice", "'required' needs at least one tool in tools")
+        return v, None  # type: ignore[return-value]
+    if not isinstance(v, dict) or v.get("type") != "function" or not isinstance(v.get("function"), dict):
+        raise bad("tool_choice", "must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+    name = v["function"].get("name")
+    return "function", named_tool(name, tools, "tool_choice.function.name")
+
+
+def named_tool(name: object, tools: tuple[Tool, ...], param: str) -> str:
+    if not isinstance(name, str) or not any(t.name == name for t in tools):
+        known = ", ".join(t.name for t in tools) or "none declared"
+        raise bad(param, f"names no declared tool (got {json.dumps(name)[:80]}; tools: {known})")
+    return name
+
+
+def constraint(
+    tool_choice: ToolChoice, tools: tuple[Tool, ...], response: Constraint | None, *, format_param: str
+) -> Constraint | None:
+    """The grammar of a request: a tool call (required / named) or the response format."""
+    if tool_choice in ("required", "function") and tools:
+        if response is not None:
+            raise bad(format_param, "cannot be combined with a required or named tool_choice")
+        return Constraint("tool_call")
+    return response
+
+
+def response_format(body: dict[str, Any]) -> Constraint | None:
+    v = body.get("response_format")
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise bad("response_format", "must be an object with a 'type'")
+    kind = v.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint("json_object")
+    if kind != "json_schema":
+        raise bad("response_format.type", "must be 'text', 'json_object' or 'json_schema'")
+    js = v.get("json_schema")
+    if not isinstance(js, dict):
+        raise bad("response_format.json_schema", "must be an object with 'name' and 'schema'")
+    function_name(js.get("name"), "response_format.json_schema.name")
+    if js.get("strict") is not None and not isinstance(js["strict"], bool):
+        raise bad("response_format.json_schema.strict", "must be a boolean")
+    schema = check_schema(js.get("schema", {}), "response_format.json_schema.schema")
+    return Constraint("json_schema", json.dumps(schema))
+
+
+def chat_logprobs(body: dict[str, Any]) -> int | None:
+    """None (off), or the number of alternatives per token (``top_logprobs``, 0 without it)."""
+    lp = body.get("logprobs")
+    top = body.get("top_logprobs")
+    if lp is not None and not isinstance(lp, bool):
+        raise bad("logprobs", "must be a boolean")
+    if top is not None:
+        if not is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise bad("top_logprobs", f"must be an integer from 0 to {MAX_TOP_LOGPROBS}")
+        if not lp:
+            raise bad("top_logprobs", "needs logprobs: true")
+    return int(top or 0) if lp else None
+
+
+def completion_logprobs(body: dict[str, Any]) -> int | None:
+    lp = body.get("logprobs")
+    if lp is None:
+        return None
+    if not is_int(lp) or not 0 <= lp <= MAX_COMPLETION_LOGPROBS:
+        raise bad("logprobs", f"must be an integer from 0 to {MAX_COMPLETION_LOGPROBS}")
+    return int(lp)
+
+
+def is_int(v: object) -> bool:
+    if isinstance(v, float):
+        return v.is_integer()
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def assistant_tool_calls(v: object, param: str) -> tuple[ToolCall, ...]:
+    """An assistant message's ``tool_calls`` in the history."""
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        raise bad(param, "must be a list of tool calls")
+    calls: list[ToolCall] = []
+    for i, c in enumerate(v):
+        p = f"{param}[{i}]"
+        if not isinstance(c, dict):
+            raise bad(p, "must be an object with 'id', 'type' and 'function'")
+        cid = c.get("id")
+        if not isinstance(cid, str) or not cid:
+            raise bad(f"{p}.id", "must be a non-empty string")
+        if c.get("type", "function") != "function":
+            raise bad(f"{p}.type", "must be 'function'")
+        fn = c.get("function")
+        if not isinstance(fn, dict):
+            raise bad(f"{p}.function", "must be an object with 'name' and 'arguments'")
+        name = function_name(fn.get("name"), f"{p}.function.name")
+        calls.append(ToolCall(cid, name, arguments_text(fn.get("arguments"), f"{p}.function.arguments")))
+    return tuple(calls)
+
+
+def arguments_text(v: object, param: str) -> str:
+    """Arguments as OpenAI sends them (JSON text of an object), or as an object (Anthropic)."""
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            raise bad(param, "must be JSON text of an object") from None
+    if not isinstance(v, dict):
+        raise bad(param, "must be an object (or JSON text of one)")
+    return json.dumps(v)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientFields:
+    """The client fields of one OpenAI request, validated."""
+
+    tools: tuple[Tool, ...]
+    tool_choice: ToolChoice
+    tool_name: str | None
+    constraint: Constraint | None
+    logprobs: int | None
+
+
+def openai_fields(body: dict[str, Any], *, chat: bool) -> ClientFields:
+    if not chat:
+        for key in ("tools", "tool_choice", "response_format"):
+            if body.get(key) is not None:
+                raise bad(key, "is only for /v1/chat/completions")
+        return ClientFields((), "auto", None, None, completion_logprobs(body))
+    tools = openai_tools(body)
+    choice, name = openai_tool_choice(body, tools)
+    ptc = body.get("parallel_tool_calls")
+    if ptc is not None and not isinstance(ptc, bool):
+        raise bad("parallel_tool_calls", "must be a boolean")
+    c = constraint(choice, tools, response_format(body), format_param="response_format")
+    return ClientFields(tools, choice, name, c, chat_logprobs(body))
