@@ -222,6 +222,10 @@ class Engine(Protocol):
         """
         ...
 
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """The prompt tokens ``request`` would take (chat template and tools applied)."""
+        ...
+
     def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         """Stream a generation; the last item is a :class:`Finished`."""
         ...

@@ -260,6 +260,10 @@ class FakeEngine:
             )
         return request
 
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """The fake's "tokens" are words."""
+        return _count_words(request)
+
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         m = self.model
         self._check_alive()
@@ -279,6 +283,7 @@ class FakeEngine:
                 text = ""
                 produced = 0
                 finish: str = "length"
+                matched: str | None = None
                 delay = 1.0 / m.tokens_per_second if m.tokens_per_second > 0 else 0.0
                 while produced < request.max_tokens:
                     if m.faults is not None and m.faults.on_token(produced) == "hang":
@@ -290,6 +295,7 @@ class FakeEngine:
                     m.tokens += 1
                     hit = _first_stop(text + piece, request.stop)
                     if hit is not None:
+                        matched = next(s for s in request.stop if s and (text + piece).find(s) == hit)
                         keep = hit - len(text)
                         if keep > 0:
                             yield TextDelta(piece[:keep], _certain(piece[:keep], request))
@@ -302,6 +308,7 @@ class FakeEngine:
                     finish_reason="stop" if finish == "stop" else "length",
                     prompt_tokens=_count_words(request),
                     completion_tokens=produced,
+                    stop_sequence=matched,
                 )
         finally:
             self._queued -= 1

@@ -29,8 +29,10 @@ from mlxd.errors import (
     NotFound,
     ShuttingDown,
 )
-from mlxd.http import access_log, admin_api, auth, dashboard, openai_api
+from mlxd.http import access_log, admin_api, anthropic_api, auth, dashboard, openai_api
 from mlxd.http.access_log import AccessLog
+from mlxd.http.anthropic_api import is_anthropic_route
+from mlxd.http.anthropic_shapes import error_body as anthropic_error_body
 from mlxd.http.context import AppState, state
 from mlxd.http.openapi import openapi_document
 
@@ -41,11 +43,14 @@ OPEN_WHILE_DRAINING = ("/health", "/metrics", "/admin/status", "/admin/events", 
 
 
 def error_response(err: MlxdError) -> Response:
+    """The one rendering of an error: OpenAI's envelope, or Anthropic's on the Messages routes
+    (same status and ``Retry-After`` either way)."""
     headers = err.headers()
     if err.http_status == 400 and err.code == "model_exceeds_budget":
         headers["x-should-retry"] = "false"  # retrying can never help
+    body = anthropic_error_body(err) if is_anthropic_route(request.path) else err.body()
     return Response(
-        json.dumps(err.body()), status=err.http_status, headers=headers, mimetype="application/json"
+        json.dumps(body), status=err.http_status, headers=headers, mimetype="application/json"
     )
 
 
@@ -71,6 +76,7 @@ def create_app(app_state: AppState) -> QuartTrio:
     app.config["MAX_CONTENT_LENGTH"] = app_state.config.server.max_body_bytes
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     app.register_blueprint(openai_api.bp)
+    app.register_blueprint(anthropic_api.bp)
     app.register_blueprint(admin_api.bp)
     app.register_blueprint(dashboard.bp)
     app.asgi_app = AccessLog(  # type: ignore[method-assign]

@@ -112,11 +112,11 @@ async def run(
     renderer: Renderer,
     *,
     stream: bool,
-    prepare: Callable[[Lease], Awaitable[None]] | None = None,
+    prepare: Callable[[Lease, GenerationRequest], Awaitable[None]] | None = None,
 ) -> Any:
     """Acquire ``model``, check the request against the loaded engine, and generate.
 
-    ``prepare(lease)`` runs after the engine's checks and before the response
+    ``prepare(lease, request)`` runs after the engine's checks and before the response
     starts (the Anthropic stream counts its prompt tokens there).
     """
     st = state()
@@ -136,7 +136,7 @@ async def run(
     if prepare is not None:
         try:
             with lease.scope():
-                await prepare(lease)
+                await prepare(lease, gen)
         except BaseException as e:
             lease.finish(e)
             raise

@@ -135,7 +135,7 @@ def message_extras(*, tools: bool) -> tuple[dict[str, Any], list[dict[str, Any]]
         "tool_call_id": nullable({"type": "string"}),
         "name": nullable({"type": "string"}),
     }
-    rules = [
+    rules: list[dict[str, Any]] = [
         {"if": {"properties": {"role": {"const": "tool"}}},
          "then": {"required": ["tool_call_id"],
                   "properties": {"tool_call_id": {"type": "string", "minLength": 1}}}},
@@ -147,7 +147,7 @@ def message_extras(*, tools: bool) -> tuple[dict[str, Any], list[dict[str, Any]]
 
 COMPLETION_LOGPROBS = nullable({"type": "integer", "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS})
 
-_TOP = {"type": "object", "required": ["token", "logprob"],
+_TOP: dict[str, Any] = {"type": "object", "required": ["token", "logprob"],
         "properties": {"token": {"type": "string"}, "logprob": {"type": "number"},
                        "bytes": nullable({"type": "array", "items": {"type": "integer"}})}}
 CHAT_LOGPROBS = nullable({

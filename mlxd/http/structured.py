@@ -78,13 +78,16 @@ def function_name(v: object, param: str) -> str:
     return v
 
 
-def make_tool(name: str, description: object, parameters: object, param: str) -> Tool:
-    """One declared function; ``param`` is where its fields sit (``tools[2].function``)."""
+def make_tool(
+    name: str, description: object, parameters: object, param: str, *, key: str = "parameters"
+) -> Tool:
+    """One declared function; ``param`` is where its fields sit (``tools[2].function``),
+    ``key`` the name of its schema field there."""
     if description is not None and not isinstance(description, str):
         raise bad(f"{param}.description", "must be a string")
     if parameters is None:
         parameters = {"type": "object", "properties": {}}
-    params = check_schema(parameters, f"{param}.parameters", object_only=True)
+    params = check_schema(parameters, f"{param}.{key}", object_only=True)
     return Tool(name, description, params)
 
 

@@ -322,7 +322,8 @@ async def test_stream_dropped_before_sending_releases_its_lease(tmp_path: Path) 
     """A stream whose response is dropped before its body is sent (the client left at once) still releases its lease."""
     import gc
 
-    from mlxd.http.openai_api import ResponseBuilder, _prepend, stream_body
+    from mlxd.http.generation import _prepend, _stream_body
+    from mlxd.http.openai_api import ResponseBuilder
     from mlxd.http.validation import parse_request
 
     cfg = config_of({"manager": {"memory_budget_gb": 2}, "models": [fake("a", 0.5)]}, tmp_path)
@@ -330,7 +331,8 @@ async def test_stream_dropped_before_sending_releases_its_lease(tmp_path: Path) 
         st = s.daemon.state
         parsed = parse_request(body("a", stream=True), kind="chat")
         lease = await s.manager.acquire("a")
-        gen = stream_body(st, lease, parsed, ResponseBuilder("chat", "a", False), trio.current_time())
+        gen = _stream_body(st, lease, parsed.generation, ResponseBuilder("chat", "a", False),
+                           trio.current_time())
         first = await gen.__anext__()  # what generate() does before returning the Response
         response_body = _prepend(first, gen)
         del gen, response_body  # the Response is dropped unsent

@@ -1,0 +1,81 @@
+"""The Anthropic Messages routes: ``POST /v1/messages`` and ``/v1/messages/count_tokens``.
+
+Same residency, leases and journal as the OpenAI routes (the lease row's
+``route`` is ``/v1/messages``); a generation runs through
+:func:`mlxd.http.generation.run` with Anthropic's shapes
+(:class:`~mlxd.http.anthropic_shapes.MessagesRenderer`). A stream sends
+``message_start`` (with the prompt's token count, so it is counted before the
+stream starts), ``ping``, then per content block ``content_block_start``,
+``content_block_delta``..., ``content_block_stop``, and ends with
+``message_delta`` (stop reason, usage) and ``message_stop``; an error mid-stream
+is an ``error`` event. Errors before the stream are rendered in Anthropic's
+envelope by the app's one error handler (:func:`is_anthropic_route`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Blueprint, request
+
+from mlxd.engines.base import GenerationRequest
+from mlxd.errors import ModelNotFound, ShuttingDown
+from mlxd.http import generation
+from mlxd.http.anthropic_shapes import MessagesRenderer, ParsedMessages, parse_messages
+from mlxd.http.context import state
+from mlxd.http.openai_api import read_json_body, request_id
+from mlxd.residency.lease import Lease
+from mlxd.residency.states import Outcome
+
+bp = Blueprint("anthropic", __name__)
+
+PREFIX = "/v1/messages"
+
+
+def is_anthropic_route(path: str) -> bool:
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+async def _parse(*, counting: bool) -> ParsedMessages:
+    st = state()
+    if st.draining:
+        raise ShuttingDown("mlxd is shutting down")
+    parsed = parse_messages(await read_json_body(), request_id=request_id(), counting=counting)
+    if not st.manager.has_model(parsed.model):
+        raise ModelNotFound(parsed.model)
+    return parsed
+
+
+@bp.post("/v1/messages")
+async def messages() -> Any:
+    parsed = await _parse(counting=False)
+    renderer = MessagesRenderer(parsed.model)
+
+    async def count(lease: Lease, prepared: GenerationRequest) -> None:
+        if parsed.stream:  # message_start carries the prompt's size
+            renderer.input_tokens = (
+                len(prepared.prompt_ids) if prepared.prompt_ids is not None
+                else await lease.engine.count_tokens(prepared)
+            )
+
+    return await generation.run(
+        parsed.model, parsed.generation, renderer, stream=parsed.stream, prepare=count
+    )
+
+
+@bp.post("/v1/messages/count_tokens")
+async def count_tokens() -> Any:
+    """The prompt's tokens under the model's own template (the model is loaded to count)."""
+    parsed = await _parse(counting=True)
+    st = state()
+    lease = await st.manager.acquire(
+        parsed.model,
+        request_id=parsed.generation.request_id,
+        route=request.path,
+        cancel_outcome=Outcome.DISCONNECTED,  # a cancelled request: its client went away
+    )
+    async with lease:  # ends with the one outcome rule (mlxd.residency.lease.outcome_of)
+        with lease.scope():
+            n = await lease.engine.count_tokens(parsed.generation)
+        lease.set_usage(n, 0)
+    return {"input_tokens": n}

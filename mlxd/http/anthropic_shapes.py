@@ -1,0 +1,305 @@
+"""Anthropic Messages: request bodies into engine requests, and the response shapes.
+
+Validation follows :mod:`mlxd.http.validation`: every problem is an
+:class:`~mlxd.errors.InvalidRequest` whose ``param`` names the field
+(``messages[1].content[0].type``); the one error handler renders it in
+Anthropic's envelope on these routes. Content blocks: ``text``,
+``tool_use`` (assistant), ``tool_result`` (user); any other block type is a
+400 naming it. ``system`` is a string or text blocks. ``top_k`` and
+``metadata`` are accepted and not used.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from mlxd.engines.base import (
+    ChatMessage,
+    Finished,
+    GenerationRequest,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+)
+from mlxd.errors import InvalidRequest, MlxdError
+from mlxd.http import sse
+from mlxd.http.generation import Collected
+from mlxd.http.structured import (
+    ToolChoice,
+    arguments_text,
+    bad,
+    constraint,
+    function_name,
+    is_int,
+    make_tool,
+    named_tool,
+)
+from mlxd.http.validation import MAX_TOKENS_LIMIT
+
+MAX_STOP_SEQUENCES = 16
+ROLES = ("user", "assistant")
+BLOCKS = ("text", "tool_use", "tool_result")
+
+#: HTTP status -> Anthropic error type
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+               503: "overloaded_error", 529: "overloaded_error"}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def error_body(err: MlxdError) -> dict[str, Any]:
+    """Anthropic's error envelope (``{"type": "error", "error": {"type", "message"}}``)."""
+    kind = ERROR_TYPES.get(err.http_status, "api_error" if err.http_status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedMessages:
+    model: str
+    generation: GenerationRequest
+    stream: bool
+
+
+def _number(body: dict[str, Any], key: str, lo: float, hi: float, default: float) -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise bad(key, f"must be a number from {lo:g} to {hi:g}")
+    return float(v)
+
+
+def _text_blocks(v: object, param: str) -> str:
+    """A string, or a list of text blocks joined."""
+    if isinstance(v, str):
+        return v
+    if not isinstance(v, list):
+        raise bad(param, "must be a string or a list of text blocks")
+    out = []
+    for i, b in enumerate(v):
+        if not isinstance(b, dict) or b.get("type") != "text":
+            raise bad(f"{param}[{i}].type", "must be 'text'")
+        if not isinstance(b.get("text"), str):
+            raise bad(f"{param}[{i}].text", "must be a string")
+        out.append(b["text"])
+    return "".join(out)
+
+
+def _message(m: object, p: str) -> list[ChatMessage]:
+    if not isinstance(m, dict):
+        raise bad(p, "must be an object with 'role' and 'content'")
+    role = m.get("role")
+    if role not in ROLES:
+        raise bad(f"{p}.role", "must be 'user' or 'assistant'")
+    content = m.get("content")
+    if isinstance(content, str):
+        return [ChatMessage(role, content)]
+    if not isinstance(content, list) or not content:
+        raise bad(f"{p}.content", "must be a string or a non-empty list of content blocks")
+    text: list[str] = []
+    calls: list[ToolCall] = []
+    results: list[ChatMessage] = []
+    for j, b in enumerate(content):
+        q = f"{p}.content[{j}]"
+        if not isinstance(b, dict):
+            raise bad(q, "must be an object with a 'type'")
+        kind = b.get("type")
+        if kind not in BLOCKS:
+            raise bad(f"{q}.type", f"must be one of {', '.join(BLOCKS)} (got {json.dumps(kind)[:40]})")
+        if kind == "text":
+            if not isinstance(b.get("text"), str):
+                raise bad(f"{q}.text", "must be a string")
+            text.append(b["text"])
+        elif kind == "tool_use":
+            if role != "assistant":
+                raise bad(f"{q}.type", "tool_use blocks belong in assistant messages")
+            cid = b.get("id")
+            if not isinstance(cid, str) or not cid:
+                raise bad(f"{q}.id", "must be a non-empty string")
+            name = function_name(b.get("name"), f"{q}.name")
+            calls.append(ToolCall(cid, name, arguments_text(b.get("input"), f"{q}.input")))
+        else:
+            if role != "user":
+                raise bad(f"{q}.type", "tool_result blocks belong in user messages")
+            tid = b.get("tool_use_id")
+            if not isinstance(tid, str) or not tid:
+                raise bad(f"{q}.tool_use_id", "must be a non-empty string")
+            if b.get("is_error") is not None and not isinstance(b["is_error"], bool):
+                raise bad(f"{q}.is_error", "must be a boolean")
+            body = _text_blocks(b.get("content", ""), f"{q}.content")
+            results.append(ChatMessage("tool", body, tool_call_id=tid))
+    own = [ChatMessage(role, "".join(text), tuple(calls))] if text or calls else []
+    return [*results, *own]
+
+
+def _tools(body: dict[str, Any]) -> tuple[Any, ...]:
+    raw = body.get("tools")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise bad("tools", "must be a list of {\"name\", \"input_schema\"}")
+    tools: list[Any] = []
+    for i, t in enumerate(raw):
+        p = f"tools[{i}]"
+        if not isinstance(t, dict):
+            raise bad(p, "must be an object")
+        if t.get("type") not in (None, "custom"):
+            raise bad(f"{p}.type", "only custom tools (name, input_schema) are served here")
+        name = function_name(t.get("name"), f"{p}.name")
+        if any(x.name == name for x in tools):
+            raise bad(f"{p}.name", f"'{name}' is declared twice")
+        if "input_schema" not in t:
+            raise bad(f"{p}.input_schema", "is required")
+        tools.append(make_tool(name, t.get("description"), t["input_schema"], p, key="input_schema"))
+    return tuple(tools)
+
+
+def _tool_choice(body: dict[str, Any], tools: tuple[Any, ...]) -> tuple[ToolChoice, str | None]:
+    v = body.get("tool_choice")
+    if v is None:
+        return "auto", None
+    if not isinstance(v, dict) or v.get("type") not in ("auto", "any", "tool", "none"):
+        raise bad("tool_choice", "must be {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}")
+    kind = v["type"]
+    if kind in ("any", "tool") and not tools:
+        raise bad("tool_choice", f"'{kind}' needs at least one tool in tools")
+    if kind == "tool":
+        return "function", named_tool(v.get("name"), tools, "tool_choice.name")
+    return {"auto": "auto", "any": "required", "none": "none"}[kind], None  # type: ignore[return-value]
+
+
+def parse_messages(body: object, *, request_id: str, counting: bool = False) -> ParsedMessages:
+    """Validate a Messages body (``counting``: a count_tokens body, no max_tokens)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip() or len(model) > 256:
+        raise bad("model", "is required: a non-empty string")
+    max_tokens = body.get("max_tokens")
+    if not counting:
+        if max_tokens is None:
+            raise bad("max_tokens", "is required")
+        if not is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
+            raise bad("max_tokens", f"must be an integer from 1 to {MAX_TOKENS_LIMIT}")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("messages", "must be a non-empty list")
+    messages: list[ChatMessage] = []
+    system = body.get("system")
+    if system is not None:
+        messages.append(ChatMessage("system", _text_blocks(system, "system")))
+    for i, m in enumerate(msgs):
+        messages.extend(_message(m, f"messages[{i}]"))
+    stops = body.get("stop_sequences")
+    if stops is None:
+        stops = []
+    if not isinstance(stops, list) or len(stops) > MAX_STOP_SEQUENCES or not all(
+        isinstance(s, str) and 0 < len(s) <= 256 for s in stops
+    ):
+        raise bad("stop_sequences", f"must be a list of at most {MAX_STOP_SEQUENCES} non-empty strings")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise bad("stream", "must be a boolean")
+    top_k = body.get("top_k")
+    if top_k is not None and (not is_int(top_k) or top_k < 0):
+        raise bad("top_k", "must be a non-negative integer")
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise bad("metadata", "must be an object")
+    tools = _tools(body)
+    choice, name = _tool_choice(body, tools)
+    gen = GenerationRequest(
+        kind="chat",
+        messages=tuple(messages),
+        max_tokens=int(max_tokens) if max_tokens is not None else 1,
+        temperature=_number(body, "temperature", 0.0, 1.0, 1.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, 1.0),
+        stop=tuple(stops),
+        request_id=request_id,
+        tools=tools,
+        tool_choice=choice,
+        tool_name=name,
+        constraint=constraint(choice, tools, None, format_param="tool_choice"),
+    )
+    return ParsedMessages(model, gen, bool(stream))
+
+
+class MessagesRenderer:
+    """Anthropic's shapes of one generation: the event stream, or the whole message."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.id = "msg_" + uuid.uuid4().hex[:24]
+        self.input_tokens = 0
+        self._index = -1
+        self._open: str | None = None  # the type of the open content block
+        self.created = time.time()
+
+    def _event(self, obj: dict[str, Any]) -> bytes:
+        return sse.event(obj, name=str(obj["type"]))
+
+    def first(self) -> bytes:
+        message: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                   "content": [], "stop_reason": None, "stop_sequence": None,
+                   "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}
+        return self._event({"type": "message_start", "message": message}) + self._event({"type": "ping"})
+
+    def _start(self, block: dict[str, Any]) -> list[bytes]:
+        out = self._close()
+        self._index += 1
+        self._open = str(block["type"])
+        return [*out, self._event({"type": "content_block_start", "index": self._index,
+                                   "content_block": block})]
+
+    def _close(self) -> list[bytes]:
+        if self._open is None:
+            return []
+        self._open = None
+        return [self._event({"type": "content_block_stop", "index": self._index})]
+
+    def text(self, ev: TextDelta) -> list[bytes]:
+        if not ev.text:
+            return []
+        out = [] if self._open == "text" else self._start({"type": "text", "text": ""})
+        return [*out, self._event({"type": "content_block_delta", "index": self._index,
+                                   "delta": {"type": "text_delta", "text": ev.text}})]
+
+    def call(self, ev: ToolCallDelta) -> list[bytes]:
+        c = ev.call
+        out = self._start({"type": "tool_use", "id": c.id, "name": c.name, "input": {}})
+        out.append(self._event({"type": "content_block_delta", "index": self._index,
+                                "delta": {"type": "input_json_delta", "partial_json": c.arguments}}))
+        return [*out, *self._close()]
+
+    def finish(self, fin: Finished) -> list[bytes]:
+        reason, stop = stop_reason(fin)
+        return [*self._close(),
+                self._event({"type": "message_delta",
+                             "delta": {"stop_reason": reason, "stop_sequence": stop},
+                             "usage": {"input_tokens": fin.prompt_tokens,
+                                       "output_tokens": fin.completion_tokens}}),
+                self._event({"type": "message_stop"})]
+
+    def error(self, err: MlxdError) -> bytes:
+        return self._event(error_body(err))
+
+    def whole(self, out: Collected, fin: Finished) -> dict[str, Any]:
+        text = "".join(out.text)
+        content: list[dict[str, Any]] = []
+        if text or not out.calls:
+            content.append({"type": "text", "text": text})
+        content += [{"type": "tool_use", "id": c.call.id, "name": c.call.name,
+                     "input": json.loads(c.call.arguments)} for c in out.calls]
+        reason, stop = stop_reason(fin)
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                "content": content, "stop_reason": reason, "stop_sequence": stop,
+                "usage": {"input_tokens": fin.prompt_tokens, "output_tokens": fin.completion_tokens}}
+
+
+def stop_reason(fin: Finished) -> tuple[str, str | None]:
+    if fin.stop_sequence is not None and fin.finish_reason == "stop":
+        return "stop_sequence", fin.stop_sequence
+    return STOP_REASONS[fin.finish_reason], None
