@@ -23,6 +23,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mlxd import __version__
+from mlxd.http.openapi_anthropic import ERROR as ANTHROPIC_ERROR
+from mlxd.http.openapi_anthropic import anthropic_paths
 from mlxd.http.openapi_clients import (
     CHAT_LOGPROBS,
     COMPLETION_LOGPROBS,
@@ -440,14 +442,20 @@ def _generation(summary: str, request: dict[str, Any], kind: str) -> dict[str, A
     }
 
 
-def _openai_paths(config: Config | None, model_id: dict[str, Any]) -> dict[str, Any]:
+def engine_groups(config: Config | None) -> dict[str, list[str]]:
+    """Model names by what their engine accepts (see :mod:`mlxd.http.openapi_clients`)."""
     models = list(config.models) if config is not None else []
-    names = [m.name for m in models]
-    groups = {
+    return {
         "text": [m.name for m in models if not m.mllm and m.engine != "fake"],
         "vision": [m.name for m in models if m.mllm and m.engine != "fake"],
         "fake": [m.name for m in models if m.engine == "fake"],
     }
+
+
+def _openai_paths(config: Config | None, model_id: dict[str, Any]) -> dict[str, Any]:
+    models = list(config.models) if config is not None else []
+    names = [m.name for m in models]
+    groups = engine_groups(config)
     return {
         "/v1/models": {
             "get": {
@@ -618,9 +626,10 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
         },
         "paths": {
             **_openai_paths(config, model_id),
+            **anthropic_paths(engine_groups(config)),
             **_admin_paths(model_id),
             **_admin_journal_paths(),
             **_operations_paths(),
         },
-        "components": {"schemas": {"Error": _ERROR}},
+        "components": {"schemas": {"Error": _ERROR, "AnthropicError": ANTHROPIC_ERROR}},
     }

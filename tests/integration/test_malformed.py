@@ -42,6 +42,33 @@ CHAT_BODY: dict[str, Any] = {
     "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
 }
 COMPLETION_BODY: dict[str, Any] = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
+MESSAGES = "/v1/messages"
+MESSAGES_BODY: dict[str, Any] = {"model": MODEL, "max_tokens": 4,
+                                 "messages": [{"role": "user", "content": "hi"}]}
+#: Anthropic fields -> wrong values; each answer is Anthropic's envelope naming the field
+MESSAGES_MUTATIONS: dict[str, list[Any]] = {
+    "model": [MISSING, None, 1, "", [MODEL]],
+    "max_tokens": [MISSING, None, 0, -1, "4", 1.5, True, 10**9],
+    "messages": [MISSING, None, [], "hi", [1], [{"role": "system", "content": "x"}],
+                 [{"role": "user"}], [{"role": "user", "content": []}],
+                 [{"role": "user", "content": [{"type": "hologram"}]}],
+                 [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+                 [{"role": "user", "content": [{"type": "text"}]}],
+                 [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}],
+                 [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}],
+                 [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": ""}]}]],
+    "system": [1, [1], [{"type": "image"}]],
+    "stop_sequences": ["x", [1], [""], ["a"] * 17],
+    "temperature": [-1, 1.5, "0"],
+    "top_p": [2, "x"],
+    "top_k": [-1, 1.5, "3"],
+    "stream": ["yes", 1],
+    "metadata": ["x", 1],
+    "tools": [1, [1], [{"name": "f"}], [{"name": "f", "input_schema": {"type": "string"}}],
+              [{"name": "f", "input_schema": {"type": "nonsense"}}], [{"type": "web_search", "name": "w"}],
+              [{"name": "f", "input_schema": {"type": "object"}}]],
+    "tool_choice": [1, "auto", {"type": "whatever"}, {"type": "any"}, {"type": "tool", "name": "f"}],
+}
 
 
 @dataclass(frozen=True)
@@ -204,6 +231,13 @@ def field_cases() -> Iterator[Bad]:
             for value in values:
                 yield Bad(f"{path} {field}={short(value)}", "POST", path,
                           dumps(mutate(base, field, value)), status=400, param=field)
+    for field, values in MESSAGES_MUTATIONS.items():
+        for value in values:
+            yield Bad(f"messages {field}={short(value)}", "POST", MESSAGES,
+                      dumps(mutate(MESSAGES_BODY, field, value)), status=400, param=field)
+    for path in (MESSAGES, MESSAGES + "/count_tokens"):
+        yield Bad(f"{path} unknown model", "POST", path, dumps({**MESSAGES_BODY, "model": UNKNOWN}),
+                  status=404)
     for value, param in MESSAGE_MUTATIONS:
         yield Bad(f"chat messages={short(value)}", "POST", CHAT,
                   dumps(mutate(CHAT_BODY, "messages", value)), status=400, param=param)
@@ -408,11 +442,28 @@ def all_cases() -> list[Bad]:
 # ---- checking one answer ------------------------------------------------------------------
 
 
+def check_anthropic_envelope(case: Bad, status: int, text: str, where: str) -> None:
+    """Anthropic's envelope: {"type": "error", "error": {"type", "message"}}; the message names the field."""
+    body = json.loads(text)
+    assert body["type"] == "error", where
+    err = body["error"]
+    assert isinstance(err["type"], str) and isinstance(err["message"], str) and err["message"], where
+    if case.status is not None:
+        assert status == case.status, where
+    if case.param is not None:
+        assert case.param in err["message"], where
+    if status == 404:
+        assert err["type"] == "not_found_error", where
+
+
 def check_envelope(case: Bad, status: int, headers: httpx.Headers, text: str) -> None:
     where = f"{case.label}: {status} {text[:300]!r}"
     assert 400 <= status <= 499, where
     assert "Traceback" not in text, where
     assert headers.get("content-type", "").startswith("application/json"), where
+    if case.path.startswith(MESSAGES):
+        check_anthropic_envelope(case, status, text, where)
+        return
     err = json.loads(text)["error"]
     assert isinstance(err["message"], str) and err["message"], where
     assert isinstance(err["type"], str) and err["type"], where

@@ -1,0 +1,175 @@
+"""OpenAPI pieces of the Anthropic Messages routes (``/v1/messages``, ``/v1/messages/count_tokens``).
+
+Assembled by :mod:`mlxd.http.openapi`. Errors on these routes use Anthropic's
+envelope (``AnthropicError``). As for chat completions, fake engines take no
+tools, so their request variant has none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxd.http.anthropic_shapes import MAX_STOP_SEQUENCES
+from mlxd.http.openapi_clients import OBJECT_SCHEMA, nullable
+from mlxd.http.structured import MAX_TOOLS, NAME_PATTERN
+from mlxd.http.validation import MAX_TOKENS_LIMIT
+
+_OPEN = {"additionalProperties": True}
+_NAME = {"type": "string", "pattern": NAME_PATTERN}
+
+ERROR = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {"type": "object", "required": ["type", "message"],
+                  "properties": {"type": {"type": "string"}, "message": {"type": "string"}}},
+    },
+}
+
+_TEXT = {"type": "object", "required": ["type", "text"],
+         "properties": {"type": {"const": "text"}, "text": {"type": "string"}}, **_OPEN}
+_TOOL_USE = {"type": "object", "required": ["type", "id", "name", "input"],
+             "properties": {"type": {"const": "tool_use"}, "id": {"type": "string", "minLength": 1},
+                            "name": _NAME, "input": {"type": "object"}}, **_OPEN}
+_TOOL_RESULT = {"type": "object", "required": ["type", "tool_use_id"],
+                "properties": {"type": {"const": "tool_result"},
+                               "tool_use_id": {"type": "string", "minLength": 1},
+                               "content": {"anyOf": [{"type": "string"},
+                                                     {"type": "array", "items": _TEXT}]},
+                               "is_error": nullable({"type": "boolean"})}, **_OPEN}
+
+
+def _message(*, tools: bool) -> dict[str, Any]:
+    user_blocks = [_TEXT, _TOOL_RESULT] if tools else [_TEXT]
+    assistant_blocks = [_TEXT, _TOOL_USE] if tools else [_TEXT]
+
+    def variant(role: str, blocks: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"type": "object", "required": ["role", "content"],
+                "properties": {"role": {"const": role},
+                               "content": {"anyOf": [{"type": "string"},
+                                                     {"type": "array", "minItems": 1,
+                                                      "items": {"anyOf": blocks}}]}},
+                **_OPEN}
+
+    return {"anyOf": [variant("user", user_blocks), variant("assistant", assistant_blocks)]}
+
+
+def _request(names: list[str], *, tools: bool, counting: bool) -> dict[str, Any]:
+    model = {"type": "string", "enum": names} if names else {"type": "string", "minLength": 1}
+    tool = {"type": "object", "required": ["name", "input_schema"],
+            "properties": {"name": _NAME, "description": {"type": "string"},
+                           "input_schema": OBJECT_SCHEMA}, **_OPEN}
+    props: dict[str, Any] = {
+        "model": model,
+        "messages": {"type": "array", "minItems": 1, "items": _message(tools=tools)},
+        "system": nullable({"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT}]}),
+        "tools": nullable({"type": "array", "items": tool, "maxItems": MAX_TOOLS} if tools
+                          else {"type": "array", "maxItems": 0}),
+        "tool_choice": nullable(
+            {"anyOf": [{"type": "object", "required": ["type"],
+                        "properties": {"type": {"enum": ["auto", "none"]}}},
+                       *([{"type": "object", "required": ["type"],
+                           "properties": {"type": {"const": "any"}}},
+                          {"type": "object", "required": ["type", "name"],
+                           "properties": {"type": {"const": "tool"}, "name": _NAME}}] if tools else [])]}),
+    }
+    required = ["model", "messages"]
+    if not counting:
+        props.update({
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT},
+            "stop_sequences": nullable({"type": "array", "maxItems": MAX_STOP_SEQUENCES,
+                                        "items": {"type": "string", "minLength": 1, "maxLength": 256}}),
+            "temperature": nullable({"type": "number", "minimum": 0, "maximum": 1}),
+            "top_p": nullable({"type": "number", "minimum": 0, "maximum": 1}),
+            "top_k": nullable({"type": "integer", "minimum": 0}),
+            "stream": nullable({"type": "boolean"}),
+            "metadata": nullable({"type": "object"}),
+        })
+        required.append("max_tokens")
+    return {"type": "object", "required": required, "properties": props,
+            "description": "'any' and 'tool' tool_choice need tools; a named tool must be declared",
+            **_OPEN}
+
+
+def _variants(groups: dict[str, list[str]], *, counting: bool) -> dict[str, Any]:
+    parts = [_request(groups["text"], tools=True, counting=counting)] if groups["text"] else []
+    others = groups["fake"] + groups["vision"]
+    if others:
+        parts.append(_request(others, tools=False, counting=counting))
+    if not parts:
+        return _request([], tools=True, counting=counting)
+    return parts[0] if len(parts) == 1 else {"anyOf": parts}
+
+
+_MESSAGE = {
+    "type": "object",
+    "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
+    "properties": {
+        "id": {"type": "string"}, "type": {"const": "message"}, "role": {"const": "assistant"},
+        "model": {"type": "string"},
+        "content": {"type": "array", "items": {"anyOf": [_TEXT, _TOOL_USE]}},
+        "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]},
+        "stop_sequence": {"type": ["string", "null"]},
+        "usage": {"type": "object", "required": ["input_tokens", "output_tokens"],
+                  "properties": {"input_tokens": {"type": "integer", "minimum": 0},
+                                 "output_tokens": {"type": "integer", "minimum": 0}}},
+    },
+}
+_EVENT = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"enum": ["message_start", "ping", "content_block_start", "content_block_delta",
+                           "content_block_stop", "message_delta", "message_stop", "error"]},
+        "data": {"type": "string", "pattern": r"^\{[\s\S]*\}$", "contentMediaType": "application/json"},
+    },
+}
+_DESCRIPTIONS = {
+    400: "invalid_request_error (the message names the field), e.g. tools_not_supported",
+    401: "authentication_error: send x-api-key or Authorization: Bearer",
+    404: "not_found_error: unknown model",
+    413: "request_too_large",
+    415: "invalid_request_error: the body is not sent as application/json",
+    502: "api_error: the model failed to load or generate",
+    503: "overloaded_error (capacity, preemption, queue, shutdown); retry after Retry-After seconds",
+}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for code in codes:
+        response: dict[str, Any] = {
+            "description": _DESCRIPTIONS[code],
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/AnthropicError"}}},
+        }
+        if code == 503:
+            response["headers"] = {
+                "Retry-After": {"required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
+        out[str(code)] = response
+    return out
+
+
+def anthropic_paths(groups: dict[str, list[str]]) -> dict[str, Any]:
+    def body(schema: dict[str, Any]) -> dict[str, Any]:
+        return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+    statuses = _errors(400, 401, 404, 413, 415, 502, 503)
+    return {
+        "/v1/messages": {"post": {
+            "summary": "Anthropic Messages (whole, or an event stream with stream=true)",
+            "requestBody": body(_variants(groups, counting=False)),
+            "responses": {"200": {"description": "the message, or its event stream",
+                                  "content": {"application/json": {"schema": _MESSAGE},
+                                              "text/event-stream": {"schema": _EVENT}}},
+                          **statuses},
+        }},
+        "/v1/messages/count_tokens": {"post": {
+            "summary": "The prompt's tokens under the model's template (loads the model)",
+            "requestBody": body(_variants(groups, counting=True)),
+            "responses": {"200": {"description": "the count", "content": {"application/json": {
+                "schema": {"type": "object", "required": ["input_tokens"],
+                           "properties": {"input_tokens": {"type": "integer", "minimum": 0}}}}}},
+                          **statuses},
+        }},
+    }
