@@ -11,12 +11,13 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# The vision extra (mlx-vlm) is part of the suite: if it does not install, this fails,
-	# unless MLXD_SKIP_VISION=1 (then mlxd installs without it and the vision tests skip).
+	# The vision extra (mlx-vlm) and the embeddings extra (mlx-embeddings, which rides on it)
+	# are part of the suite: if they do not install, this fails, unless MLXD_SKIP_VISION=1
+	# (then mlxd installs without them and the vision and embedding tests skip).
 	if [ "$$MLXD_SKIP_VISION" = 1 ]; then \
-	  $(BIN)/pip install --quiet -e '.[test,vlm]' || $(BIN)/pip install --quiet -e '.[test]'; \
+	  $(BIN)/pip install --quiet -e '.[test,vlm,embeddings]' || $(BIN)/pip install --quiet -e '.[test]'; \
 	else \
-	  $(BIN)/pip install --quiet -e '.[test,vlm]'; \
+	  $(BIN)/pip install --quiet -e '.[test,vlm,embeddings]'; \
 	fi
 	touch $(STAMP)
 

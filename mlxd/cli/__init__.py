@@ -154,6 +154,8 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("path", help="directory to write")
     p.add_argument("--size", choices=["tiny", "small"], default="tiny", help="tiny (tests) or small (~25M params)")
     p.add_argument("--vision", action="store_true", help="write a tiny LLaVA for mlx-vlm instead")
+    p.add_argument("--embedding", action="store_true",
+                   help="write a tiny BERT for mlx-embeddings (an embedding: true model) instead")
     p.add_argument("--no-tools", action="store_true",
                    help="a chat template without tool support (tools then get a 400)")
     p.add_argument("--force", action="store_true", help="overwrite an existing model")

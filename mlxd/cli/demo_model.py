@@ -11,7 +11,7 @@ from mlxd.engines.demo_model import DemoKind, DemoModelError, write_demo_model
 
 def cmd_demo_model(args: argparse.Namespace) -> int:
     """``mlxd demo-model PATH [--size tiny|small] [--vision] [--no-tools] [--force]``."""
-    kind: DemoKind = "vision" if args.vision else args.size
+    kind: DemoKind = "vision" if args.vision else "embedding" if getattr(args, "embedding", False) else args.size
     if args.vision and args.size not in (None, "tiny"):
         print(
             "mlxd: --vision writes a tiny LLaVA; --size small is not available for it",

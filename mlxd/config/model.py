@@ -25,7 +25,7 @@ from mlxd.errors import ConfigError
 from mlxd.residency.policy import ContentionPolicy, ResidencyRules
 from mlxd.units import GIB, MIB
 
-DEMO_KINDS = ("tiny", "small", "vision")
+DEMO_KINDS = ("tiny", "small", "vision", "embedding")
 ISOLATIONS = ("thread", "process")
 BACKENDS = ("ring", "jaccl", "mpi")
 #: where an ``engine: mlx`` model runs when its config does not say (``engine: fake``
@@ -192,7 +192,9 @@ class ModelConfig:
     image_dir: Path | None = None
     #: offline demo model: when set and ``source`` holds no model yet, the engine writes
     #: a random-weight demo model of this kind there on first load (``mlxd demo-model``)
-    demo: Literal["tiny", "small", "vision"] | None = None
+    demo: Literal["tiny", "small", "vision", "embedding"] | None = None
+    #: an encoder served by POST /v1/embeddings (mlx-embeddings), not a generator
+    embedding: bool = False
     #: ``thread``: the engine runs in the daemon; ``process``: in a worker process
     isolation: Literal["thread", "process"] = "thread"
     distributed: DistributedSettings | None = None

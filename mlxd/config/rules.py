@@ -91,6 +91,7 @@ MODEL_KEYS = (
     "demo",
     "isolation",
     "distributed",
+    "embedding",
 )
 FAULT_KEYS = ("load", "stop", "generate", "after_tokens", "delay_s")
 FAKE_KEYS = (
@@ -271,9 +272,16 @@ class Parser:
         engine = cast(Literal["mlx", "fake"], t.string("engine", "mlx", choices=("mlx", "fake")))
         source_key, source_text = self._source_key(t, engine)
         mllm = t.boolean("mllm", False)
+        embedding = t.boolean("embedding", False)
+        if embedding and mllm:
+            raise t.error("embedding", "a model is either an embedding model or an mllm, not both")
+        if embedding and engine != "mlx":
+            raise t.error("embedding", "only for engine: mlx (mlx-embeddings serves it)")
+        if embedding and (t.raw.get("isolation") == "process" or t.raw.get("distributed")):
+            raise t.error("embedding", "embedding models run in the daemon (isolation: thread)")
         estimated = t.raw.get("estimated_memory_gb")
         fake = self._fake(t, engine)
-        demo = self._demo(t, engine, mllm)
+        demo = self._demo(t, engine, mllm, embedding)
         missing: str | None = None
         if source_text is None:
             source, kind = f"fake:{name}", None
@@ -306,6 +314,7 @@ class Parser:
             demo=demo,
             isolation=distributed_rules.isolation(t, engine, dist is not None),
             distributed=dist,
+            embedding=embedding,
             continuous_batching=continuous_batching,
             gpu_memory_utilization=gpu_util,
             ignored_keys=ignored,
@@ -421,7 +430,9 @@ class Parser:
             delay_s=f.number("delay_s", 2.0),
         )
 
-    def _demo(self, t: Table, engine: str, mllm: bool) -> Literal["tiny", "small", "vision"] | None:
+    def _demo(
+        self, t: Table, engine: str, mllm: bool, embedding: bool
+    ) -> Literal["tiny", "small", "vision", "embedding"] | None:
         demo = t.optional_string("demo", choices=DEMO_KINDS)
         if demo is None:
             return None
@@ -430,7 +441,10 @@ class Parser:
         if (demo == "vision") != mllm:
             need = "true" if demo == "vision" else "false"
             raise t.error("demo", f"a '{demo}' demo model needs mllm: {need}")
-        return cast(Literal["tiny", "small", "vision"], demo)
+        if (demo == "embedding") != embedding:
+            need = "true" if demo == "embedding" else "false"
+            raise t.error("demo", f"a '{demo}' demo model needs embedding: {need}")
+        return cast(Literal["tiny", "small", "vision", "embedding"], demo)
 
     def _image_dir(self, t: Table, mllm: bool, name: str) -> Path | None:
         text = t.optional_string("image_dir")

@@ -43,6 +43,10 @@ def in_process_engine(
         return (fleet or FakeFleet())(model)
     if faults is None and model.faults is not None:
         faults = Faults(model.name, model.faults)
+    if model.embedding:
+        from mlxd.engines.mlx_embed import MlxEmbeddingEngine
+
+        return MlxEmbeddingEngine(model)
     if model.mllm:
         from mlxd.engines.mlx_vision import MlxVisionEngine
 

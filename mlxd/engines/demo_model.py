@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-DemoKind = Literal["tiny", "small", "vision"]
-KINDS: tuple[str, ...] = ("tiny", "small", "vision")
+DemoKind = Literal["tiny", "small", "vision", "embedding"]
+KINDS: tuple[str, ...] = ("tiny", "small", "vision", "embedding")
 
 #: the text model shape of each kind (llama)
 TEXT_SHAPES: dict[str, dict[str, Any]] = {
@@ -49,7 +49,10 @@ TEXT_SHAPES: dict[str, dict[str, Any]] = {
         num_key_value_heads=8,
     ),
 }
-VOCAB_SIZE = {"tiny": 512, "small": 512, "vision": 512}
+VOCAB_SIZE = {"tiny": 512, "small": 512, "vision": 512, "embedding": 512}
+#: the BERT of ``embedding`` (mlx-embeddings); 128 positions keep the context check testable
+BERT_SHAPE: dict[str, Any] = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
+                                  intermediate_size=128, max_position_embeddings=128)
 
 #: the markers of a tool call in the text (mlx-lm's ``json_tools`` family: Hermes / Qwen 2.5)
 TOOL_CALL_START = "<tool_call>"
@@ -235,6 +238,54 @@ def _write_vision(out: Path, seed: int, report: Report) -> int:
     return sum(int(v.size) for v in params.values())
 
 
+def _write_embedding(out: Path, seed: int, report: Report) -> int:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast
+
+    try:
+        bert: Any = importlib.import_module("mlx_embeddings.models.bert")
+    except ImportError as e:  # the embeddings extra is optional
+        raise DemoModelError(f"--embedding needs the embeddings extra (pip install 'mlxd[embeddings]'): {e}") from e
+    report("training a 512-token WordPiece tokenizer")
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    trainer = trainers.WordPieceTrainer(vocab_size=VOCAB_SIZE["embedding"], special_tokens=specials,
+                                        show_progress=False)
+    tok.train_from_iterator([line * 3 for line in _CORPUS] * 40, trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    make_fast: Any = PreTrainedTokenizerFast
+    fast = make_fast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                     sep_token="[SEP]", mask_token="[MASK]",
+                     model_max_length=BERT_SHAPE["max_position_embeddings"])
+    fast.save_pretrained(str(out))
+    cfg = dict(model_type="bert", architectures=["BertModel"], vocab_size=len(fast),
+               type_vocab_size=2, layer_norm_eps=1e-12, torch_dtype="float32", **BERT_SHAPE)
+    report("writing random fp32 BERT weights")
+    mx.random.seed(seed)
+    model = bert.Model(bert.ModelArgs.from_dict(cfg))
+    flat: Any = tree_flatten(model.parameters())
+    params = {k: v.astype(mx.float32) for k, v in flat}
+    mx.save_safetensors(str(out / "model.safetensors"), params)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return sum(int(v.size) for v in params.values())
+
+
 def is_model_dir(path: Path) -> bool:
     """True if ``path`` holds a model (has a ``config.json``)."""
     return (path / "config.json").is_file()
@@ -276,6 +327,8 @@ def write_demo_model(
     try:
         if kind == "vision":
             n = _write_vision(tmp, seed, say)
+        elif kind == "embedding":
+            n = _write_embedding(tmp, seed, say)
         else:
             n = _write_text(tmp, kind, seed, say, tools=tools)
         (tmp / "README.md").write_text(

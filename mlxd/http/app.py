@@ -29,7 +29,7 @@ from mlxd.errors import (
     NotFound,
     ShuttingDown,
 )
-from mlxd.http import access_log, admin_api, anthropic_api, auth, dashboard, openai_api
+from mlxd.http import access_log, admin_api, anthropic_api, auth, dashboard, embeddings_api, openai_api
 from mlxd.http.access_log import AccessLog
 from mlxd.http.anthropic_api import is_anthropic_route
 from mlxd.http.anthropic_shapes import error_body as anthropic_error_body
@@ -77,6 +77,7 @@ def create_app(app_state: AppState) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     app.register_blueprint(openai_api.bp)
     app.register_blueprint(anthropic_api.bp)
+    app.register_blueprint(embeddings_api.bp)
     app.register_blueprint(admin_api.bp)
     app.register_blueprint(dashboard.bp)
     app.asgi_app = AccessLog(  # type: ignore[method-assign]

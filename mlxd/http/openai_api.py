@@ -132,6 +132,9 @@ async def parse(kind: str) -> ParsedRequest:
     )
     if not st.manager.has_model(parsed.model):
         raise ModelNotFound(parsed.model)
+    if mc is not None and mc.embedding:
+        raise InvalidRequest(f"model '{mc.name}' is an embedding model: use POST /v1/embeddings",
+                             param="model")
     if mc is not None:  # before the lease: no model is loaded for a prompt that cannot fit
         check_prompt_chars(parsed.model, parsed.generation, limits_for(mc))
     if mc is not None and mc.mllm and parsed.generation.kind == "chat":

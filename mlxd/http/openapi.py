@@ -35,6 +35,7 @@ from mlxd.http.openapi_clients import (
     chat_fields,
     message_extras,
 )
+from mlxd.http.openapi_embeddings import embeddings_path
 from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
 from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT, ROLES
 from mlxd.residency.plan import ACTIONS
@@ -446,7 +447,7 @@ def engine_groups(config: Config | None) -> dict[str, list[str]]:
     """Model names by what their engine accepts (see :mod:`mlxd.http.openapi_clients`)."""
     models = list(config.models) if config is not None else []
     return {
-        "text": [m.name for m in models if not m.mllm and m.engine != "fake"],
+        "text": [m.name for m in models if not m.mllm and not m.embedding and m.engine != "fake"],
         "vision": [m.name for m in models if m.mllm and m.engine != "fake"],
         "fake": [m.name for m in models if m.engine == "fake"],
     }
@@ -627,6 +628,8 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
         "paths": {
             **_openai_paths(config, model_id),
             **anthropic_paths(engine_groups(config)),
+            **embeddings_path([m.name for m in (config.models if config else ()) if m.embedding],
+                              _errors(400, 404, 413, 415, 502, *_GUARDED)),
             **_admin_paths(model_id),
             **_admin_journal_paths(),
             **_operations_paths(),

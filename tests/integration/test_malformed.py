@@ -42,6 +42,16 @@ CHAT_BODY: dict[str, Any] = {
     "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
 }
 COMPLETION_BODY: dict[str, Any] = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
+EMBEDDINGS = "/v1/embeddings"
+EMBEDDINGS_BODY: dict[str, Any] = {"model": MODEL, "input": "hi"}
+#: the daemon's models are fakes (no embedding model): a well-formed body names the model
+EMBEDDINGS_MUTATIONS: dict[str, list[Any]] = {
+    "model": [MISSING, None, 1, "", MODEL],
+    "input": [MISSING, None, 1, "", [], [""], [1, "a"], [[1], "a"], [[-1]], [[]], [None], {},
+              ["x"] * 2049],
+    "encoding_format": ["hex", 1, []],
+    "dimensions": [0, -1, "8", 1.5, True],
+}
 MESSAGES = "/v1/messages"
 MESSAGES_BODY: dict[str, Any] = {"model": MODEL, "max_tokens": 4,
                                  "messages": [{"role": "user", "content": "hi"}]}
@@ -235,6 +245,12 @@ def field_cases() -> Iterator[Bad]:
         for value in values:
             yield Bad(f"messages {field}={short(value)}", "POST", MESSAGES,
                       dumps(mutate(MESSAGES_BODY, field, value)), status=400, param=field)
+    for field, values in EMBEDDINGS_MUTATIONS.items():
+        for value in values:
+            yield Bad(f"embeddings {field}={short(value)}", "POST", EMBEDDINGS,
+                      dumps(mutate(EMBEDDINGS_BODY, field, value)), status=400, param=field)
+    yield Bad("embeddings unknown model", "POST", EMBEDDINGS,
+              dumps({**EMBEDDINGS_BODY, "model": UNKNOWN}), status=404, code="model_not_found")
     for path in (MESSAGES, MESSAGES + "/count_tokens"):
         yield Bad(f"{path} unknown model", "POST", path, dumps({**MESSAGES_BODY, "model": UNKNOWN}),
                   status=404)

@@ -1,0 +1,105 @@
+"""``POST /v1/embeddings``: OpenAI's embeddings route for ``embedding: true`` models.
+
+The same residency, budget, leases and journal as any model (the lease row's
+route is ``/v1/embeddings``; its prompt tokens are the tokens embedded).
+``input`` is a string, a list of strings, a list of token ids, or a list of
+such lists; ``encoding_format`` ``float`` (default) or ``base64``
+(little-endian float32, as OpenAI sends it). ``dimensions`` is accepted only
+when it is the model's own size (these models cannot shorten their vectors).
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from typing import Any
+
+from quart import Blueprint, request
+
+from mlxd.errors import InvalidRequest, ModelNotFound, ShuttingDown
+from mlxd.http.context import state
+from mlxd.http.openai_api import read_json_body, request_id
+from mlxd.http.structured import bad, is_int
+from mlxd.residency.states import Outcome
+
+bp = Blueprint("embeddings", __name__)
+
+MAX_INPUTS = 2048
+MAX_TOKEN_ID = 2**31 - 1
+
+
+def parse_input(v: object) -> list[str] | list[list[int]]:
+    """The inputs as texts or as token-id lists; a 400 naming ``input`` (or ``input[i]``)."""
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not v:
+        raise bad("input", "must be a string, a list of strings, or token ids")
+    if len(v) > MAX_INPUTS:
+        raise bad("input", f"at most {MAX_INPUTS} inputs per request")
+    if all(isinstance(x, str) for x in v):
+        for i, x in enumerate(v):
+            if not x:
+                raise bad(f"input[{i}]", "must not be empty")
+        return list(v)
+    if all(is_int(x) for x in v):
+        v = [v]
+    out: list[list[int]] = []
+    for i, seq in enumerate(v):
+        if not isinstance(seq, list) or not seq or not all(is_int(t) for t in seq):
+            raise bad(f"input[{i}]", "must be a non-empty list of token ids (or all inputs strings)")
+        if not all(0 <= t <= MAX_TOKEN_ID for t in seq):
+            raise bad(f"input[{i}]", "token ids must not be negative")
+        out.append([int(t) for t in seq])
+    return out
+
+
+def encode(vector: list[float], fmt: str) -> list[float] | str:
+    if fmt == "float":
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+@bp.post("/v1/embeddings")
+async def embeddings() -> Any:
+    st = state()
+    if st.draining:
+        raise ShuttingDown("mlxd is shutting down")
+    body = await read_json_body()
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise bad("model", "is required: a non-empty string")
+    inputs = parse_input(body.get("input"))
+    fmt = body.get("encoding_format")
+    if fmt is None:
+        fmt = "float"
+    if not isinstance(fmt, str) or fmt not in ("float", "base64"):
+        raise bad("encoding_format", "must be 'float' or 'base64'")
+    dims = body.get("dimensions")
+    if dims is not None and (not is_int(dims) or dims < 1):
+        raise bad("dimensions", "must be a positive integer")
+    if not st.manager.has_model(model):
+        raise ModelNotFound(model)
+    mc = st.config.model(model)
+    if mc is None or not mc.embedding:
+        raise bad("model", f"'{model}' is not an embedding model (set embedding: true)")
+    lease = await st.manager.acquire(
+        model,
+        request_id=request_id(),
+        route=request.path,
+        cancel_outcome=Outcome.DISCONNECTED,  # a cancelled request: its client went away
+    )
+    async with lease:  # ends with the one outcome rule (mlxd.residency.lease.outcome_of)
+        with lease.scope():
+            vectors, tokens = await lease.engine.embed(inputs)  # type: ignore[attr-defined]
+        if dims is not None and vectors and dims != len(vectors[0]):
+            raise bad("dimensions", f"this model's vectors have {len(vectors[0])} dimensions")
+        lease.set_usage(tokens, 0)
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": encode(v, fmt)}
+                 for i, v in enumerate(vectors)],
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }

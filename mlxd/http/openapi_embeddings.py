@@ -1,0 +1,54 @@
+"""OpenAPI piece of ``POST /v1/embeddings`` (assembled by :mod:`mlxd.http.openapi`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxd.http.embeddings_api import MAX_INPUTS, MAX_TOKEN_ID
+
+_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}}
+
+
+def embeddings_path(embedding_models: list[str], errors: dict[str, Any]) -> dict[str, Any]:
+    """``errors``: the route's error responses (OpenAI envelope), built by the caller."""
+    model = ({"type": "string", "enum": embedding_models} if embedding_models
+             else {"type": "string", "minLength": 1, "description": "an embedding: true model"})
+    request = {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": model,
+            "input": {"anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS,
+                 "items": {"type": "string", "minLength": 1}},
+                _IDS,
+                {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": _IDS},
+            ], "description": "over the model's context: 400 naming input[i]"},
+            "encoding_format": {"anyOf": [{"enum": ["float", "base64"]}, {"type": "null"}]},
+            "dimensions": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+                           "description": "only the model's own size"},
+            "user": {"type": "string"},
+        },
+        "additionalProperties": True,
+    }
+    response = {
+        "type": "object",
+        "required": ["object", "data", "model", "usage"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": {
+                "type": "object", "required": ["object", "index", "embedding"],
+                "properties": {"object": {"const": "embedding"}, "index": {"type": "integer"},
+                               "embedding": {"anyOf": [{"type": "array", "items": {"type": "number"}},
+                                                       {"type": "string"}]}}}},
+            "model": {"type": "string"},
+            "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"]},
+        },
+    }
+    return {"/v1/embeddings": {"post": {
+        "summary": "Embeddings of texts or token ids (embedding: true models)",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+        "responses": {"200": {"description": "the vectors",
+                              "content": {"application/json": {"schema": response}}}, **errors},
+    }}}
