@@ -16,6 +16,7 @@ TABLE: dict[type[MlxdError], tuple[int, str, str | None, str | None]] = {
     errors.InvalidRequest: (400, "invalid_request_error", "invalid_request", None),
     errors.ModelExceedsBudget: (400, "invalid_request_error", "model_exceeds_budget", None),
     errors.ContextLengthExceeded: (400, "invalid_request_error", "context_length_exceeded", None),
+    errors.ToolsNotSupported: (400, "invalid_request_error", "tools_not_supported", None),
     errors.ConfigError: (400, "invalid_request_error", "invalid_config", None),
     errors.AuthenticationFailed: (401, "authentication_error", "invalid_api_key", None),
     errors.InsufficientScope: (403, "permission_error", "insufficient_scope", None),
