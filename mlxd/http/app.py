@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 import trio
-from quart import Response, g, request
+from quart import Response, g, has_request_context, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -29,7 +29,15 @@ from mlxd.errors import (
     NotFound,
     ShuttingDown,
 )
-from mlxd.http import access_log, admin_api, anthropic_api, auth, dashboard, embeddings_api, openai_api
+from mlxd.http import (
+    access_log,
+    admin_api,
+    anthropic_api,
+    auth,
+    dashboard,
+    embeddings_api,
+    openai_api,
+)
 from mlxd.http.access_log import AccessLog
 from mlxd.http.anthropic_api import is_anthropic_route
 from mlxd.http.anthropic_shapes import error_body as anthropic_error_body
@@ -48,7 +56,8 @@ def error_response(err: MlxdError) -> Response:
     headers = err.headers()
     if err.http_status == 400 and err.code == "model_exceeds_budget":
         headers["x-should-retry"] = "false"  # retrying can never help
-    body = anthropic_error_body(err) if is_anthropic_route(request.path) else err.body()
+    anthropic = has_request_context() and is_anthropic_route(request.path)
+    body = anthropic_error_body(err) if anthropic else err.body()
     return Response(
         json.dumps(body), status=err.http_status, headers=headers, mimetype="application/json"
     )
