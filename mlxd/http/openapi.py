@@ -629,6 +629,7 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
             **_openai_paths(config, model_id),
             **anthropic_paths(engine_groups(config)),
             **embeddings_path([m.name for m in (config.models if config else ()) if m.embedding],
+                              [m.name for m in (config.models if config else ()) if not m.embedding],
                               _errors(400, 404, 413, 415, 502, *_GUARDED)),
             **_admin_paths(model_id),
             **_admin_journal_paths(),

@@ -9,10 +9,18 @@ from mlxd.http.embeddings_api import MAX_INPUTS, MAX_TOKEN_ID
 _IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}}
 
 
-def embeddings_path(embedding_models: list[str], errors: dict[str, Any]) -> dict[str, Any]:
-    """``errors``: the route's error responses (OpenAI envelope), built by the caller."""
-    model = ({"type": "string", "enum": embedding_models} if embedding_models
-             else {"type": "string", "minLength": 1, "description": "an embedding: true model"})
+def embeddings_path(
+    embedding_models: list[str], other_models: list[str], errors: dict[str, Any]
+) -> dict[str, Any]:
+    """``errors``: the route's error responses (OpenAI envelope), built by the caller.
+
+    Without embedding models, any name but a configured one (which is a 400:
+    not an embedding model) is valid and answered 404.
+    """
+    model: dict[str, Any] = (
+        {"type": "string", "enum": embedding_models} if embedding_models
+        else {"type": "string", "minLength": 1, "not": {"enum": other_models},
+              "description": "an embedding: true model"})
     request = {
         "type": "object",
         "required": ["model", "input"],
