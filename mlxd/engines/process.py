@@ -211,6 +211,11 @@ class ProcessEngine:
         assert isinstance(item, GenerationRequest)
         return item
 
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """The prompt's tokens, as the worker's engine prepares them."""
+        prepared = await self.prepare(request)
+        return len(prepared.prompt_ids or ())
+
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         self._check_ready()
         if len(self._streams) >= self.config.max_queue:
