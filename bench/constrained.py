@@ -15,6 +15,12 @@ first use into ``--dir``; or ``--model DIR`` for any local mlx-lm model):
    grammar whose budget guard stays idle until the last tokens). The per-token
    overhead is ``1/tps(constrained) - 1/tps(free)``, median over paired runs
    (free, constrained, constrained, free, ...).
+3. **Batch** (``batch``): the path a loaded model takes by default
+   (``max_batch_size`` > 1): mlx-lm's ``BatchGenerator`` decoding ``--width``
+   sequences together, all free or each with its own processor (a different
+   schema per sequence, as in a real batch: the processors run one after
+   another inside each step). Aggregate tokens/s and the overhead per token
+   produced, paired the same way.
 
 Results go to ``bench/results/constrained.md`` with the machine and the date.
 
@@ -192,6 +198,68 @@ def decode(path: Path, runs: int, tokens: int) -> list[str]:
             f"(median of paired differences; all: {', '.join(f'{o:.2f}' for o in overhead_ms)})."]
 
 
+#: one schema per sequence of the batch part (each its own grammar and matcher)
+BATCH_SCHEMAS = [
+    {"type": "object"},
+    {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}}},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "x": {"type": "number"}}},
+]
+
+
+def batch(path: Path, runs: int, tokens: int, width: int) -> list[str]:
+    from mlx_lm import load
+    from mlx_lm.generate import BatchGenerator, StopSequences
+
+    from mlxd.engines.base import Constraint, GenerationRequest
+    from mlxd.engines.constrained import GrammarCache, logits_processors
+
+    model, tok = load(str(path))
+    vocab = int(model.args.vocab_size)
+    cache = GrammarCache()
+    prompts = [tok.apply_chat_template([{"role": "user", "content": f"json {i} please"}],
+                                       add_generation_prompt=True) for i in range(width)]
+
+    def tps(constrained: bool) -> float:
+        procs: list[list[Any]] = []
+        for i in range(width):
+            schema = BATCH_SCHEMAS[i % len(BATCH_SCHEMAS)]
+            req = GenerationRequest(kind="chat", max_tokens=tokens * 4,
+                                    constraint=Constraint("json_schema", json.dumps(schema)))
+            procs.append(list(logits_processors(req, tok, vocab, cache)) if constrained else [])
+        gen = BatchGenerator(model, completion_batch_size=width, prefill_batch_size=width)
+        try:
+            gen.insert(prompts, max_tokens=[tokens] * width, logits_processors=procs,
+                       stop_sequences=[StopSequences([(t,) for t in tok.eos_token_ids])] * width)
+            produced, live, t0 = 0, width, None
+            while live:
+                _prompt, responses = gen.next()
+                live -= sum(r.finish_reason is not None for r in responses)
+                if t0 is None:
+                    if responses:
+                        t0 = time.perf_counter()  # decoding starts: prefill is not measured
+                    continue
+                produced += len(responses)
+            return produced / (time.perf_counter() - t0) if t0 and produced else float("nan")
+        finally:
+            gen.close()
+
+    tps(False), tps(True)  # warm up
+    free, constrained = [], []
+    for i in range(runs):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        for c in order:
+            (constrained if c else free).append(tps(c))
+    overhead_ms = [(1 / c - 1 / f) * 1e3 for f, c in zip(free, constrained, strict=True)]
+    return [f"Model: {path.name}; {width} sequences in one BatchGenerator, greedy, up to {tokens} "
+            f"tokens each, {runs} paired runs.", "",
+            "| | tokens/s, all sequences (median) |", "|---|---|",
+            f"| free | {statistics.median(free):.1f} |",
+            f"| {width} json_schema grammars | {statistics.median(constrained):.1f} |", "",
+            f"Overhead per token produced: **{statistics.median(overhead_ms):.2f} ms** "
+            f"(median of paired differences; all: {', '.join(f'{o:.2f}' for o in overhead_ms)})."]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=["tiny", "small"], default="small")
@@ -200,6 +268,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--width", type=int, default=4, help="sequences in the batch part")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "constrained.md")
     args = ap.parse_args()
     path = args.model
@@ -213,7 +282,8 @@ def main() -> None:
              "", f"Machine: {platform.platform()}, {platform.processor() or platform.machine()}, "
              f"Python {platform.python_version()}.", "", "## Grammar libraries", "",
              *libraries(path, args.repeats), "", "## Decode with mlxd's processor", "",
-             *decode(path, args.runs, args.tokens), ""]
+             *decode(path, args.runs, args.tokens), "", "## Decode in a batch", "",
+             *batch(path, args.runs, args.tokens, args.width), ""]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))

@@ -94,8 +94,26 @@ async def run(fn: Any) -> Any:
     return await trio.to_thread.run_sync(fn)
 
 
+#: requests in flight at once in the acceptance loops: the model decodes them in one batch
+WIDTH = 4
+
+
+async def each_seed(n: int, check: Any) -> None:
+    """``check(seed)`` (a blocking client call and its asserts) for seeds 0..n-1, WIDTH at a time."""
+    limit = trio.CapacityLimiter(WIDTH)
+
+    async def one(seed: int) -> None:
+        async with limit:
+            await run(lambda: check(seed))
+
+    async with trio.open_nursery() as nursery:
+        for seed in range(n):
+            nursery.start_soon(one, seed)
+
+
 async def test_json_schema_and_json_object_answers_validate(cfg: Any, tmp_path: Path, stress: bool) -> None:
-    """Every json_schema answer of the random model validates against its schema, and every json_object answer is a JSON object."""
+    """Every json_schema answer of the random model validates against its schema, and every
+    json_object answer is a JSON object, with requests decoded together in batches."""
     n = count(stress)
     async with serving(cfg, tmp_path) as s:
         c = client(s)
@@ -105,22 +123,26 @@ async def test_json_schema_and_json_object_answers_validate(cfg: Any, tmp_path: 
             return c.chat.completions.create(model="tiny", messages=ASK, max_tokens=160, seed=seed,
                                              response_format=response_format)
 
-        for seed in range(n):
-            r = await run(lambda seed=seed: ask(seed, fmt))
+        def check(seed: int) -> None:
+            r = ask(seed, fmt)
             jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
-            o = await run(lambda seed=seed: ask(seed, {"type": "json_object"}))
+            o = ask(seed, {"type": "json_object"})
             assert isinstance(json.loads(o.choices[0].message.content), dict)
+
+        await each_seed(n, check)
 
 
 async def test_named_tool_choice_calls_that_function_with_valid_arguments(cfg: Any, tmp_path: Path, stress: bool) -> None:
-    """A named tool_choice always yields one call of that function whose arguments validate against its parameters."""
+    """A named tool_choice always yields one call of that function whose arguments validate
+    against its parameters, with requests decoded together in batches."""
     n = count(stress)
     async with serving(cfg, tmp_path) as s:
         c = client(s)
-        for seed in range(n):
-            r = await run(lambda seed=seed: c.chat.completions.create(
+
+        def check(seed: int) -> None:
+            r = c.chat.completions.create(
                 model="tiny", messages=ASK, tools=[WEATHER, CLOCK], max_tokens=96, seed=seed,
-                tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
             choice = r.choices[0]
             assert choice.finish_reason == "tool_calls"
             assert len(choice.message.tool_calls) == 1
@@ -128,6 +150,8 @@ async def test_named_tool_choice_calls_that_function_with_valid_arguments(cfg: A
             assert call.type == "function" and call.function.name == "get_weather"
             assert call.id.startswith("call_")
             jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+        await each_seed(n, check)
 
 
 async def test_streamed_tool_calls_equal_the_whole_response(cfg: Any, tmp_path: Path) -> None:
