@@ -41,6 +41,7 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -157,6 +158,20 @@ def libraries(path: Path, repeats: int) -> list[str]:
     return rows
 
 
+def paired(tps: Callable[[bool], float], runs: int) -> tuple[list[float], list[float], list[float]]:
+    """``tps(constrained)`` once each to warm up (compile, tokenizer wrap), then ``runs``
+    pairs in alternating order: free and constrained tokens/s, and each pair's
+    overhead per token in ms."""
+    tps(False), tps(True)
+    free, constrained = [], []
+    for i in range(runs):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        for c in order:
+            (constrained if c else free).append(tps(c))
+    overhead_ms = [(1 / c - 1 / f) * 1e3 for f, c in zip(free, constrained, strict=True)]
+    return free, constrained, overhead_ms
+
+
 def decode(path: Path, runs: int, tokens: int) -> list[str]:
     import mlx.core as mx
     from mlx_lm import load, stream_generate
@@ -183,13 +198,7 @@ def decode(path: Path, runs: int, tokens: int) -> list[str]:
                 break
         return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
 
-    tps(False), tps(True)  # warm up (compile, tokenizer wrap)
-    free, constrained = [], []
-    for i in range(runs):
-        order = (False, True) if i % 2 == 0 else (True, False)
-        for c in order:
-            (constrained if c else free).append(tps(c))
-    overhead_ms = [(1 / c - 1 / f) * 1e3 for f, c in zip(free, constrained, strict=True)]
+    free, constrained, overhead_ms = paired(tps, runs)
     return [f"Model: {path.name}; greedy, up to {tokens} tokens, {runs} paired runs.", "",
             "| | tokens/s (median) |", "|---|---|",
             f"| free | {statistics.median(free):.1f} |",
@@ -244,13 +253,7 @@ def batch(path: Path, runs: int, tokens: int, width: int) -> list[str]:
         finally:
             gen.close()
 
-    tps(False), tps(True)  # warm up
-    free, constrained = [], []
-    for i in range(runs):
-        order = (False, True) if i % 2 == 0 else (True, False)
-        for c in order:
-            (constrained if c else free).append(tps(c))
-    overhead_ms = [(1 / c - 1 / f) * 1e3 for f, c in zip(free, constrained, strict=True)]
+    free, constrained, overhead_ms = paired(tps, runs)
     return [f"Model: {path.name}; {width} sequences in one BatchGenerator, greedy, up to {tokens} "
             f"tokens each, {runs} paired runs.", "",
             "| | tokens/s, all sequences (median) |", "|---|---|",

@@ -11,7 +11,9 @@ import pytest
 import trio
 
 from tests.integration.conftest import config_of, fake
-from tests.support.daemon import Served, serving
+from tests.support.daemon import serving
+from tests.support.official import anthropic_client as client
+from tests.support.official import run
 
 WEATHER = {
     "name": "get_weather",
@@ -38,16 +40,6 @@ def cfg(tiny_model: Path, tmp_path: Path) -> Any:
         },
         tmp_path,
     )
-
-
-def client(served: Served, **kw: Any) -> anthropic.Anthropic:
-    c = anthropic.Anthropic(base_url=served.url, api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)
-    served.on_close(c.close)
-    return c
-
-
-async def run(fn: Any) -> Any:
-    return await trio.to_thread.run_sync(fn)
 
 
 async def test_create_and_stream(cfg: Any, tmp_path: Path) -> None:

@@ -9,11 +9,12 @@ from typing import Any
 
 import openai
 import pytest
-import trio
 
 from mlxd.engines.demo_model import BERT_SHAPE, write_demo_model
 from tests.integration.conftest import config_of
-from tests.support.daemon import Served, serving
+from tests.support.daemon import serving
+from tests.support.official import openai_client as client
+from tests.support.official import run
 
 pytest.importorskip("mlx_embeddings", reason="the embeddings extra (mlx-embeddings) is not installed")
 
@@ -34,16 +35,6 @@ def cfg(bert_model: Path, tiny_model: Path, tmp_path: Path) -> Any:
                     {"name": "tiny", "path": str(tiny_model), "estimated_memory_gb": 0.01}]},
         tmp_path,
     )
-
-
-def client(served: Served) -> openai.OpenAI:
-    c = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
-    served.on_close(c.close)
-    return c
-
-
-async def run(fn: Any) -> Any:
-    return await trio.to_thread.run_sync(fn)
 
 
 async def test_embeddings_of_strings_lists_and_token_ids(cfg: Any, tmp_path: Path) -> None:

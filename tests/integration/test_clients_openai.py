@@ -20,7 +20,9 @@ import trio
 
 from mlxd.engines.demo_model import write_demo_model
 from tests.integration.conftest import config_of
-from tests.support.daemon import Served, serving
+from tests.support.daemon import serving
+from tests.support.official import openai_client as client
+from tests.support.official import run
 
 WEATHER = {
     "type": "function",
@@ -82,16 +84,6 @@ def cfg(tiny_model: Path, plain_model: Path, tmp_path: Path) -> Any:
         },
         tmp_path,
     )
-
-
-def client(served: Served, **kw: Any) -> openai.OpenAI:
-    c = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0, **kw)
-    served.on_close(c.close)
-    return c
-
-
-async def run(fn: Any) -> Any:
-    return await trio.to_thread.run_sync(fn)
 
 
 #: requests in flight at once in the acceptance loops: the model decodes them in one batch
