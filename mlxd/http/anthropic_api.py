@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, request
+from quart import Blueprint
 
 from mlxd.engines.base import GenerationRequest
 from mlxd.errors import ModelNotFound, ShuttingDown
@@ -25,7 +25,6 @@ from mlxd.http.anthropic_shapes import MessagesRenderer, ParsedMessages, parse_m
 from mlxd.http.context import state
 from mlxd.http.openai_api import read_json_body, request_id
 from mlxd.residency.lease import Lease
-from mlxd.residency.states import Outcome
 
 bp = Blueprint("anthropic", __name__)
 
@@ -68,12 +67,7 @@ async def count_tokens() -> Any:
     """The prompt's tokens under the model's own template (the model is loaded to count)."""
     parsed = await _parse(counting=True)
     st = state()
-    lease = await st.manager.acquire(
-        parsed.model,
-        request_id=parsed.generation.request_id,
-        route=request.path,
-        cancel_outcome=Outcome.DISCONNECTED,  # a cancelled request: its client went away
-    )
+    lease = await generation.acquire(st, parsed.model, parsed.generation.request_id)
     async with lease:  # ends with the one outcome rule (mlxd.residency.lease.outcome_of)
         with lease.scope():
             n = await lease.engine.count_tokens(parsed.generation)

@@ -106,6 +106,22 @@ async def prepare_under(st: AppState, lease: Lease, gen: GenerationRequest) -> G
         raise
 
 
+async def acquire(st: AppState, model: str, request_id: str | None) -> Lease:
+    """A lease on ``model`` for this request (every model route takes its lease here): the
+    route and the key's client name on it, a cancelled request ``disconnected``, and the
+    model and lease in the access log."""
+    access_log.note(model=model)
+    lease = await st.manager.acquire(
+        model,
+        request_id=request_id,
+        route=request.path,
+        cancel_outcome=Outcome.DISCONNECTED,  # a cancelled request: its client went away
+        client=auth.client(),
+    )
+    access_log.note(lease=lease)
+    return lease
+
+
 async def run(
     model: str,
     gen: GenerationRequest,
@@ -123,15 +139,7 @@ async def run(
     if st.draining:
         raise ShuttingDown("mlxd is shutting down")
     t_request = trio.current_time()
-    access_log.note(model=model)
-    lease = await st.manager.acquire(
-        model,
-        request_id=gen.request_id,
-        route=request.path,
-        cancel_outcome=Outcome.DISCONNECTED,  # a cancelled request: its client went away
-        client=auth.client(),
-    )
-    access_log.note(lease=lease)
+    lease = await acquire(st, model, gen.request_id)
     gen = await prepare_under(st, lease, gen)
     if prepare is not None:
         try:
