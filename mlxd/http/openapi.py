@@ -25,19 +25,16 @@ from typing import TYPE_CHECKING, Any
 from mlxd import __version__
 from mlxd.http.openapi_anthropic import ERROR as ANTHROPIC_ERROR
 from mlxd.http.openapi_anthropic import anthropic_paths
+from mlxd.http.openapi_chat import STREAM_OPTIONS_NEED_STREAM, chat_request, engine_groups
 from mlxd.http.openapi_clients import (
     CHAT_LOGPROBS,
     COMPLETION_LOGPROBS,
-    REQUIRED_NEEDS_TOOLS,
     RESPONSE_TOOL_CALLS,
     TEXT_LOGPROBS,
-    TOP_NEEDS_LOGPROBS,
-    chat_fields,
-    message_extras,
 )
 from mlxd.http.openapi_embeddings import embeddings_path
 from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
-from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT, ROLES
+from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT
 from mlxd.residency.plan import ACTIONS
 from mlxd.residency.policy import STRATEGIES
 from mlxd.residency.states import State
@@ -180,93 +177,6 @@ _PLAN = {
 }
 
 
-#: ``stream_options`` with any option in it is only allowed when ``stream`` is true
-_STREAM_OPTIONS_NEED_STREAM = {
-    "if": {
-        "required": ["stream_options"],
-        "properties": {"stream_options": {"type": "object", "minProperties": 1}},
-    },
-    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
-}
-
-_TEXT_PART = {
-    "type": "object",
-    "required": ["type", "text"],
-    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-    **_OPEN,
-}
-
-_URL = {"type": "string", "minLength": 1}
-_IMAGE_PART = {
-    "type": "object",
-    "required": ["type", "image_url"],
-    "properties": {
-        "type": {"const": "image_url"},
-        "image_url": {
-            "anyOf": [
-                {"type": "object", "required": ["url"], "properties": {"url": _URL}, **_OPEN},
-                _URL,
-            ],
-            "description": "a data:image/...;base64 URL or a file inside the model's image_dir",
-        },
-    },
-    **_OPEN,
-}
-
-
-def _messages(*, images: bool, tools: bool = False) -> dict[str, Any]:
-    part = {"anyOf": [_TEXT_PART, _IMAGE_PART]} if images else _TEXT_PART
-    content = {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": part}]}
-    extras, rules = message_extras(tools=tools)
-    return {
-        "type": "array",
-        "minItems": 1,
-        "items": {
-            "type": "object",
-            "required": ["role"],
-            "properties": {
-                "role": {"enum": sorted(ROLES)},
-                "content": {"anyOf": [*content["anyOf"], {"type": "null"}]},
-                **extras,
-            },
-            "allOf": [
-                # only an assistant message may leave its content out (or null)
-                {"if": {"properties": {"role": {"const": "assistant"}}},
-                 "else": {"required": ["content"], "properties": {"content": content}}},
-                *rules,
-            ],
-            **_OPEN,
-        },
-    }
-
-
-#: what each engine group takes: (images, tools, grammar, logprobs)
-_GROUPS = {"text": (False, True, True, True), "vision": (True, False, False, False),
-           "fake": (False, False, False, True)}
-
-
-def _chat_request(groups: dict[str, list[str]]) -> dict[str, Any]:
-    """One variant per engine group (see :mod:`mlxd.http.openapi_clients`); a generic one without models."""
-    def variant(names: list[str], kind: str) -> dict[str, Any]:
-        images, tools, grammar, logprobs = _GROUPS[kind]
-        return {
-            "type": "object",
-            "required": ["model", "messages"],
-            "properties": {
-                **_sampling(names),
-                "messages": _messages(images=images, tools=tools),
-                **chat_fields(tools=tools, grammar=grammar, logprobs=logprobs),
-            },
-            "allOf": [_STREAM_OPTIONS_NEED_STREAM, TOP_NEEDS_LOGPROBS, REQUIRED_NEEDS_TOOLS],
-            **_OPEN,
-        }
-
-    variants = [variant(names, kind) for kind, names in groups.items() if names]
-    if not variants:
-        return variant([], "text")
-    return variants[0] if len(variants) == 1 else {"anyOf": variants}
-
-
 def _completion_request(names: list[str]) -> dict[str, Any]:
     return {
         "type": "object",
@@ -281,7 +191,7 @@ def _completion_request(names: list[str]) -> dict[str, Any]:
                 ]
             },
         },
-        **_STREAM_OPTIONS_NEED_STREAM,
+        **STREAM_OPTIONS_NEED_STREAM,
         **_OPEN,
     }
 
@@ -443,16 +353,6 @@ def _generation(summary: str, request: dict[str, Any], kind: str) -> dict[str, A
     }
 
 
-def engine_groups(config: Config | None) -> dict[str, list[str]]:
-    """Model names by what their engine accepts (see :mod:`mlxd.http.openapi_clients`)."""
-    models = list(config.models) if config is not None else []
-    return {
-        "text": [m.name for m in models if not m.mllm and not m.embedding and m.engine != "fake"],
-        "vision": [m.name for m in models if m.mllm and m.engine != "fake"],
-        "fake": [m.name for m in models if m.engine == "fake"],
-    }
-
-
 def _openai_paths(config: Config | None, model_id: dict[str, Any]) -> dict[str, Any]:
     models = list(config.models) if config is not None else []
     names = [m.name for m in models]
@@ -473,7 +373,7 @@ def _openai_paths(config: Config | None, model_id: dict[str, Any]) -> dict[str, 
         },
         "/v1/chat/completions": _generation(
             "Chat completion (whole, or SSE with stream=true)",
-            _chat_request(groups),
+            chat_request(groups, _sampling),
             "chat",
         ),
         "/v1/completions": _generation(
