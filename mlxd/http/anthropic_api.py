@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint
+from quart import Blueprint, request
 
 from mlxd.engines.base import GenerationRequest
 from mlxd.errors import ModelNotFound, ShuttingDown
@@ -24,6 +24,7 @@ from mlxd.http import generation
 from mlxd.http.anthropic_shapes import MessagesRenderer, ParsedMessages, parse_messages
 from mlxd.http.context import state
 from mlxd.http.openai_api import read_json_body, request_id
+from mlxd.http.preferences import preferences
 from mlxd.residency.lease import Lease
 
 bp = Blueprint("anthropic", __name__)
@@ -57,8 +58,9 @@ async def messages() -> Any:
                 else await lease.engine.count_tokens(prepared)
             )
 
+    prefs = preferences({}, request.headers)  # X-Mlxd-Keep-Alive, X-Mlxd-Contention
     return await generation.run(
-        parsed.model, parsed.generation, renderer, stream=parsed.stream, prepare=count
+        parsed.model, parsed.generation, renderer, stream=parsed.stream, prefs=prefs, prepare=count
     )
 
 

@@ -45,8 +45,10 @@ from mlxd.engines.base import (
 from mlxd.errors import EngineError, MlxdError, Overloaded, ShuttingDown
 from mlxd.http import access_log, auth, sse
 from mlxd.http.context import AppState, state
+from mlxd.http.preferences import Preferences
 from mlxd.http.server import Connections, Key
-from mlxd.residency.lease import Lease
+from mlxd.residency import views
+from mlxd.residency.lease import Lease, Ticket
 from mlxd.residency.states import Outcome
 
 log = logging.getLogger("mlxd.http")
@@ -106,40 +108,47 @@ async def prepare_under(st: AppState, lease: Lease, gen: GenerationRequest) -> G
         raise
 
 
-async def acquire(st: AppState, model: str, request_id: str | None) -> Lease:
-    """A lease on ``model`` for this request (every model route takes its lease here): the
-    route and the key's client name on it, a cancelled request ``disconnected``, and the
-    model and lease in the access log."""
+#: a stream waiting for its model's load gets a progress comment this often (at least once a second)
+PROGRESS_EVERY_S = 0.5
+
+#: what a request passes to a model's checks beyond the engine's: the Anthropic stream
+#: counts its prompt tokens there
+Prepare = Callable[[Lease, GenerationRequest], Awaitable[None]]
+
+
+def _asked(request_id: str | None, prefs: Preferences) -> dict[str, Any]:
+    """What every model route asks of the manager with its lease (one place)."""
+    return {
+        "request_id": request_id,
+        "route": request.path,
+        "cancel_outcome": Outcome.DISCONNECTED,  # a cancelled request: its client went away
+        "client": auth.client(),
+        "keep_alive_s": prefs.keep_alive_s,
+        "contention": prefs.contention,
+    }
+
+
+async def acquire(
+    st: AppState, model: str, request_id: str | None, prefs: Preferences | None = None
+) -> Lease:
+    """A lease on ``model`` for this request (routes without a generation: count_tokens,
+    embeddings); the model and lease go to the access log."""
     access_log.note(model=model)
-    lease = await st.manager.acquire(
-        model,
-        request_id=request_id,
-        route=request.path,
-        cancel_outcome=Outcome.DISCONNECTED,  # a cancelled request: its client went away
-        client=auth.client(),
-    )
+    lease = await st.manager.acquire(model, **_asked(request_id, prefs or Preferences()))
     access_log.note(lease=lease)
     return lease
 
 
-async def run(
-    model: str,
-    gen: GenerationRequest,
-    renderer: Renderer,
-    *,
-    stream: bool,
-    prepare: Callable[[Lease, GenerationRequest], Awaitable[None]] | None = None,
-) -> Any:
-    """Acquire ``model``, check the request against the loaded engine, and generate.
+def _lease_of(ticket: Ticket) -> Lease:
+    lease = ticket.result()
+    access_log.note(lease=lease)  # a stream body runs in the request's context too
+    return lease
 
-    ``prepare(lease, request)`` runs after the engine's checks and before the response
-    starts (the Anthropic stream counts its prompt tokens there).
-    """
-    st = state()
-    if st.draining:
-        raise ShuttingDown("mlxd is shutting down")
-    t_request = trio.current_time()
-    lease = await acquire(st, model, gen.request_id)
+
+async def _checked(
+    st: AppState, lease: Lease, gen: GenerationRequest, prepare: Prepare | None
+) -> GenerationRequest:
+    """The engine's checks, then the route's ``prepare``; a refusal ends the lease."""
     gen = await prepare_under(st, lease, gen)
     if prepare is not None:
         try:
@@ -148,18 +157,94 @@ async def run(
         except BaseException as e:
             lease.finish(e)
             raise
+    return gen
+
+
+async def run(
+    model: str,
+    gen: GenerationRequest,
+    renderer: Renderer,
+    *,
+    stream: bool,
+    prefs: Preferences | None = None,
+    prepare: Prepare | None = None,
+) -> Any:
+    """Acquire ``model``, check the request against the loaded engine, and generate.
+
+    ``prefs``: the request's keep_alive and X-Mlxd-Contention. A stream whose
+    model is loading starts at once and gets the load's progress as SSE comment
+    lines (``: loading demo 40% eta 1.2s``) until its lease comes; a request
+    refused before that gets its error status as usual. ``prepare(lease,
+    request)`` runs after the engine's checks, before the response starts.
+    """
+    st = state()
+    if st.draining:
+        raise ShuttingDown("mlxd is shutting down")
+    t_request = trio.current_time()
+    access_log.note(model=model)
+    ticket = st.manager.enqueue(model, **_asked(gen.request_id, prefs or Preferences()))
+    try:
+        await (ticket.moved if stream else ticket.done).wait()
+    except BaseException as e:
+        ticket.cancel(e)
+        raise
     headers = {"X-Request-Id": gen.request_id or ""}
-    if stream:
-        connection = Connections.key_of(request.scope)
+    if not stream:
+        lease = _lease_of(ticket)
+        gen = await _checked(st, lease, gen, prepare)
+        out, fin, t_first = await _whole(lease, gen)
+        _observe(st, model, t_request, t_first, fin)
+        return Response(json.dumps(renderer.whole(out, fin)), mimetype="application/json", headers=headers)
+    connection = Connections.key_of(request.scope)
+    if ticket.done.is_set():  # served or refused at once: a refusal keeps its status code
+        lease = _lease_of(ticket)
+        gen = await _checked(st, lease, gen, prepare)
         body = _stream_body(st, lease, gen, renderer, t_request, connection)
-        # Start the body now, up to its first chunk: a started generator always runs
-        # its ``finally`` (Quart closes it, or Trio's finalizer does when it is dropped),
-        # so the lease is released even if the client leaves before the body is sent.
-        first = await body.__anext__()
-        return sse.response(_prepend(first, body), headers)
-    out, fin, t_first = await _whole(lease, gen)
-    _observe(st, model, t_request, t_first, fin)
-    return Response(json.dumps(renderer.whole(out, fin)), mimetype="application/json", headers=headers)
+    else:  # the model is loading: stream its progress as SSE comments until the lease comes
+        body = _stream_after_load(st, ticket, gen, renderer, t_request, connection, prepare)
+    # Start the body now, up to its first chunk: a started generator always runs
+    # its ``finally`` (Quart closes it, or Trio's finalizer does when it is dropped),
+    # so the lease is released even if the client leaves before the body is sent.
+    first = await body.__anext__()
+    return sse.response(_prepend(first, body), headers)
+
+
+async def _stream_after_load(
+    st: AppState,
+    ticket: Ticket,
+    gen: GenerationRequest,
+    renderer: Renderer,
+    t_request: float,
+    connection: Key | None,
+    prepare: Prepare | None,
+) -> AsyncGenerator[bytes, None]:
+    """Load progress as SSE comments while ``ticket`` waits, then the generation's stream."""
+    error: BaseException | None = None
+    try:
+        while not ticket.done.is_set():
+            yield progress_comment(st, ticket.model)
+            with trio.move_on_after(PROGRESS_EVERY_S):
+                await ticket.done.wait()
+        try:
+            lease = _lease_of(ticket)
+            gen = await _checked(st, lease, gen, prepare)
+        except MlxdError as e:  # the load failed, shutdown, a prompt too long: in-band now
+            yield renderer.error(e)
+            return
+        async with aclosing(_stream_body(st, lease, gen, renderer, t_request, connection)) as body:
+            async for chunk in body:
+                yield chunk
+    except BaseException as e:  # cancelled, or closed before its end: the client left
+        error = e
+        raise
+    finally:
+        ticket.cancel(error)  # leaves the queue, or ends a lease no body took
+
+
+def progress_comment(st: AppState, model: str) -> bytes:
+    """``: loading demo 40% eta 1.2s`` (an SSE comment, which clients ignore)."""
+    est = views.load_estimate(st.manager, model)
+    return sse.comment(est.describe() if est is not None else f"waiting for {model}")
 
 
 async def _whole(lease: Lease, gen: GenerationRequest) -> tuple[Collected, Finished, float | None]:

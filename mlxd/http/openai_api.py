@@ -32,9 +32,6 @@ log = logging.getLogger("mlxd.http")
 
 bp = Blueprint("openai", __name__)
 
-#: a stream waiting for its model's load gets a progress comment this often (at least once a second)
-PROGRESS_EVERY_S = 0.5
-
 
 def model_object(st: AppState, name: str, status: dict[str, Any] | None = None) -> dict[str, Any]:
     """The OpenAI model object of ``name``: its current status, or the ``status`` given."""
@@ -290,7 +287,9 @@ async def generate(kind: str) -> Any:
         raise ShuttingDown("mlxd is shutting down")
     parsed = await parse(kind)
     builder = ResponseBuilder(kind, parsed.model, parsed.include_usage)
-    return await generation.run(parsed.model, parsed.generation, builder, stream=parsed.stream)
+    return await generation.run(
+        parsed.model, parsed.generation, builder, stream=parsed.stream, prefs=parsed.preferences
+    )
 
 
 @bp.post("/v1/chat/completions")
