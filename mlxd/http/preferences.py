@@ -95,7 +95,9 @@ def parse_contention(value: str | None) -> ContentionPolicy | None:
 
 def preferences(body: Mapping[str, object], headers: Headers) -> Preferences:
     """A request's preferences from its JSON body and headers (see the module doc)."""
+    # the header is checked even when the body's keep_alive wins: a bad value is a 400 either way
+    header = parse_keep_alive(headers.get(KEEP_ALIVE_HEADER), KEEP_ALIVE_HEADER)
     keep_alive = parse_keep_alive(body.get("keep_alive"))
     if keep_alive is None:
-        keep_alive = parse_keep_alive(headers.get(KEEP_ALIVE_HEADER), KEEP_ALIVE_HEADER)
+        keep_alive = header
     return Preferences(keep_alive, parse_contention(headers.get(CONTENTION_HEADER)))

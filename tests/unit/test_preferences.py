@@ -45,6 +45,9 @@ def test_the_body_keep_alive_wins_over_the_header() -> None:
     prefs = preferences({}, headers)
     assert prefs.keep_alive_s == 600 and prefs.contention == ContentionPolicy.of("fail")
     assert preferences({}, {}).keep_alive_s is None and preferences({}, {}).contention is None
+    with pytest.raises(InvalidRequest) as exc:  # a bad header is refused even when the body wins
+        preferences({"keep_alive": 0}, {"X-Mlxd-Keep-Alive": "Ko|fB"})
+    assert exc.value.param == "X-Mlxd-Keep-Alive"
 
 
 @pytest.mark.parametrize("value", ["", "FAIL", "later", " fail"])
