@@ -151,8 +151,8 @@ class Scheduler(CoreState):
             if now_bytes + sum(v.committed_bytes for v in later) >= need:
                 self._defer(r, need, room, idle + busy + later)
             return  # else no victim can make room now: claim nothing, touch nothing
-        for v in idle:
-            if room.free + room.incoming >= need:
+        for v in idle:  # a queue that never waits does not count on a drain
+            if room.free + (room.incoming if waits else self._unloading(room)) >= need:
                 break
             room.incoming += v.committed_bytes
             self._record_victim(v, r, self._idle_why())

@@ -463,8 +463,8 @@ class CoreMachine(RuleBasedStateMachine):
                 assert r.state in COMMITTED, (name, r.state)
             for victim in r.claims:  # a model whose stop failed is nobody's victim
                 assert not core.models[victim].stuck, (name, victim)
-            if core.policy.strategy == "fail" and r.queue:  # `fail` never waits for a drain
-                assert not r.claims and r.state is not State.DRAINING, name
+            if r.queue and r.fail_waiters == len(r.queue):  # `fail` never waits for a drain
+                assert not r.claims and r.state is not State.DRAINING, name  # (asked for, too)
             if r.state is State.DRAINING:
                 # a draining model has live leases, or its unload is already on its way
                 assert r.leases, name

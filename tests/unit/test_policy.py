@@ -8,10 +8,19 @@ import trio
 import trio.testing
 
 from mlxd.errors import CapacityTimeout, ModelCapacity, Preempted
+from mlxd.residency.core import Core
 from mlxd.residency.lease import Lease
+from mlxd.residency.messages import (
+    Acquire,
+    AdminUnload,
+    LoadFinished,
+    ModelSpec,
+    Release,
+    StartUnload,
+)
 from mlxd.residency.plan import Plan, plan
 from mlxd.residency.policy import ContentionPolicy, ResidencyRules
-from mlxd.residency.states import Outcome
+from mlxd.residency.states import Outcome, State
 from mlxd.units import GIB
 from tests.support.harness import Harness, Results, make_config, running
 
@@ -132,6 +141,20 @@ async def test_contention_fail_fails_fast_under_a_waiting_policy(autojump_clock:
             await h.manager.acquire("b", contention=ContentionPolicy.of("fail"))
         assert trio.current_time() == t0 and h.state("a") == "loaded"
         held.release.set()
+
+
+def test_contention_fail_evicts_idle_rather_than_wait_for_a_drain() -> None:
+    """A request that asked for `fail` under a waiting policy never counts on a drain: it evicts the idle model."""
+    core = Core([ModelSpec(n, 3 * GIB) for n in "abd"], 8 * GIB, ContentionPolicy.of("wait"))
+    core.step(Acquire(1, "a", "L1", 0.0))
+    core.step(LoadFinished("a", 1, 0.5))
+    core.step(Acquire(2, "b", "L2", 1.0))
+    core.step(LoadFinished("b", 2, 1.5))
+    core.step(Release("L2", 2.0))
+    core.step(AdminUnload("a", 2.5))  # a drains (its lease L1 is live); b is idle
+    out = core.step(Acquire(4, "d", "L4", 3.0, contention=ContentionPolicy.of("fail")))
+    assert core.state("b") is State.UNLOADING and StartUnload("b") in out
+    assert core.models["d"].claims == []  # it claimed b's bytes, not a's drain
 
 
 async def test_a_request_cannot_ask_for_more_preemption(autojump_clock: trio.abc.Clock) -> None:
