@@ -6,6 +6,7 @@ import json
 import logging
 import re
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,14 @@ def test_serve_writes_json_access_lines_to_stdout(tmp_path: Path) -> None:
     assert all(isinstance(x["duration_ms"], float) for x in lines)
 
 
+def _wait_for_lines(path: Path, n: int, timeout: float = 10.0) -> None:
+    """Until ``path`` holds ``n`` whole lines (the daemon writes them on its own schedule)."""
+    deadline = time.monotonic() + timeout
+    while path.read_text().count("\n") < n:
+        assert time.monotonic() < deadline, f"{path} has not got {n} lines in {timeout} s"
+        time.sleep(0.01)
+
+
 def test_access_log_file_is_reopened_after_a_rotation(tmp_path: Path) -> None:
     """`--access-log FILE`: lines go to FILE; once a rotator moves it, the next line starts a new FILE."""
     raw = {"manager": {"memory_budget_gb": 1}, "models": [fake("a", 0.2)]}
@@ -140,6 +149,9 @@ def test_access_log_file_is_reopened_after_a_rotation(tmp_path: Path) -> None:
     log = tmp_path / "logs" / "access.log"
     with DaemonProcess(cfg, tmp_path, env={"MLXD_API_KEY": ""}, args=("--access-log", str(log))) as d:
         assert httpx.get(d.url + "/v1/models", timeout=10).status_code == 200
+        # The line is written once the response has ended, which may be just after the client
+        # read it: rotate only once it is in the file (a line written later goes to the new one).
+        _wait_for_lines(log, 1)
         log.rename(log.with_name("access.log.0"))  # what newsyslog and logrotate do
         assert httpx.get(d.url + "/health", timeout=10).status_code == 200
     rotated = log.with_name("access.log.0").read_text().splitlines()
