@@ -39,12 +39,15 @@ PROGRESS_EVERY_S = 1.0
 
 
 def _bool_arg(name: str) -> bool:
-    raw = request.args.get(name, "false").strip().lower()
+    # exactly the documented spellings (the OpenAPI enum): "True" or " yes" are refused, not guessed
+    raw = request.args.get(name, "false")
     if raw in ("1", "true", "yes", "on"):
         return True
     if raw in ("0", "false", "no", "off", ""):
         return False
-    raise InvalidRequest(f"{name}: must be true or false (got {raw!r})", param=name)
+    raise InvalidRequest(
+        f"{name}: must be one of true, false, 1, 0, yes, no, on, off (got {raw!r})", param=name
+    )
 
 
 def _int_arg(name: str, default: int, lo: int, hi: int) -> int:

@@ -23,10 +23,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mlxd import __version__
+from mlxd.config.model import SCOPES
 from mlxd.http.openapi_anthropic import ERROR as ANTHROPIC_ERROR
 from mlxd.http.openapi_anthropic import anthropic_paths
 from mlxd.http.openapi_chat import STREAM_OPTIONS_NEED_STREAM, chat_request, engine_groups
 from mlxd.http.openapi_clients import (
+    ANY_MODEL_NAME,
     CHAT_LOGPROBS,
     COMPLETION_LOGPROBS,
     RESPONSE_TOOL_CALLS,
@@ -111,8 +113,7 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
 def _model_name(names: list[str]) -> dict[str, Any]:
     if names:
         return {"type": "string", "enum": names}
-    # no such model can be named right now: any non-blank string is a 404
-    return {"type": "string", "minLength": 1, "maxLength": 256, "pattern": r"\S"}
+    return ANY_MODEL_NAME  # no such model can be named right now: any other name is a 404
 
 
 def _sampling(names: list[str]) -> dict[str, Any]:
@@ -512,7 +513,37 @@ def _operations_paths() -> dict[str, Any]:
         "/openapi.json": {
             "get": {"summary": "This document", "responses": {"200": _json({"type": "object"})}}
         },
+        "/admin/whoami": {
+            "get": {
+                "summary": "The key this request presented: its name (client) and scopes; any "
+                "known key may ask (the dashboard shows only what the scopes allow)",
+                "responses": {"200": _json(_WHOAMI), **_errors(401)},
+            }
+        },
+        "/ui": {"get": {"summary": "The dashboard page (no key needed; its data routes keep "
+                        "their auth)", "responses": {"200": _HTML}}},
+        "/ui/": {"get": {"summary": "The dashboard page", "responses": {"200": _HTML}}},
+        "/ui/{name}": {
+            "get": {
+                "summary": "The dashboard's static files (index.html, app.js, app.css)",
+                "parameters": [{"name": "name", "in": "path", "required": True,
+                                "schema": {"type": "string", "minLength": 1}}],
+                "responses": {"200": {"description": "the file"}, **_errors(404)},
+            }
+        },
     }
+
+
+_WHOAMI = {
+    "type": "object",
+    "required": ["client", "scopes", "auth_required"],
+    "properties": {
+        "client": {"type": ["string", "null"], "description": "the key's name (null: no keys)"},
+        "scopes": {"type": "array", "items": {"enum": list(SCOPES)}},
+        "auth_required": {"type": "boolean"},
+    },
+}
+_HTML = {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}
 
 
 def openapi_document(config: Config | None = None) -> dict[str, Any]:

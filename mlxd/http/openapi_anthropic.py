@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.http.anthropic_shapes import MAX_STOP_SEQUENCES
-from mlxd.http.openapi_clients import OBJECT_SCHEMA, nullable
+from mlxd.http.openapi_clients import ANY_MODEL_NAME, OBJECT_SCHEMA, nullable
 from mlxd.http.structured import MAX_TOOLS, NAME_PATTERN
 from mlxd.http.validation import MAX_TOKENS_LIMIT
 
@@ -56,7 +56,7 @@ def _message(*, tools: bool) -> dict[str, Any]:
 
 
 def _request(names: list[str], *, tools: bool, counting: bool) -> dict[str, Any]:
-    model = {"type": "string", "enum": names} if names else {"type": "string", "minLength": 1}
+    model = {"type": "string", "enum": names} if names else ANY_MODEL_NAME
     tool = {"type": "object", "required": ["name", "input_schema"],
             "properties": {"name": _NAME, "description": {"type": "string"},
                            "input_schema": OBJECT_SCHEMA}, **_OPEN}

@@ -22,6 +22,10 @@ from mlxd.http.structured import (
 _OPEN = {"additionalProperties": True}
 _NAME = {"type": "string", "pattern": NAME_PATTERN}
 
+#: a model name when no configured model can be named there: any non-blank string up to 256
+#: characters (the routes' validation refuses blank and longer names with 400; the rest are 404)
+ANY_MODEL_NAME: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 256, "pattern": r"\S"}
+
 
 def nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}]}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.http.embeddings_api import MAX_INPUTS, MAX_TOKEN_ID
+from mlxd.http.openapi_clients import ANY_MODEL_NAME
 
 _IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}}
 
@@ -19,7 +20,7 @@ def embeddings_path(
     """
     model: dict[str, Any] = (
         {"type": "string", "enum": embedding_models} if embedding_models
-        else {"type": "string", "minLength": 1, "not": {"enum": other_models},
+        else {**ANY_MODEL_NAME, "not": {"enum": other_models},
               "description": "an embedding: true model"})
     request = {
         "type": "object",

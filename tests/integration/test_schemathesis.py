@@ -137,8 +137,11 @@ def record(report: Report, event: events.ScenarioFinished) -> None:
                 continue
             failure = result.failure_info.failure
             case = recorder.cases[case_id].value
+            answer = recorder.interactions.get(case_id)
+            got = "" if answer is None or answer.response is None else \
+                f"\n    answer {answer.response.status_code}: {answer.response.content[:500]!r}"
             report.failures.append(f"{recorder.label} [{result.name}] {failure.title}: "
-                                   f"{failure.message}\n    {case.as_curl_command()[:2000]}")
+                                   f"{failure.message}{got}\n    {case.as_curl_command()[:2000]}")
 
 
 def check(report: Report, url: str, *, minimum_cases: int) -> None:

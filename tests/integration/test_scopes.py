@@ -177,3 +177,22 @@ def test_an_unset_key_variable_refuses_to_start(tmp_path: Path) -> None:
     r = _serve(cfg, tmp_path, MLXD_TEST_KEY_LAPTOP="k-laptop")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "server.keys[1].env" in r.stderr and "MLXD_TEST_KEY_WATCH" in r.stderr
+
+
+async def test_every_route_the_app_serves_is_in_the_openapi_document(tmp_path: Path) -> None:
+    """The URL map and /openapi.json agree: a route added without its documentation fails here."""
+    cfg_path = _config(tmp_path)
+    async with serving(load_config(cfg_path), tmp_path, config_path=cfg_path) as s:
+        assert s.daemon.state is not None
+        app = create_app(s.daemon.state)
+        async with s.client() as c:
+            paths = (await c.get("/openapi.json")).json()["paths"]
+    missing = []
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint == "static":
+            continue
+        path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            if method.lower() not in paths.get(path, {}):
+                missing.append(f"{method} {path}")
+    assert missing == []
