@@ -147,6 +147,9 @@ async def _run(name: str, path: Path, leases: int, rate: float, max_mb: float) -
             if checks and _events_pruned(path) > 0:
                 run.pruning_from = i
         await journal.wait_committed()
+        if check_every and run.pruning_from is None and _events_pruned(path) > 0:
+            # a busy machine's writer pruned only after the last check: from the last lease on
+            run.pruning_from = leases - 1
         run.seconds = time.perf_counter() - t0
         done.set()
         run.commits = journal.commit_count
