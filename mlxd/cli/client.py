@@ -82,9 +82,7 @@ class Target:
             self.timeout if read_timeout is None else read_timeout,
             connect=min(self.timeout, 10.0),
         )
-        # a plain-http daemon needs no certificates: loading them costs 0.2-1 s per client
-        verify = self.url.startswith("https:")
-        return httpx.Client(base_url=self.url, headers=self.headers(), timeout=timeout, verify=verify)
+        return httpx.Client(base_url=self.url, headers=self.headers(), timeout=timeout)
 
 
 def _url_host(host: str) -> str:
@@ -363,16 +361,12 @@ class Progress:
 
     def __enter__(self) -> Progress:
         self._t0 = time.monotonic()
-        # made here, not in the thread: the first client pays httpx's imports (up to a second
-        # on a busy machine), which would otherwise hold back the thread's first line
-        self._client = self.target.client(read_timeout=2.0)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        # the thread may be inside a status poll: the answer is already in, do not wait for it long
-        self._thread.join(timeout=0.5)
+        self._thread.join()
         if self.tty:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
@@ -399,7 +393,7 @@ class Progress:
         spinner = itertools.cycle(SPINNER)
         next_poll = 0.0
         next_line = 1.0  # off a terminal: a line after 1 s, then every 10 s; quick work prints none
-        with self._client as client:
+        with self.target.client(read_timeout=2.0) as client:
             while not self._stop.wait(0.1 if self.tty else POLL_S):
                 now = time.monotonic()
                 if now >= next_poll:
@@ -410,8 +404,6 @@ class Progress:
                             self.detail = self.describe(resp.json())
                     except (httpx.HTTPError, ValueError):
                         pass  # progress is best effort; the main request reports failures
-                if self._stop.is_set():
-                    return  # the work finished during the poll: nothing more to draw
                 if self.tty:
                     self.stream.write(f"\r\x1b[K{next(spinner)} {self._line()}")
                     self.stream.flush()
@@ -441,11 +433,11 @@ def cmd_load(args: argparse.Namespace) -> int:
     try:
         with Progress(target, "loading", args.name):
             model = call(target, "POST", f"/admin/models/{args.name}/load")
-            took = time.monotonic() - t0
     except KeyboardInterrupt:
         print(f"mlxd: stopped waiting; the daemon keeps loading {args.name} "
               "(see `mlxd status`)", file=sys.stderr)
         return 130
+    took = time.monotonic() - t0
     print(f"{args.name} {model.get('status', 'loaded')} ({format_bytes(model.get('memory_bytes'))}, "
           f"{took:.1f} s)")
     return 0
@@ -458,8 +450,7 @@ def cmd_unload(args: argparse.Namespace) -> int:
     preempt = "true" if args.preempt else "false"
     with Progress(target, "unloading", args.name):
         model = call(target, "POST", f"/admin/models/{args.name}/unload", params={"preempt": preempt})
-        took = time.monotonic() - t0
-    print(f"{args.name} {model.get('status', 'unloaded')} ({took:.1f} s)")
+    print(f"{args.name} {model.get('status', 'unloaded')} ({time.monotonic() - t0:.1f} s)")
     return 0
 
 
