@@ -16,7 +16,7 @@ busy, not an idle victim); then, for each model:
 * otherwise the model needs a load of ``need`` bytes. The pass tracks
   ``free`` (budget minus committed bytes, minus what earlier models took) and
   ``incoming`` (bytes of models already on their way out, not yet claimed;
-  never a stuck stop, and a drain only when the manager's policy waits). The
+  never a stuck stop; a drain only for waiters whose policy waits). The
   load starts when ``need <= free``; else the waiters make room
   (:meth:`Scheduler._make_room`).
 
@@ -275,9 +275,10 @@ class Scheduler(CoreState):
         """Whether a waiter may count on ``v``'s bytes coming free (claim them)."""
         if v.stuck:
             return False  # its stop failed; not until the retry
-        if v.state is State.UNLOADING:
-            return True
-        return v.state is State.DRAINING and self.policy.waits  # `fail` never waits for a drain
+        # A drain counts whatever the manager's policy is now: waiters queued before a reload
+        # switched it to `fail` keep their own policy and wait for the drain they started.
+        # A `fail` waiter never counts on one (it is held to :meth:`_unloading`).
+        return v.state in (State.UNLOADING, State.DRAINING)
 
     def _unloading(self, room: _Room) -> int:
         """Bytes of this pass's ``incoming`` whose engine stop is in flight (never a drain):

@@ -15,8 +15,12 @@ from mlxd.residency.messages import (
     AdminUnload,
     LoadFinished,
     ModelSpec,
+    Reconfigure,
     Release,
+    StartLoad,
     StartUnload,
+    Tick,
+    UnloadFinished,
 )
 from mlxd.residency.plan import Plan, plan
 from mlxd.residency.policy import ContentionPolicy, ResidencyRules
@@ -155,6 +159,23 @@ def test_contention_fail_evicts_idle_rather_than_wait_for_a_drain() -> None:
     out = core.step(Acquire(4, "d", "L4", 3.0, contention=ContentionPolicy.of("fail")))
     assert core.state("b") is State.UNLOADING and StartUnload("b") in out
     assert core.models["d"].claims == []  # it claimed b's bytes, not a's drain
+
+
+def test_a_waiter_keeps_its_drain_when_a_reload_switches_the_policy_to_fail() -> None:
+    """A waiter queued under `wait` keeps waiting for the drain it started after a reload makes
+    the manager's policy `fail`: the drain is not called off and restarted on every event
+    (found by the state machine: each pass drained `a` and called the drain off again)."""
+    specs = (ModelSpec("a", 4 * GIB), ModelSpec("b", 4 * GIB))
+    core = Core(list(specs), 6 * GIB, ContentionPolicy.of("wait", wait_timeout_s=None))
+    core.step(Acquire(1, "a", "L1", 0.0))
+    core.step(LoadFinished("a", 1, 0.5))
+    core.step(Acquire(2, "b", "L2", 1.0))
+    assert core.state("a") is State.DRAINING
+    assert core.step(Reconfigure(specs, 6 * GIB, ContentionPolicy.of("fail"), 2.0)) == []
+    assert core.step(Tick(3.0)) == [] and core.state("a") is State.DRAINING
+    assert core.models["b"].claims == ["a"]
+    assert StartUnload("a") in core.step(Release("L1", 4.0))
+    assert StartLoad("b", 2) in core.step(UnloadFinished("a", 5.0))
 
 
 async def test_a_request_cannot_ask_for_more_preemption(autojump_clock: trio.abc.Clock) -> None:
