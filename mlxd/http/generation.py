@@ -332,16 +332,17 @@ async def _stream_body(
             if isinstance(ev, TextDelta):
                 if t_first is None:
                     t_first = trio.current_time()
-                for chunk in renderer.text(ev):
-                    yield chunk
+                if frames := renderer.text(ev):
+                    yield b"".join(frames)
                 continue
             if isinstance(ev, ToolCallDelta):
-                for chunk in renderer.call(ev):
-                    yield chunk
+                if frames := renderer.call(ev):
+                    yield b"".join(frames)
                 continue
             lease.set_usage(ev.prompt_tokens, ev.completion_tokens)
-            for chunk in renderer.finish(ev):
-                yield chunk
+            # the last frames (finish, usage, [DONE] or message_stop) in one write: each
+            # body chunk is a socket write, which a short request feels
+            yield b"".join(renderer.finish(ev))
             _observe(st, renderer.model, t_request, t_first, ev)
             return
     except StopAsyncIteration:
