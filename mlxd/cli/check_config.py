@@ -3,18 +3,43 @@
 from __future__ import annotations
 
 import argparse
+from datetime import datetime
 
-from mlxd.config import load_config
+from mlxd.config import Config, load_config
 from mlxd.config.budget import build_memory_budget_report, render_report
-from mlxd.journal.reads import journal_measurements
+from mlxd.journal.reads import KvPeaks, journal_kv_peaks, journal_measurements
+from mlxd.units import format_bytes
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     """``mlxd check-config PATH``: validate the config and print the budget report (exit 0).
 
     A config error raises :class:`mlxd.errors.ConfigError`, which the CLI prints
-    as one line and turns into exit code 2.
+    as one line and turns into exit code 2. Each model's KV peaks in the journal
+    (``kv_peaks``) are printed under the KV cache its config budgets.
     """
     config = load_config(args.path, measured=journal_measurements)
-    print(render_report(config, build_memory_budget_report(config)))
+    notes = kv_peak_notes(config, journal_kv_peaks(config.journal))
+    print(render_report(config, build_memory_budget_report(config), notes))
     return 0
+
+
+def kv_peak_notes(config: Config, peaks: dict[str, KvPeaks]) -> dict[str, list[str]]:
+    """One line per model with journaled KV peaks: the highest against today's kv_cache, the latest."""
+    notes: dict[str, list[str]] = {}
+    for model in config.models:
+        p = peaks.get(model.name)
+        if p is None:
+            continue
+        budget = config.estimate(model.name).kv_cache
+        share = f" ({p.highest_bytes / budget:.0%} of its {format_bytes(budget)})" if budget else ""
+        notes[model.name] = [
+            f"KV measured: peak {format_bytes(p.highest_bytes)}{share} in {p.residencies} "
+            f"residenc{'y' if p.residencies == 1 else 'ies'} since {_local(p.since)}; "
+            f"the latest {format_bytes(p.latest_bytes)} ({_local(p.latest_at)})"
+        ]
+    return notes
+
+
+def _local(at: float) -> str:
+    return datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M")

@@ -434,8 +434,11 @@ def describe_caches(model: ModelConfig, est: MemoryEstimate) -> str:
     return text
 
 
-def render_report(config: Config, report: MemoryBudgetReport) -> str:
-    """The whole ``check-config`` report, in words."""
+def render_report(
+    config: Config, report: MemoryBudgetReport, notes: Mapping[str, list[str]] | None = None
+) -> str:
+    """The whole ``check-config`` report, in words; ``notes``: more lines per model, shown
+    under its commitment (the CLI's measured KV peaks from the journal)."""
     s = config.server
     lines = [
         f"Config: {config.path or '(built in code)'}: valid.",
@@ -447,7 +450,9 @@ def render_report(config: Config, report: MemoryBudgetReport) -> str:
         f"Models ({len(config.models)}):",
     ]
     for model in config.models:
-        lines.extend(f"  {line}" for line in describe_model(config, model, None))
+        block = describe_model(config, model, None)
+        block[3:3] = [f"    {note}" for note in (notes or {}).get(model.name, [])]
+        lines.extend(f"  {line}" for line in block)
     lines += ["", "Budget:"]
     lines.extend(_sentences(describe_budget(config)))
     lines += ["", "Memory ceiling:"]

@@ -122,7 +122,8 @@ class BatchLoop:
         self._seqs: dict[int, _Seq] = {}
         self._cache: PromptCache | None = None
         self.steps = 0
-        #: the KV bytes the running batch holds, and the most it has held (sampled every 16 steps)
+        #: the KV bytes the running batch holds, and the most it has held (sampled after each step;
+        #: the manager journals the peak when the residency ends, see mlxd.residency.views.kv_peak)
         self.kv_bytes = 0
         self.kv_peak_bytes = 0
         #: the largest generation (prompt + completion tokens) finished since the loop was idle
@@ -140,7 +141,7 @@ class BatchLoop:
         self._submit(self.run)
 
     def usage(self) -> dict[str, int]:
-        """Bytes held: the running batch's KV (sampled every few steps on the MLX thread), its
+        """Bytes held: the running batch's KV (sampled after each step on the MLX thread), its
         peak, and the prompt cache. Plain ints written by the MLX thread: safe to read anywhere."""
         cache = self._cache
         return {
@@ -206,7 +207,7 @@ class BatchLoop:
         with self._outbox.holding():  # one wake-up of the Trio thread for the whole step
             self._progress(prompt_responses)
             self._deliver(gen_responses)
-        if self.steps % 16 == 0 and self._gen is not None:
+        if self._gen is not None:  # array sizes only (no evaluation): a few us per layer
             self.kv_bytes = int(self._gen.prompt_cache_nbytes)
             self.kv_peak_bytes = max(self.kv_peak_bytes, self.kv_bytes)
 

@@ -285,11 +285,10 @@ class MlxTextEngine:
         self.batch = scheduler.loop
         return scheduler
 
-    def memory_usage(self) -> dict[str, int]:
-        """KV bytes held now by running generations and the prompt cache, and the KV peak."""
-        if self.batch is None:
-            return {"kv_cache": 0, "kv_cache_peak": 0, "prompt_cache": 0}
-        return self.batch.usage()
+    def memory_usage(self) -> dict[str, int] | None:
+        """KV bytes held now by running generations and the prompt cache, and the KV peak
+        since the load; None when the model is not batched (one at a time: not measured)."""
+        return None if self.batch is None else self.batch.usage()
 
     def _write_demo(self, path: Path, report: Callable[[LoadProgress], None]) -> None:
         from mlxd.engines.demo_model import DemoModelError, is_model_dir, write_demo_model

@@ -28,8 +28,8 @@ subscribers (from the tuples kept until then).
 
 Sequence numbers: one counter here, initialised from the file's highest seq.
 Every record and :meth:`end_run` takes the next number; a transition's
-``transitions.seq`` equals its ``events.seq``; measurements and the end of a
-run take a number but have no ``events`` row, so ids are increasing, not dense.
+``transitions.seq`` equals its ``events.seq``; measurements, KV peaks and the end
+of a run take a number but have no ``events`` row, so ids are increasing, not dense.
 
 When a write fails (disk full, I/O error, the file locked past
 ``busy_timeout``...), the transaction rolls back, the rows stay queued in order,
@@ -47,8 +47,8 @@ open: read-only file system, full disk...). The new writer reports the
 file's highest sequence number; every record above it (and above the
 watermark) that the old one had not confirmed is sent again, in order, ahead
 of what arrived meanwhile, so no row is lost, doubled or reordered (a
-measurement, the one row without a sequence number of its own, is inserted
-again only if it is not there). A writer that stops answering (stopped with
+measurement or a KV peak, the rows without a sequence number of their own, is
+inserted again only if it is not there). A writer that stops answering (stopped with
 SIGSTOP, hung) turns ``healthy`` false after ``stall_s`` and is killed and
 replaced after ``kill_s`` (the daemon turns this watchdog on; it runs on real
 time). Records never wait: ``record`` keeps queueing them while no writer runs. A writer that dies before the run has begun (while it

@@ -21,10 +21,11 @@ import logging
 import re
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mlxd.config import JournalConfig, Measurement
 from mlxd.errors import ConfigError, JournalError
@@ -159,6 +160,54 @@ def read_latest_measurements(conn: sqlite3.Connection) -> Measurements:
     return {model: Measurement(int(memory), weights) for model, memory, _, weights in rows}
 
 
+@dataclass(frozen=True, slots=True)
+class KvPeaks:
+    """A model's KV peaks in the journal (``kv_peaks``, schema v4), one per residency kept."""
+
+    residencies: int
+    #: the highest peak of them, and the kv_cache budget of its residency
+    highest_bytes: int
+    highest_budget_bytes: int
+    #: the latest residency's peak, its budget and when it ended
+    latest_bytes: int
+    latest_budget_bytes: int
+    latest_at: float
+    #: when the oldest residency kept ended
+    since: float
+
+
+#: per model: the latest row, the highest peak (SQLite takes the bare columns from the row
+#: that holds the max), and how many rows since when
+_KV_LATEST = "SELECT model, max(at), kv_peak_bytes, kv_budget_bytes FROM kv_peaks GROUP BY model"
+_KV_HIGHEST = "SELECT model, max(kv_peak_bytes), kv_budget_bytes FROM kv_peaks GROUP BY model"
+_KV_COUNT = "SELECT model, count(*), min(at) FROM kv_peaks GROUP BY model"
+
+
+def read_kv_peaks(conn: sqlite3.Connection) -> dict[str, KvPeaks]:
+    """Each model's journaled KV peaks ({} on a file not migrated to v4 yet)."""
+    conn.execute("BEGIN")  # the three from one snapshot (WAL)
+    try:
+        latest = {r[0]: r[1:] for r in conn.execute(_KV_LATEST)}
+        highest = {r[0]: r[1:] for r in conn.execute(_KV_HIGHEST)}
+        counts = {r[0]: r[1:] for r in conn.execute(_KV_COUNT)}
+    except sqlite3.OperationalError:  # no kv_peaks table: nothing measured yet
+        return {}
+    finally:
+        conn.execute("COMMIT")
+    return {
+        model: KvPeaks(
+            residencies=int(counts[model][0]),
+            highest_bytes=int(highest[model][0]),
+            highest_budget_bytes=int(highest[model][1]),
+            latest_bytes=int(at_peak_budget[1]),
+            latest_budget_bytes=int(at_peak_budget[2]),
+            latest_at=float(at_peak_budget[0]),
+            since=float(counts[model][1]),
+        )
+        for model, at_peak_budget in latest.items()
+    }
+
+
 def read_gap(conn: sqlite3.Connection, after: int) -> dict[str, Any] | None:
     """The ``gap`` event for a resume from ``after``, if pruning removed events after it.
 
@@ -246,6 +295,27 @@ def parse_since(text: str, *, now: float | None = None, name: str = "--since") -
     return dt.timestamp()  # a naive datetime is taken as local time
 
 
+_T = TypeVar("_T")
+
+
+def _read_journal_file(
+    journal: JournalConfig, read: Callable[[sqlite3.Connection], dict[str, _T]], what: str
+) -> dict[str, _T]:
+    """``read`` on the journal file opened read-only; {} if it is missing or unreadable."""
+    path = Path(journal.path).absolute()
+    if not path.is_file():
+        return {}
+    try:
+        con = open_readonly(path)
+        try:
+            return read(con)
+        finally:
+            con.close()
+    except (JournalError, sqlite3.Error) as e:  # not a journal yet, locked, or an older schema
+        log.debug("could not read %s from %s: %s", what, path, e)
+        return {}
+
+
 def journal_measurements(journal: JournalConfig) -> Measurements:
     """The latest measurement of each model in the journal (read-only; {} if none).
 
@@ -253,19 +323,13 @@ def journal_measurements(journal: JournalConfig) -> Measurements:
     ``check-config`` sees the same estimates as the daemon. Never creates or
     writes the file.
     """
-    path = Path(journal.path).absolute()
-    if not path.is_file():
-        return {}
-    try:
-        con = open_readonly(path)
-        try:
-            found = read_latest_measurements(con)
-        finally:
-            con.close()
-    except (JournalError, sqlite3.Error) as e:  # not a journal yet, locked, or an older schema
-        log.debug("could not read measurements from %s: %s", path, e)
-        return {}
+    found = _read_journal_file(journal, read_latest_measurements, "measurements")
     return {model: m for model, m in found.items() if m.bytes > 0}
+
+
+def journal_kv_peaks(journal: JournalConfig) -> dict[str, KvPeaks]:
+    """Each model's journaled KV peaks, for ``check-config`` (read-only; {} if none)."""
+    return _read_journal_file(journal, read_kv_peaks, "KV peaks")
 
 
 class JournalFile:

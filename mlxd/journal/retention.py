@@ -23,8 +23,9 @@ watermark ``retention.pruned_through`` (P), up to C, in journal order:
   model's ``checkpoints`` row moves to its last pruned transition (``state`` is
   that row's ``to_state``: where the kept history starts);
 * the events rows in (P, C], except those of the transitions kept;
-* every 32nd slice, ``measurements`` older than C's time, except each model's
-  latest (the memory estimate reads it);
+* every 32nd slice, ``measurements`` and ``kv_peaks`` older than C's time,
+  except each model's latest (the memory estimate reads the measurement,
+  ``check-config`` the peak);
 * then ``pruned_through = C`` and the totals.
 
 ``runs`` rows are never pruned (one per start). By age, C stops before the
@@ -92,7 +93,7 @@ FIRST_BATCH, MIN_BATCH, MAX_BATCH = 256, 16, 8192
 AGE_CHECK_S = 1.0
 #: seconds the pruner rests when nothing prunable is left
 STUCK_REST_S = 10.0
-#: measurements are pruned on every this many slices
+#: measurements and KV peaks are pruned on every this many slices
 MEASUREMENTS_EVERY = 32
 
 _MODES = {0: "none", 1: "full", 2: "incremental"}
@@ -133,6 +134,7 @@ class Pruned:
     transitions: int
     leases: int
     measurements: int
+    kv_peaks: int
     vacuumed_pages: int
 
 
@@ -196,15 +198,17 @@ PRUNE_EVENTS = (
     "DELETE FROM events WHERE seq > :p AND seq <= :c"
     " AND seq NOT IN (SELECT seq FROM transitions WHERE seq > :p AND seq <= :c)"
 )
-PRUNE_MEASUREMENTS = (
-    "DELETE FROM measurements WHERE rowid IN (SELECT rowid FROM measurements m WHERE at < :at"
-    " AND EXISTS (SELECT 1 FROM measurements n WHERE n.model = m.model AND n.at > m.at))"
+_OLDER_NOT_LATEST = (
+    "DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} m WHERE at < :at"
+    " AND EXISTS (SELECT 1 FROM {t} n WHERE n.model = m.model AND n.at > m.at))"
 )
+PRUNE_MEASUREMENTS = _OLDER_NOT_LATEST.format(t="measurements")
+PRUNE_KV_PEAKS = _OLDER_NOT_LATEST.format(t="kv_peaks")
 ADVANCE = (
     "UPDATE retention SET pruned_through = :c, pruned_at = :now,"
     " events_pruned = events_pruned + :events, transitions_pruned = transitions_pruned + :transitions,"
-    " leases_pruned = leases_pruned + :leases, measurements_pruned = measurements_pruned + :measurements"
-    " WHERE id = 1"
+    " leases_pruned = leases_pruned + :leases, measurements_pruned = measurements_pruned + :measurements,"
+    " kv_peaks_pruned = kv_peaks_pruned + :kv_peaks WHERE id = 1"
 )
 
 
@@ -219,9 +223,11 @@ def prune_range(
     transitions = conn.execute(PRUNE_TRANSITIONS, args).rowcount
     events = conn.execute(PRUNE_EVENTS, args).rowcount
     gone = conn.execute(PRUNE_MEASUREMENTS, {"at": c_at}).rowcount if measurements else 0
-    counts = {"events": events, "transitions": transitions, "leases": leases, "measurements": gone}
+    peaks = conn.execute(PRUNE_KV_PEAKS, {"at": c_at}).rowcount if measurements else 0
+    counts = {"events": events, "transitions": transitions, "leases": leases,
+              "measurements": gone, "kv_peaks": peaks}  # fmt: skip
     conn.execute(ADVANCE, {**args, "now": now, **counts})
-    return Pruned(c, events, transitions, leases, gone, 0)
+    return Pruned(c, events, transitions, leases, gone, peaks, 0)
 
 
 class Pruner:
@@ -354,7 +360,7 @@ class Pruner:
             return None
         self._dirty = True
         if pruned is None:
-            return Pruned(pruned_through(conn), 0, 0, 0, 0, vacuumed)
+            return Pruned(pruned_through(conn), 0, 0, 0, 0, 0, vacuumed)
         return replace(pruned, vacuumed_pages=vacuumed)
 
     # -- internals --

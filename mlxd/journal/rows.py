@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 from mlxd.faults import crash_point
 from mlxd.residency.events import (
+    KvPeakEvent,
     LeaseAcquired,
     LeaseReleased,
     ManagerEvent,
@@ -65,6 +66,10 @@ INSERT_MEASUREMENT = (
     "INSERT INTO measurements(model, at, memory_bytes, load_seconds) VALUES (?, ?, ?, ?)"
 )
 INSERT_MEASUREMENT_WEIGHTS = "INSERT INTO measurement_weights(model, at, weights) VALUES (?, ?, ?)"
+INSERT_KV_PEAK = (
+    "INSERT INTO kv_peaks(model, at, run_id, loaded_at, kv_peak_bytes, kv_budget_bytes,"
+    " prompt_cache_bytes, prompt_cache_budget_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
 END_RUN = "UPDATE runs SET stopped_at = ?, clean_stop = ? WHERE id = ?"
 
 
@@ -85,7 +90,15 @@ TRANSITION = TransitionEvent.kind
 ACQUIRED = LeaseAcquired.kind
 RELEASED = LeaseReleased.kind
 MEASUREMENT = MeasurementEvent.kind
+KV_PEAK = KvPeakEvent.kind
 END = EndRun.kind
+
+#: the rows without an ``events`` row (no seq in the file): how to tell that one is written
+#: already, by its ``(model, at)`` (a record replayed after a writer died, see the writer)
+WRITTEN_ALREADY: dict[str, str] = {
+    MEASUREMENT: "SELECT 1 FROM measurements WHERE model = ? AND at = ? LIMIT 1",
+    KV_PEAK: "SELECT 1 FROM kv_peaks WHERE model = ? AND at = ? LIMIT 1",
+}
 
 #: a wire record: (kind, *fields); enum fields stay enum members (pickle memoizes them)
 Wire = tuple[Any, ...]
@@ -93,7 +106,7 @@ Wire = tuple[Any, ...]
 #: per record type: one C-level getter of its kind and all its fields, in order
 ENCODERS: dict[type, Callable[[Any], Wire]] = {
     cls: operator.attrgetter("kind", *(f.name for f in fields(cls)))
-    for cls in (TransitionEvent, LeaseAcquired, LeaseReleased, MeasurementEvent, EndRun)
+    for cls in (TransitionEvent, LeaseAcquired, LeaseReleased, MeasurementEvent, KvPeakEvent, EndRun)
 }
 
 
@@ -113,6 +126,8 @@ def decode(w: Wire) -> ManagerEvent | EndRun:
         return LeaseReleased(w[1], w[2], Outcome(w[3]), *w[4:])
     if code == MEASUREMENT:
         return MeasurementEvent(*w[1:])
+    if code == KV_PEAK:
+        return KvPeakEvent(*w[1:])
     if code == END:
         return EndRun(*w[1:])
     raise ValueError(f"not a journal wire record: {w!r}")
@@ -175,6 +190,11 @@ def _weights_row(w: Wire) -> tuple[Any, ...]:
     return (model, at, weights)
 
 
+def _kv_peak_row(run_id: int, w: Wire) -> tuple[Any, ...]:
+    _, model, at, *rest = w  # rest: loaded_at, the peak, the budgets, as INSERT_KV_PEAK lists them
+    return (model, at, run_id, *rest)
+
+
 def _release_row(w: Wire) -> tuple[Any, ...]:
     _, lease_id, _, outcome, at, prompt_tokens, completion_tokens, _ = w
     return (at, outcome, prompt_tokens, completion_tokens, lease_id)
@@ -214,6 +234,8 @@ def prepare(item: Item) -> tuple[Op, ...]:
         if w[5] is None:
             return ((INSERT_MEASUREMENT, w[1:5], False),)
         return ((INSERT_MEASUREMENT, w[1:5], False), (INSERT_MEASUREMENT_WEIGHTS, _weights_row(w), False))
+    if code == KV_PEAK:
+        return ((INSERT_KV_PEAK, _kv_peak_row(run_id, w), False),)
     event_op: Op = (INSERT_EVENT, event_row(seq, run_id, w), False)
     if code == TRANSITION:
         return (event_op, (INSERT_TRANSITION, _transition_row(seq, run_id, w), False))
@@ -238,6 +260,7 @@ def plan(items: list[Item]) -> Plan:
     releases: list[tuple[Any, ...]] = []
     measurements: list[tuple[Any, ...]] = []
     weights: list[tuple[Any, ...]] = []
+    kv_peaks: list[tuple[Any, ...]] = []
     ends: list[tuple[Any, ...]] = []
     for seq, run_id, w in items:
         code = w[0]
@@ -258,6 +281,9 @@ def plan(items: list[Item]) -> Plan:
             if w[5] is not None:
                 weights.append(_weights_row(w))
             continue
+        elif code == KV_PEAK:
+            kv_peaks.append(_kv_peak_row(run_id, w))
+            continue
         elif code == END:
             ends.append((w[1], 1 if w[2] else 0, run_id))
             continue
@@ -270,6 +296,7 @@ def plan(items: list[Item]) -> Plan:
         (INSERT_LEASE, [tuple(r) for r in leases.values()]),
         (INSERT_MEASUREMENT, measurements),
         (INSERT_MEASUREMENT_WEIGHTS, weights),
+        (INSERT_KV_PEAK, kv_peaks),
     ]
     updates = [(RELEASE_LEASE, releases), (END_RUN, ends)]
     return Plan(

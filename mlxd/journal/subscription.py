@@ -20,7 +20,8 @@ from mlxd.residency.events import LeaseAcquired, LeaseReleased, TransitionEvent
 if TYPE_CHECKING:
     from mlxd.journal.journal import Journal
 
-#: the wire kinds subscribers hear, with their field names (measurements and end_run are not published)
+#: the wire kinds subscribers hear, with their field names (measurements, KV peaks and end_run
+#: are not published)
 PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
     cls.kind: tuple(cls.__dataclass_fields__)
     for cls in (TransitionEvent, LeaseAcquired, LeaseReleased)

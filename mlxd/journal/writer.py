@@ -23,7 +23,7 @@ The daemon sends, in order:
 * ``("replay_until", seq)``: after ``open``, from a daemon whose previous writer
   process died: records up to ``seq`` may be sent again. Those with an
   ``events`` row are resent only above the file's highest seq, but a
-  measurement has none, so one already in the file is not inserted again;
+  measurement or a KV peak has none, so one already in the file is not inserted again;
 * ``("stop",)``: write what is queued, then exit.
 
 The child answers with ``("ready", max_seq, notes)`` (lines for the log) or ``("open_error", kind,
@@ -91,7 +91,7 @@ from mlxd.framing import Frames, child_command, frame
 from mlxd.journal import retention
 from mlxd.journal.migrate import Synchronous, migrate, open_database
 from mlxd.journal.rows import (
-    MEASUREMENT,
+    WRITTEN_ALREADY,
     Item,
     Op,
     Plan,
@@ -440,14 +440,12 @@ class Writer:
         return rejected
 
     def _written_already(self, conn: sqlite3.Connection, item: Item) -> bool:
-        """A replayed measurement that the dead writer process had written (see replay_until)."""
+        """A replayed measurement or KV peak that the dead writer process had written (see replay_until)."""
         seq, _, w = item
-        if seq > self._replay_until or w[0] != MEASUREMENT:
+        sql = WRITTEN_ALREADY.get(w[0])
+        if seq > self._replay_until or sql is None:
             return False
-        found = conn.execute(
-            "SELECT 1 FROM measurements WHERE model = ? AND at = ? LIMIT 1", (w[1], w[2])
-        ).fetchone()
-        return found is not None
+        return conn.execute(sql, (w[1], w[2])).fetchone() is not None
 
     # -- retention (mlxd.journal.retention) --
 

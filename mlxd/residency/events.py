@@ -1,4 +1,4 @@
-"""What the manager tells its subscribers: transitions, leases and measurements.
+"""What the manager tells its subscribers: transitions, leases, measurements and KV peaks.
 
 The manager calls every subscriber synchronously, in order, for each of these
 (see :meth:`mlxd.residency.manager.Manager.subscribe`). The journal persists them, the
@@ -81,4 +81,32 @@ class MeasurementEvent:
         return {"kind": self.kind, **asdict(self)}
 
 
-ManagerEvent = TransitionEvent | LeaseAcquired | LeaseReleased | MeasurementEvent
+@dataclass(frozen=True, slots=True)
+class KvPeakEvent:
+    """How much of its KV budgets a residency used, told once when the residency ends.
+
+    Only for engines that measure their KV (batched mlx-lm models): the peak is
+    the most KV bytes the running generations held at once since the load, next
+    to ``kv_cache`` (``kv_cache_gb`` or its default) that the load committed.
+    """
+
+    model: str
+    #: when the engine stop that ended the residency began (wall clock)
+    at: float
+    #: when the residency became ``loaded`` (wall clock)
+    loaded_at: float
+    kv_peak_bytes: int
+    #: the ``kv_cache`` part of what the load committed
+    kv_budget_bytes: int
+    #: what the prompt cache held at the end (it evicts beyond its budget, so about its most)
+    prompt_cache_bytes: int
+    #: the ``prompt_cache`` part of what the load committed
+    prompt_cache_budget_bytes: int
+
+    kind = "kv_peak"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+
+ManagerEvent = TransitionEvent | LeaseAcquired | LeaseReleased | MeasurementEvent | KvPeakEvent

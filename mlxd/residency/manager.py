@@ -198,7 +198,7 @@ class Manager:
             self._dispatch(Tick(trio.current_time()))
 
     def subscribe(self, callback: Subscriber) -> None:
-        """Call ``callback`` synchronously with every transition, lease and measurement."""
+        """Call ``callback`` synchronously with every transition, lease, measurement and KV peak."""
         self._subscribers = (*self._subscribers, callback)  # a new tuple: _emit needs no copy
 
     # -- public operations -----------------------------------------------------------
@@ -451,11 +451,8 @@ class Manager:
             if w is not None:
                 lease.adopt(w)
             self._leases[lease.id] = lease
-            self._emit(
-                LeaseAcquired(
-                    lease.id, cmd.model, lease.request_id, lease.route, self._wall(), lease.client
-                )
-            )
+            self._emit(LeaseAcquired(lease.id, cmd.model, lease.request_id, lease.route,
+                                     self._wall(), lease.client))
             if w is None:  # the waiter is gone; give the lease straight back
                 lease._end(Outcome.CANCELLED)
             else:
@@ -592,7 +589,10 @@ class Manager:
     async def _unload_task(self, model: str) -> None:
         self._deaths.forget(model)
         engine = self._engines.get(model)
+        peak = views.kv_peak(self, model)  # read before the stop frees the engine's caches
         error = None if engine is None else await self._stops.stop(model, engine)
         if error is None:
             self._engines.pop(model, None)
+            if peak is not None:  # one per residency: told when its memory is given back
+                self._emit(peak)
         self._dispatch(UnloadFinished(model, trio.current_time(), error=error))

@@ -1,7 +1,9 @@
 """Status views of the manager: what ``/admin/status``, ``/v1/models`` and ``mlxd status`` show.
 
 Read-only: these functions look at a :class:`~mlxd.residency.manager.Manager`
-and its core and build plain dicts; they never change anything.
+and its core and build plain dicts (and :func:`kv_peak`, the event the manager
+emits when a residency ends: what it used of its KV budgets); they never
+change anything.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from mlxd.engines.base import LoadProgress
+from mlxd.residency.events import KvPeakEvent
 from mlxd.residency.progress import LoadEstimate
 from mlxd.residency.states import Reason, State
 from mlxd.units import format_bytes
@@ -85,7 +88,34 @@ def model_status(manager: Manager, name: str) -> dict[str, Any]:
 def _in_use(manager: Manager, name: str) -> dict[str, int] | None:
     """``{kv_cache, kv_cache_peak, prompt_cache}`` bytes of an engine that reports them, else None."""
     usage = getattr(manager._engines.get(name), "memory_usage", None)
-    return dict(usage()) if callable(usage) else None
+    held = usage() if callable(usage) else None
+    return dict(held) if held is not None else None
+
+
+def kv_peak(manager: Manager, name: str) -> KvPeakEvent | None:
+    """What ``name``'s residency used of its KV budgets, read before its engine stops.
+
+    None unless its engine measures its KV (``memory_usage()`` with
+    ``kv_cache_peak``: batched mlx-lm models) and it reached ``loaded`` (not
+    the partial engine of a failed load). The budgets are the ``kv_cache`` and
+    ``prompt_cache`` parts its load committed (what ``/v1/models`` shows).
+    """
+    r = manager.core.models.get(name)
+    usage = _in_use(manager, name)
+    if r is None or r.loaded_at is None or usage is None or "kv_cache_peak" not in usage:
+        return None
+    parts = manager.memory_parts(name)
+    loaded_at = manager.wall_of(r.loaded_at)
+    assert loaded_at is not None
+    return KvPeakEvent(
+        model=name,
+        at=manager._wall(),
+        loaded_at=loaded_at,
+        kv_peak_bytes=int(usage["kv_cache_peak"]),
+        kv_budget_bytes=parts["kv_cache"],
+        prompt_cache_bytes=int(usage.get("prompt_cache", 0)),
+        prompt_cache_budget_bytes=parts["prompt_cache"],
+    )
 
 
 def dead_engines(manager: Manager) -> list[str]:

@@ -13,6 +13,14 @@ def tiny_config(path: Path, **kw: object) -> ModelConfig:
     return ModelConfig(name=str(kw.pop("name", "tiny")), source=str(path), **kw)  # type: ignore[arg-type]
 
 
+def no_eos(_tokens: object, logits: object) -> object:
+    """A logits processor that keeps the random model from ever ending (token 1 is its EOS)."""
+    import mlx.core as mx
+
+    assert isinstance(logits, mx.array)
+    return mx.where(mx.arange(logits.shape[-1]) == 1, -mx.inf, logits)
+
+
 def chat(text: str, **kw: object) -> GenerationRequest:
     return GenerationRequest(kind="chat", messages=(ChatMessage("user", text),), **kw)  # type: ignore[arg-type]
 

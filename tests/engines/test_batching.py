@@ -15,7 +15,7 @@ from mlxd.engines.batching import BatchScheduler, batch_kv_bytes
 from mlxd.engines.mlx_text import MlxTextEngine
 from mlxd.errors import InvalidRequest, Preempted
 from mlxd.residency.manager import Manager
-from tests.engines.mlx_helpers import chat, collect, completion, tiny_config
+from tests.engines.mlx_helpers import chat, collect, completion, no_eos, tiny_config
 
 pytestmark = pytest.mark.mlx
 
@@ -209,7 +209,7 @@ async def test_kv_admission_keeps_the_batch_within_kv_cache(tiny_model_dir: Path
         assert 0 < peak <= eng.kv_cache_bytes  # what mlx-lm really held stayed within the room
         # more than fits even alone: capped to the room (finish_reason length) ...
         _, fin, _ = await collect(
-            eng, completion("hello", max_tokens=5000, logits_processors=(_no_eos,))
+            eng, completion("hello", max_tokens=5000, logits_processors=(no_eos,))
         )
         assert (fin.finish_reason, fin.prompt_tokens + fin.completion_tokens) == ("length", 512)
         # ... and a prompt that alone does not fit is refused
@@ -236,7 +236,7 @@ async def test_preempting_a_batched_model_stops_all_its_leases(tiny_model_dir: P
     )
     manager = Manager(config, DefaultEngines())
     errors: list[BaseException] = []
-    endless = completion("hi", max_tokens=1000, logits_processors=(_no_eos,))
+    endless = completion("hi", max_tokens=1000, logits_processors=(no_eos,))
     streaming = [trio.Event() for _ in range(3)]
 
     async def stream(i: int) -> None:
@@ -268,14 +268,6 @@ async def test_preempting_a_batched_model_stops_all_its_leases(tiny_model_dir: P
         nursery.cancel_scope.cancel()
 
 
-def _no_eos(_tokens: object, logits: object) -> object:
-    """A logits processor that keeps the random model from ever ending (token 1 is its EOS)."""
-    import mlx.core as mx
-
-    assert isinstance(logits, mx.array)
-    return mx.where(mx.arange(logits.shape[-1]) == 1, -mx.inf, logits)
-
-
 async def test_a_long_prompt_is_prefilled_between_the_running_streams_tokens(
     batched: MlxTextEngine,
 ) -> None:
@@ -283,7 +275,7 @@ async def test_a_long_prompt_is_prefilled_between_the_running_streams_tokens(
     stream keeps getting tokens while the newcomer's prefill progresses."""
     seen: list[tuple[str, str | None]] = []
     batched.observer = lambda event, stats: seen.append((event, stats.request_id))
-    running = completion("once", max_tokens=400, logits_processors=(_no_eos,), request_id="a")
+    running = completion("once", max_tokens=400, logits_processors=(no_eos,), request_id="a")
     long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 20)
     newcomer = completion(long_prompt, max_tokens=4, request_id="b")
     started = trio.Event()
