@@ -20,7 +20,13 @@ from mlxd.journal.journal import Journal
 from mlxd.journal.migrate import open_readonly
 from mlxd.journal.reads import LEASE_COLUMNS, TRANSITION_COLUMNS, parse_since
 from mlxd.journal.replay import check_journal
-from mlxd.residency.events import LeaseAcquired, LeaseReleased, MeasurementEvent, TransitionEvent
+from mlxd.residency.events import (
+    KvPeakEvent,
+    LeaseAcquired,
+    LeaseReleased,
+    MeasurementEvent,
+    TransitionEvent,
+)
 from mlxd.residency.states import Outcome, Reason, State
 from mlxd.units import MIB
 
@@ -94,13 +100,17 @@ async def _fill(path: Path) -> None:
             *lease("p2", "llama", DAY1 + 300, 4.0, Outcome.PREEMPTED, 20, "laptop"),
             *lease("ok", "qwen", DAY1 + 400, 1.0, Outcome.COMPLETED, 50, "ops"),
             *evict_idle("qwen", DAY1 + 500),
+            KvPeakEvent("qwen", DAY1 + 500, DAY1 + 2, 30 * MIB, 100 * MIB, 5 * MIB, 50 * MIB),
             TransitionEvent("llama", State.LOADED, State.DRAINING, Reason.EVICTED, DAY1 + 600),
             TransitionEvent("llama", State.DRAINING, State.UNLOADING, Reason.EVICTED, DAY1 + 601),
+            KvPeakEvent("llama", DAY1 + 601, DAY1 + 102, 10 * MIB, 40 * MIB, 0, 0),
+            KvPeakEvent("llama", DAY1 + 601.5, DAY1 + 102, 0, 0, 0, 0),  # no budget: left out
             TransitionEvent("llama", State.UNLOADING, State.UNLOADED, Reason.EVICTED, DAY1 + 602),
             *load("qwen", DAY2),
             MeasurementEvent("qwen", DAY2 + 2, 550 * MIB, 3.0, "qwen-weights-2"),
             *lease("p3", "qwen", DAY2 + 100, 3.0, Outcome.PREEMPTED, 7, "laptop"),
             *evict_idle("qwen", DAY2 + 200),
+            KvPeakEvent("qwen", DAY2 + 200, DAY2 + 2, 80 * MIB, 100 * MIB, 9 * MIB, 50 * MIB),
             *load("qwen", DAY2 + 300),
             LeaseAcquired(
                 "open-now", "qwen", "req-open", "/v1/chat/completions", time.time() - 60, "laptop"
@@ -307,9 +317,9 @@ def run_query(journal: Path, sql: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-def test_docs_have_seven_queries() -> None:
-    """docs/journal.md documents exactly the seven tested queries."""
-    assert len(doc_queries()) == 7
+def test_docs_have_eight_queries() -> None:
+    """docs/journal.md documents exactly the eight tested queries."""
+    assert len(doc_queries()) == 8
 
 
 async def test_doc_query_recent_transitions(journal: Path) -> None:
@@ -394,3 +404,12 @@ async def test_history_filters_leases_by_client(
     assert {r["client"] for r in json.loads(out)} == {"laptop"}
     _, out, _ = history(capsys, "--journal", str(journal), "--client", "ops")
     assert "ops" in out and "ok" in out.splitlines()[1] and len(out.splitlines()) == 2
+
+
+async def test_doc_query_how_much_of_kv_cache_was_used(journal: Path) -> None:
+    """Query 8 gives each model's residency that used the largest share of its kv_cache."""
+    at = lambda t: datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")  # noqa: E731
+    assert run_query(journal, doc_queries()[7]) == [
+        ("qwen", 2, 80.0, 80.0, 100.0, at(DAY2 + 200)),
+        ("llama", 1, 25.0, 10.0, 40.0, at(DAY1 + 601)),
+    ]
