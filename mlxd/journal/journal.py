@@ -56,7 +56,8 @@ opens or recovers) is fatal: ``run()`` raises.
 
 Retention (``retain_days``, ``max_mb``; none by default here, the daemon
 passes the config's): the writer process prunes the oldest rows in short
-slices between and inside batches (:mod:`mlxd.journal.retention`).
+slices of their own between batches, ahead of waiting records only when it
+has fallen behind (:mod:`mlxd.journal.retention`).
 
 Readers (:meth:`history`, :meth:`leases`, :meth:`events_after`,
 :meth:`latest_measurements`) open their own read-only connection per call.

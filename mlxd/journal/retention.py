@@ -5,13 +5,25 @@ Theory of operation
 ``journal.retain_days`` and ``journal.max_mb`` (:class:`Policy`) bound the
 journal. The writer process (:mod:`mlxd.journal.writer`) owns a
 :class:`Pruner` and, while it says there is work (:meth:`Pruner.due`), runs
-one *slice* at a time on its connection: inside the transaction of a batch of
-live records (no extra fsync; at most :data:`ALONG_FACTOR` events pruned per
-record written, so the commit is later by about what the batch's own inserts
-took, while pruning still outpaces the records), or in a transaction of its
-own when no record is waiting (about :data:`SLICE_S`, the longest a record
-arriving meanwhile can wait for it; the events per slice adapt to the
-measured time).
+one *slice* at a time on its connection, always in a transaction of its own,
+never in the transaction of live records (their commits stay as small as
+without pruning), and committed without an fsync of its own (``synchronous =
+NORMAL`` for that commit only: a slice lost to a power cut is simply done
+again, and the next live commit's fsync makes it durable). A slice lasts about
+:data:`SLICE_S` (the events per slice adapt to the measured time), the longest
+a live record arriving meanwhile waits for it. When slices may run
+(:meth:`Pruner.may_run`):
+
+* when no live record waits: the writer prunes in the gaps between its commits;
+* with records waiting, only when pruning is *behind* (by size, the pages in
+  use :data:`BEHIND_SHARE` of ``max_mb`` over the target; or due for
+  :data:`BEHIND_S` with no slice in an idle moment), and then for at most
+  :data:`BUSY_SHARE` of the writer's time: a writer that is never idle still
+  prunes, and live records still get three quarters of its time.
+
+The writer checkpoints the WAL with ``TRUNCATE`` (:meth:`Pruner.idle`) only
+after :data:`QUIET_S` without a message, never between the commits of a busy
+writer (a checkpoint's fsync of the database file would hold the next commit).
 
 A slice prunes the events with the next ``batch`` sequence numbers after the
 watermark ``retention.pruned_through`` (P), up to C, in journal order:
@@ -81,12 +93,19 @@ TARGET_SHARE = 0.85
 SLACK_SHARE = 0.05
 #: ... or, without max_mb, up to this many bytes
 AGE_SLACK = 1 * MIB
-#: the longest slice in a transaction of its own (a record arriving meanwhile waits for it)
-SLICE_S = 0.010
-#: a slice inside a batch of live records prunes at most this many events per record written...
-ALONG_FACTOR = 2
-#: ... and gives back at most this many free pages
-ALONG_VACUUM_PAGES = 16
+#: the longest slice (a live record arriving meanwhile waits for it and its fsync-less commit)
+SLICE_S = 0.003
+#: with live records waiting, a slice runs only when pruning is behind, and pruning then takes
+#: at most this share of the writer's time
+BUSY_SHARE = 0.25
+#: behind: by size, the pages in use this share of max_mb over the target...
+BEHIND_SHARE = 0.04
+#: ... or due for this many seconds with no slice in an idle moment (a writer never idle)
+BEHIND_S = 0.5
+#: by size, slices prune down to this share of max_mb under the target (fewer, fuller slices)
+HYSTERESIS_SHARE = 0.01
+#: seconds without a message after which an idle writer that pruned checkpoints the WAL
+QUIET_S = 0.5
 #: events per slice: first guess and bounds (it adapts to the measured time)
 FIRST_BATCH, MIN_BATCH, MAX_BATCH = 256, 16, 8192
 #: seconds between two checks of the age limit when nothing was due
@@ -231,7 +250,7 @@ def prune_range(
 
 
 class Pruner:
-    """The writer process's pruning state: what is due, and slices that adapt to the time they take."""
+    """The writer process's pruning state: what is due, when a slice may run, slices that adapt to their time."""
 
     def __init__(
         self,
@@ -244,13 +263,26 @@ class Pruner:
         self._clock = clock
         self._timer = timer
         self.batch = FIRST_BATCH
-        self.vacuum_pages = 64
         self._slices = 0
-        #: no need to look again before this (timer seconds)
-        self._quiet_until = 0.0
+        #: no pruning at all before this (timer seconds): after a failure, or when stuck
+        self._rest_until = 0.0
+        #: no look at the age limit before this (timer seconds)
+        self._age_quiet_until = 0.0
+        #: since when pruning has been due without a pause (None: not due)
+        self._due_since: float | None = None
+        #: when the last slice that no live record waited for ended
+        self._idle_slice_at = 0.0
+        #: by size, pages in use this far over the target (set by due)
+        self._behind_by_size = False
+        #: seconds of pruning that may still run while records wait (earned at BUSY_SHARE of
+        #: the time, at most one slice ahead; spent by those slices)
+        self._credit = 0.0
+        self._credit_at: float | None = None
         self._incremental: bool | None = None
+        #: the connection's synchronous setting, put back after each slice's commit
+        self._synchronous = 2
         #: pruned since the last idle checkpoint
-        self._dirty = False
+        self.dirty = False
         #: a line for the log, once, when pruning cannot get the file under max_mb
         self.note: str | None = None
         self._noted = False
@@ -260,16 +292,17 @@ class Pruner:
         wal = self.policy.wal_bytes
         conn.execute(f"PRAGMA wal_autocheckpoint = {max(16, wal // _pragma(conn, 'page_size'))}")
         conn.execute(f"PRAGMA journal_size_limit = {wal}")
+        self._synchronous = _pragma(conn, "synchronous")
 
     def idle(self, conn: sqlite3.Connection) -> None:
-        """When the writer goes idle after pruning: a checkpoint that lets the file and WAL shrink.
+        """After pruning, once the writer is quiet (:data:`QUIET_S`): a checkpoint to shrink the files.
 
         ``TRUNCATE`` with no busy wait: if a reader holds an old snapshot, it does
         what it can now (like ``PASSIVE``) and the next checkpoint does the rest.
         """
-        if not self._dirty:
+        if not self.dirty:
             return
-        self._dirty = False
+        self.dirty = False
         busy = _pragma(conn, "busy_timeout")
         conn.execute("PRAGMA busy_timeout = 0")
         try:
@@ -280,41 +313,54 @@ class Pruner:
             conn.execute(f"PRAGMA busy_timeout = {busy}")
 
     def due(self, conn: sqlite3.Connection) -> bool:
-        """Cheap: is there pruning or vacuuming to do now?"""
-        if not self.policy.enabled or self._timer() < self._quiet_until:
-            return False
-        if self._over_size(conn) or self._vacuum_due(conn):
-            return True
+        """Cheap: is there pruning or vacuuming to do now? (The age limit is looked at once a second.)"""
+        now = self._timer()
+        if not self.policy.enabled or now < self._rest_until:
+            return self._not_due()
+        sized = self.policy.max_bytes > 0
+        used = used_bytes(conn) if sized else 0
+        self._behind_by_size = sized and used > self._behind_bytes()
+        if (sized and used > self.policy.target_bytes) or self._vacuum_due(conn):
+            return self._is_due(now)
         cutoff = self._cutoff()
-        if cutoff is not None:
+        if cutoff is not None and now >= self._age_quiet_until:
             first = conn.execute(
                 "SELECT at FROM events WHERE seq > ? ORDER BY seq LIMIT 1", (pruned_through(conn),)
             ).fetchone()
             if first is not None and first[0] < cutoff:
-                return True
-        self._quiet_until = self._timer() + AGE_CHECK_S
+                return self._is_due(now)
+            self._age_quiet_until = now + AGE_CHECK_S
+        return self._not_due()
+
+    def _is_due(self, now: float) -> bool:
+        if self._due_since is None:
+            self._due_since = now
+        return True
+
+    def _not_due(self) -> bool:
+        self._due_since = None
         return False
 
-    def along(self, conn: sqlite3.Connection, records: int) -> list[tuple[int, str]]:
-        """A slice inside the transaction of a batch of ``records`` live records.
+    def may_run(self, waiting: bool) -> bool:
+        """A due slice may run now: always when no live record waits (``waiting`` False);
+        with records waiting only when pruning is behind, within :data:`BUSY_SHARE` of the time."""
+        if not waiting:
+            return True
+        now = self._timer()
+        earned = (now - self._credit_at) * BUSY_SHARE if self._credit_at is not None else 0.0
+        self._credit, self._credit_at = min(SLICE_S, self._credit + earned), now
+        since = None if self._due_since is None else max(self._due_since, self._idle_slice_at)
+        starved = since is not None and now - since >= BEHIND_S
+        return (self._behind_by_size or starved) and self._credit >= 0.0
 
-        It prunes at most :data:`ALONG_FACTOR` events per record of the batch (and
-        gives back at most :data:`ALONG_VACUUM_PAGES` pages), so the batch's commit
-        is later by about the time its own inserts took, never by a whole slice,
-        while pruning still outpaces the records. Its failure is undone (a
-        savepoint) and never fails the batch. Returns lines for the log.
+    def alone(self, conn: sqlite3.Connection, *, busy: bool = False) -> list[tuple[int, str]]:
+        """A slice of about :data:`SLICE_S` in a transaction of its own, committed without an fsync.
+
+        ``busy``: live records wait for it (its time is charged to :data:`BUSY_SHARE`).
+        Returns lines for the log.
         """
-        conn.execute("SAVEPOINT prune")
-        try:
-            self.slice(conn, SLICE_S, limit=max(MIN_BATCH, ALONG_FACTOR * records))
-        except sqlite3.Error as e:
-            conn.execute("ROLLBACK TO prune")
-            self._failed(e)
-        conn.execute("RELEASE prune")
-        return self._notes()
-
-    def alone(self, conn: sqlite3.Connection) -> list[tuple[int, str]]:
-        """A slice of :data:`SLICE_S` in a transaction of its own. Returns lines for the log."""
+        t0 = self._timer()
+        conn.execute("PRAGMA synchronous = NORMAL")
         try:
             conn.execute("BEGIN IMMEDIATE")
             self.slice(conn, SLICE_S)
@@ -323,6 +369,12 @@ class Pruner:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             self._failed(e)
+        finally:
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        if busy:
+            self._credit -= self._timer() - t0
+        else:
+            self._idle_slice_at = self._timer()
         return self._notes()
 
     def _failed(self, error: sqlite3.Error) -> None:
@@ -337,28 +389,25 @@ class Pruner:
 
     def rest(self) -> None:
         """Look again only after :data:`STUCK_REST_S` (after a failure)."""
-        self._quiet_until = self._timer() + STUCK_REST_S
+        self._rest_until = self._timer() + STUCK_REST_S
 
-    def slice(
-        self, conn: sqlite3.Connection, budget_s: float, *, limit: int | None = None
-    ) -> Pruned | None:
+    def slice(self, conn: sqlite3.Connection, budget_s: float) -> Pruned | None:
         """One slice inside the caller's transaction; None if nothing was due.
 
-        About ``budget_s`` long (the events per slice adapt to the time taken);
-        ``limit`` caps the events pruned and the pages vacuumed further.
+        About ``budget_s`` long: the events per slice adapt to the time taken,
+        and the vacuum stops at the budget.
         """
         t0 = self._timer()
-        pruned = self._prune(conn, self.batch if limit is None else min(self.batch, limit))
+        pruned = self._prune(conn, self.batch)
         took = self._timer() - t0
         if pruned is not None:
             self._adapt(took, budget_s)
         vacuumed = 0
         if took < budget_s and self._vacuum_due(conn):
-            pages = None if limit is None else ALONG_VACUUM_PAGES
-            vacuumed = self._vacuum(conn, t0 + budget_s, pages)
+            vacuumed = self._vacuum(conn, t0 + budget_s)
         if pruned is None and not vacuumed:
             return None
-        self._dirty = True
+        self.dirty = True
         if pruned is None:
             return Pruned(pruned_through(conn), 0, 0, 0, 0, 0, vacuumed)
         return replace(pruned, vacuumed_pages=vacuumed)
@@ -371,6 +420,9 @@ class Pruner:
 
     def _over_size(self, conn: sqlite3.Connection) -> bool:
         return self.policy.max_bytes > 0 and used_bytes(conn) > self.policy.target_bytes
+
+    def _behind_bytes(self) -> int:
+        return self.policy.target_bytes + int(self.policy.max_bytes * BEHIND_SHARE)
 
     def _vacuum_due(self, conn: sqlite3.Connection) -> bool:
         if self._incremental is None:
@@ -402,14 +454,16 @@ class Pruner:
     def _needed(self, conn: sqlite3.Connection, p: int) -> int:
         """About how many events to prune to get under the size target (never fewer than MIN_BATCH).
 
-        The excess over the target, over the average bytes per sequence number
-        still kept: a slice then prunes what is needed, not a whole batch, so
-        the journal keeps as much history as fits.
+        The excess over the target less :data:`HYSTERESIS_SHARE` of max_mb, over
+        the average bytes per sequence number still kept: a slice then prunes
+        what is needed, not a whole batch, so the journal keeps as much history
+        as fits, and the next slice is not due after the next commit already.
         """
         last = conn.execute("SELECT max(seq) FROM events").fetchone()[0] or p
         used = used_bytes(conn)
         per_seq = used / max(1, last - p)
-        return max(MIN_BATCH, int((used - self.policy.target_bytes) / per_seq) + 1)
+        goal = self.policy.target_bytes - int(self.policy.max_bytes * HYSTERESIS_SHARE)
+        return max(MIN_BATCH, int((used - goal) / per_seq) + 1)
 
     def _stuck(self, conn: sqlite3.Connection) -> None:
         self.rest()
@@ -427,12 +481,10 @@ class Pruner:
         elif took < budget_s / 2:
             self.batch = min(MAX_BATCH, self.batch + self.batch // 2)
 
-    def _vacuum(self, conn: sqlite3.Connection, deadline: float, pages: int | None) -> int:
-        """Give free pages beyond the slack back (at most ``pages``), one per statement, until ``deadline``."""
+    def _vacuum(self, conn: sqlite3.Connection, deadline: float) -> int:
+        """Give free pages beyond the slack back, one per statement, until ``deadline``."""
         page = _pragma(conn, "page_size")
         excess = _pragma(conn, "freelist_count") - self.policy.slack_bytes // page
-        if pages is not None:
-            excess = min(excess, pages)
         done = 0
         while done < excess:
             for _ in range(min(16, excess - done)):

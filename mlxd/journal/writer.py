@@ -51,7 +51,9 @@ writes do not wait for an fsync), and:
 2. waits for records, then takes everything that has arrived (up to
    :data:`MAX_BATCH` records) into ONE ``BEGIN IMMEDIATE ... COMMIT``: a burst
    of N records costs one commit, written with the batch's
-   :func:`~mlxd.journal.rows.plan` in a few multi-row statements;
+   :func:`~mlxd.journal.rows.plan` in a few multi-row statements; retention
+   prunes in slices of its own between those commits, only while no record
+   waits unless it falls behind (:meth:`mlxd.journal.retention.Pruner.may_run`);
 3. if a row is rejected by a constraint (it can never succeed), redoes the
    batch record by record, one savepoint each, leaving out only the rejected;
 4. on any other ``sqlite3.Error`` (locked past ``busy_timeout``, disk full,
@@ -227,7 +229,7 @@ class Writer:
         self.notes: list[tuple[int, str]] = []
         policy = retention.Policy(settings.retain_days, settings.max_bytes)
         self.pruner = retention.Pruner(policy) if policy.enabled else None
-        #: how long an idle writer sleeps: with retention, time alone can make rows due
+        #: how long an idle writer sleeps: with retention, time alone makes rows due
         self._idle_wait = retention.AGE_CHECK_S if self.pruner is not None else None
         self.attempt_failures = 0
         self.commits = 0
@@ -318,17 +320,15 @@ class Writer:
         pending = self._pending
         backoff = self.settings.retry_initial
         while True:
-            # Block only when there is nothing to write; otherwise take what is there.
-            idle = not pending and not self._stopping
-            prune = idle and self._prune_due(conn)
-            if idle and not prune and self.pruner is not None:
-                self.pruner.idle(conn)
-            self._take(inbox.wait(self._idle_wait) if idle and not prune else inbox.take(), inbox)
+            # What has arrived joins this batch, or is a reason not to prune now.
+            self._take(inbox.take(), inbox)
+            if self._prune_now(conn, waiting=bool(pending)):
+                self._prune(conn, busy=bool(pending))
+                continue
             if not pending:
                 if self._stopping:
                     return
-                if prune:
-                    self._prune(conn)
+                self._idle(conn, inbox)
                 continue
             head = pending[0]
             if isinstance(head, Call):
@@ -402,7 +402,6 @@ class Writer:
             batch = plan(items)
             conn.execute("BEGIN IMMEDIATE")
             self._write(conn, batch)
-            self._prune(conn, len(items))
             crash_point("journal.before_commit")
             conn.execute("COMMIT")
             crash_point("journal.after_commit")
@@ -447,19 +446,24 @@ class Writer:
             return False
         return conn.execute(sql, (w[1], w[2])).fetchone() is not None
 
-    # -- retention (mlxd.journal.retention) --
+    def _prune_now(self, conn: sqlite3.Connection, *, waiting: bool) -> bool:
+        """A slice is due and may run (with live records ``waiting``: only when pruning is behind)."""
+        p = self.pruner
+        return p is not None and not self._stopping and p.due(conn) and p.may_run(waiting)
 
-    def _prune_due(self, conn: sqlite3.Connection) -> bool:
-        return self.pruner is not None and not self._stopping and self.pruner.due(conn)
-
-    def _prune(self, conn: sqlite3.Connection, records: int = 0) -> None:
-        """One slice: along the batch of ``records`` being written, or alone (``records`` 0)."""
-        if records and not self._prune_due(conn):
-            return
+    def _prune(self, conn: sqlite3.Connection, *, busy: bool) -> None:
+        """One slice in a transaction of its own (``busy``: live records wait for it)."""
         assert self.pruner is not None
-        notes = self.pruner.along(conn, records) if records else self.pruner.alone(conn)
-        for level, line in notes:
+        for level, line in self.pruner.alone(conn, busy=busy):
             self._send(("note", level, line))
+
+    def _idle(self, conn: sqlite3.Connection, inbox: Inbox) -> None:
+        """Nothing to write or prune: wait for messages; after pruning, checkpoint once it is quiet."""
+        pruner = self.pruner
+        messages = inbox.wait(retention.QUIET_S if pruner and pruner.dirty else self._idle_wait)
+        if pruner is not None and not messages:
+            pruner.idle(conn)  # a checkpoint if it pruned since the last one
+        self._take(messages, inbox)
 
     @staticmethod
     def _rollback(conn: sqlite3.Connection) -> None:

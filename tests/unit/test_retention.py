@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import trio
 
+from mlxd.framing import frame
 from mlxd.journal import retention
 from mlxd.journal.journal import Journal
 from mlxd.journal.migrate import migrate, open_database, open_readonly
@@ -18,7 +19,7 @@ from mlxd.journal.reads import read_backlog, read_checkpoints, read_transitions
 from mlxd.journal.replay import check_journal, replay
 from mlxd.journal.retention import Policy, Pruner, file_bytes, used_bytes
 from mlxd.journal.rows import Item, encode, plan
-from mlxd.journal.writer import Writer
+from mlxd.journal.writer import Inbox, Settings, Writer
 from mlxd.residency.events import LeaseAcquired, LeaseReleased, MeasurementEvent, TransitionEvent
 from mlxd.residency.states import Outcome, Reason, State
 
@@ -173,6 +174,101 @@ def test_when_only_unprunable_rows_are_left_it_rests_and_says_so(tmp_path: Path)
     assert pruner.note is not None and "never pruned" in pruner.note
     assert not pruner.due(f.conn)
     assert [r["to_state"] for r in transitions(f.conn)] == ["unloaded"]
+
+
+class Clock:
+    """A timer that moves only when told (a slice or a live batch "takes" time)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_slice_waits_for_live_records_unless_pruning_is_behind(tmp_path: Path) -> None:
+    """With records always waiting, slices run only once pruning is behind, then at most BUSY_SHARE of the time."""
+    f = Fill(tmp_path / "j.db")
+    for k in range(100):
+        f.cycle("a", NOW - 40 * DAY + k * 10, leases=5)
+    clock = Clock()
+    pruner = Pruner(Policy(retain_days=30), clock=lambda: NOW, timer=clock)
+    real_slice = pruner.slice
+
+    def slice_taking_its_budget(conn: sqlite3.Connection, budget_s: float) -> Any:
+        clock.now += budget_s
+        pruner.batch = retention.MIN_BATCH  # many slices
+        return real_slice(conn, budget_s)
+
+    pruner.slice = slice_taking_its_budget  # type: ignore[method-assign]
+    assert pruner.due(f.conn) and pruner.may_run(waiting=False)  # idle: at once
+    pruner.alone(f.conn)  # the last idle moment; from now on records always wait
+    idle_end = clock.now
+    slices: list[float] = []
+    while pruner.due(f.conn) and clock.now < 60:
+        if pruner.may_run(waiting=True):
+            slices.append(clock.now)
+            pruner.alone(f.conn, busy=True)
+        else:
+            clock.now += 0.010  # a live batch is written instead
+    assert slices and slices[0] >= idle_end + retention.BEHIND_S  # only once starved that long
+    assert retention.pruned_through(f.conn) > 0 and not pruner.due(f.conn)  # it finished
+    # their time: the share of the time since they began, plus at most one slice of credit
+    # saved up before and one overdrawn at the end
+    busy = clock.now - slices[0]
+    assert len(slices) > 50
+    assert retention.SLICE_S * len(slices) <= retention.BUSY_SHARE * busy + 2 * retention.SLICE_S
+
+
+def test_the_writer_commits_arriving_records_before_its_next_slice(tmp_path: Path) -> None:
+    """Records that arrive during a slice are committed before the next one, in a batch that prunes nothing."""
+    path = tmp_path / "j.db"
+    f = Fill(path)
+    for k in range(20):
+        f.cycle("a", NOW - 40 * DAY + k * 10)
+    first = f.seq + 1
+    f.conn.close()
+    r, w = os.pipe()
+
+    def records(seq: int, lid: str) -> None:
+        events = [LeaseAcquired(lid, "a", None, "/v1/completions", NOW),
+                  LeaseReleased(lid, "a", Outcome.COMPLETED, NOW, 1, 2)]  # fmt: skip
+        os.write(w, frame(("records", seq, 1, [encode(e) for e in events])))
+
+    log: list[tuple[str, int]] = []
+
+    def send(message: tuple[Any, ...]) -> None:
+        if message[0] == "batch":
+            log.append(("batch", retention.pruned_through(reader)))
+            if message[1] == first + 3:
+                os.write(w, frame(("stop",)))
+
+    settings = Settings(str(path), "normal", 5000, 0.1, 1.0, None, os.getpid(), retain_days=30)
+    writer = Writer(settings, send)
+    # a timer that never moves: pruning is never behind, so it never runs ahead of live records
+    pruner = writer.pruner = Pruner(Policy(retain_days=30), clock=lambda: NOW, timer=lambda: 0.0)
+    pruner.batch = retention.MIN_BATCH
+    real_slice = pruner.slice
+
+    def slice_logged(conn: sqlite3.Connection, budget_s: float) -> Any:
+        done = real_slice(conn, budget_s)
+        log.append(("slice", done.through if done else 0))
+        if len(log) == 3:
+            records(first + 2, "late")  # arrives during the second slice
+        return done
+
+    pruner.slice = slice_logged  # type: ignore[method-assign]
+    records(first, "early")  # waiting when the writer starts, pruning already due
+    reader = open_readonly(path)
+    try:
+        writer.run(Inbox(r))
+    finally:
+        reader.close()
+        os.close(r)
+        os.close(w)
+    assert [kind for kind, _ in log] == ["batch", "slice", "slice", "batch"]
+    assert log[0][1] == 0  # the first batch committed before any pruning, and pruned nothing
+    assert log[3][1] == log[2][1] > 0  # the late batch after the slice it arrived in, pruning nothing
 
 
 async def test_the_writer_keeps_a_busy_journal_under_max_mb(tmp_path: Path) -> None:
