@@ -43,6 +43,13 @@ def mlxd(*args: str, key: bool = True, env: dict[str, str] | None = None,
                           timeout=timeout, check=False)
 
 
+def _as_in_a_terminal() -> None:
+    """Ctrl-C reaches the child as it does a command run in a terminal: a suite started as a
+    background job of a non-interactive shell inherits SIGINT ignored, which Python keeps
+    (it installs KeyboardInterrupt only over the default disposition)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Follower:
     """`mlxd events ...` running in the background; its stdout lines arrive on a queue."""
 
@@ -50,6 +57,7 @@ class Follower:
         self.proc = subprocess.Popen(
             [*MLXD, "events", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=env if env is not None else client_env(MLXD_API_KEY=KEY), cwd=REPO,
+            preexec_fn=_as_in_a_terminal,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
