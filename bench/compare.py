@@ -29,7 +29,7 @@ text. Results: ``bench/RESULTS.md`` (every figure, the ratio mlxd / better peer
 on each row, machine, date, versions) and ``bench/results.png``.
 
 Run (the full run, on a quiet machine): ``.venv/bin/python bench/compare.py``.
-``--scale reduced`` runs every row but 16 and 32 clients with fewer, shorter
+``--scale reduced`` runs every row of the full table with fewer, shorter
 requests (about 15 minutes on 2 cores) and writes the same files; ``--quick``
 (``--scale quick``) is a smoke pass on the tiny model that writes nothing
 unless ``--out`` is given. Any workload flag overrides its preset value, and
