@@ -222,6 +222,23 @@ async def test_records_nobody_awaits_are_written_after_the_interval(tmp_path: Pa
         assert [row["id"] for row in j.leases()] == ["A", "B"]
 
 
+async def test_a_short_leases_records_after_a_quiet_spell_travel_together(tmp_path: Path) -> None:
+    """The first record after a quiet spell waits one interval, so the lease's end joins it:
+    one message and one commit for both, not one each (the per-request cost on a 2-core host)."""
+    async with running(tmp_path / "j.db", flush_interval=0.5) as j:
+        await j.wait_committed(j.record(LeaseAcquired("A", "m", None, None, 1.0)))
+        await trio.sleep(0.6)  # quiet for longer than the interval
+        before = j.commit_count
+        j.record(LeaseAcquired("B", "m", None, None, 2.0))
+        await trio.sleep(0.1)  # the lease runs a short while
+        assert j.sent_seq < j.last_seq  # not sent alone
+        last = j.record(LeaseReleased("B", "m", Outcome.COMPLETED, 2.1))
+        while j.committed_seq < last:  # nobody awaits them: they go when the interval ends
+            await trio.sleep(0.05)
+        assert j.commit_count - before == 1
+        assert [(r["id"], r["outcome"]) for r in j.leases()] == [("A", None), ("B", "completed")]
+
+
 _HOLDER = """
 import fcntl, sys, time
 lock = open(sys.argv[1], "a+")
