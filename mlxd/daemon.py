@@ -121,6 +121,9 @@ class Daemon:
         async with trio.open_nursery() as root:
             if self.install_signal_handlers:
                 await root.start(self._signals)
+            import_soon = getattr(self.engines, "import_soon", None)
+            if import_soon is not None:  # overlaps the writer process's start and the recovery
+                import_soon(self.config.models)
             await root.start(self.journal.run)
             self.recovery = await self.journal.begin_run(
                 os.getpid(), __version__, str(self.config_path) if self.config_path else None
