@@ -229,12 +229,15 @@ async def test_a_short_leases_records_after_a_quiet_spell_travel_together(tmp_pa
         await j.wait_committed(j.record(LeaseAcquired("A", "m", None, None, 1.0)))
         await trio.sleep(0.6)  # quiet for longer than the interval
         before = j.commit_count
-        j.record(LeaseAcquired("B", "m", None, None, 2.0))
-        await trio.sleep(0.1)  # the lease runs a short while
-        assert j.sent_seq < j.last_seq  # not sent alone
-        last = j.record(LeaseReleased("B", "m", Outcome.COMPLETED, 2.1))
-        while j.committed_seq < last:  # nobody awaits them: they go when the interval ends
-            await trio.sleep(0.05)
+        with j.subscribe() as sub:
+            j.record(LeaseAcquired("B", "m", None, None, 2.0))
+            await trio.sleep(0.1)  # the lease runs a short while
+            assert j.sent_seq < j.last_seq  # not sent alone
+            last = j.record(LeaseReleased("B", "m", Outcome.COMPLETED, 2.1))
+            with trio.fail_after(5):  # nobody awaits them: they go when the interval ends
+                async for seq, _payload in sub:
+                    if seq == last:
+                        break
         assert j.commit_count - before == 1
         assert [(r["id"], r["outcome"]) for r in j.leases()] == [("A", None), ("B", "completed")]
 
