@@ -16,8 +16,6 @@ May import: :mod:`mlxd.config` (a model's settings), :mod:`mlxd.errors`,
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -30,8 +28,6 @@ from mlxd.engines.faults import Faults
 
 if TYPE_CHECKING:
     from mlxd.config import ModelConfig
-
-log = logging.getLogger(__name__)
 
 EngineFactory = Callable[["ModelConfig"], Engine]
 
@@ -69,16 +65,6 @@ async def loaded_weights(model: ModelConfig) -> str:
     return await trio.to_thread.run_sync(weights_fingerprint, model, abandon_on_cancel=True)
 
 
-def _import_mlx_lm() -> None:
-    # only third-party modules: an mlxd module imported here and by the Trio thread at once
-    # could meet a circular import half-way; the engine's own import then finds these loaded
-    try:
-        import mlx_lm.generate
-        import mlx_lm.utils  # noqa: F401
-    except Exception as e:  # the load reports it properly
-        log.debug("importing mlx-lm ahead of the first load failed: %s", e)
-
-
 class DefaultEngines:
     """The daemon's engine factory: fakes for ``engine: fake``, MLX engines otherwise,
     in a worker process for ``isolation: process`` and ``distributed:`` models."""
@@ -99,9 +85,11 @@ class DefaultEngines:
     def import_soon(self, models: Iterable[ModelConfig]) -> None:
         """Import mlx-lm on a background thread now if an MLX model of ``models`` runs in this
         process, so that its first load does not start with it (about 1.5 s on 2 cores, most of
-        it transformers). Called while start-up waits for the journal's writer process."""
+        it transformers; see :mod:`mlxd.engines.imports_ahead`)."""
         if any(m.engine == "mlx" and m.isolation == "thread" and m.distributed is None for m in models):
-            threading.Thread(target=_import_mlx_lm, name="mlxd-import", daemon=True).start()
+            from mlxd.engines import imports_ahead
+
+            imports_ahead.start()
 
     def __call__(self, model: ModelConfig) -> Engine:
         if model.isolation == "process" or model.distributed is not None:

@@ -44,7 +44,7 @@ from typing import Any
 import trio
 
 from mlxd.config import ModelConfig
-from mlxd.engines import memory, prompt_limits, sources
+from mlxd.engines import imports_ahead, memory, prompt_limits, sources
 from mlxd.engines.base import (
     Finished,
     GenerationEvent,
@@ -163,6 +163,8 @@ class MlxTextEngine:
             raise LoadFailed(f"{self.name}: an engine loads once; make a new one")
         t0 = time.monotonic()
         progress(LoadProgress(phase="starting", detail=self.config.source))
+        # mlx-lm may still be importing on start-up's thread: never import it from two at once
+        await trio.to_thread.run_sync(imports_ahead.wait, abandon_on_cancel=True)
         try:
             path = await self._resolve(progress)
         except (LoadFailed, trio.Cancelled):
