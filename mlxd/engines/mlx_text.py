@@ -310,8 +310,11 @@ class MlxTextEngine:
     def _load_weights(self, path: Path) -> tuple[Any, Any]:
         from mlx_lm import load
 
+        from mlxd.engines.detokenizer import stream_bytes_promptly  # imports mlx-lm: not at start-up
+
         loaded: Any = load(str(path))
         model, tokenizer = loaded[0], loaded[1]
+        stream_bytes_promptly(tokenizer)
         self._learn_tokenizer(model, tokenizer)
         return model, tokenizer
 
