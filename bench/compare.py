@@ -10,15 +10,17 @@ What it does, in order:
 3. for each model, starts each server in turn on 127.0.0.1 with the same model
    files and runs the same workloads against it:
 
-   * single stream: latency of a 1-token request and the CPU time the server's
+   * single stream (after one untimed request of the same shape, which leaves the
+     system prompt in each server's prompt cache): latency of a 1-token request and the CPU time the server's
      processes spend on one (a figure less moved by other work on the machine),
-     time to first token (TTFT) and decode tok/s (the extra tokens of a full-length request over its
-     extra time against the 1-token request, medians);
+     time to first token (TTFT) and decode tok/s (the extra tokens of a request of twice
+     ``--tokens`` over its extra time against one of ``--tokens``, medians);
    * ``--clients`` concurrent streams (1, 4, 8, 16, 32): aggregate tok/s,
      TTFT p50/p99, errors;
    * a ``--turns``-turn conversation: TTFT of each turn (the prompt cache);
-   * swap: models A and B alternating under a budget that fits one (mlxd and
-     vllm-mlx, the two with a memory budget): mean request latency;
+   * swap: models A and B alternating under a budget that fits one and not both,
+     as each server counts memory (mlxd and vllm-mlx, the two with a memory
+     budget): mean request latency;
    * cold start: process start to the first streamed token.
 
 Tokens are counted by this script, never taken from a server's ``usage``:
@@ -74,6 +76,8 @@ QUESTIONS = [
 ]
 
 
+#: mlxd's max_batch_size for the bench's models (the 32 clients of the largest row share one batch)
+MLXD_MAX_BATCH = 32
 #: ``{"isolation": ...}`` for mlxd's models when ``--isolation`` is given (else mlxd's default)
 ISOLATION: dict[str, str] = {}
 
@@ -195,7 +199,8 @@ def make_server(
                 "contention_policy": {"strategy": "wait", "wait_timeout_s": 120},
             },
             "models": [
-                {"name": k, "path": str(models[k]), "max_batch_size": 32, **ISOLATION} for k in keys
+                {"name": k, "path": str(models[k]), "max_batch_size": MLXD_MAX_BATCH, **ISOLATION}
+                for k in keys
             ],
         }
         path = tmp / "mlxd.yaml"
@@ -385,11 +390,15 @@ async def run_swap(server: Server, keys: list[str], rounds: int, tokens: int) ->
 
 
 def decode_rate(long: dict[str, Any], short: dict[str, Any]) -> float | None:
-    """Decode tok/s from two request lengths: the extra tokens over the extra time.
+    """Decode tok/s from two full-length request sizes: the extra tokens over the extra time.
 
     Measured this way, not from the chunks' arrival times, so that a server that
     holds tokens back and sends them in bursts is not credited with the burst's
-    speed, and the time to the first token is left out for every server alike.
+    speed. Both sizes are ordinary generations (``--tokens`` and twice that), so
+    the prefill, the first token and any fixed per-request cost cancel out for
+    every server alike; against a 1-token request they did not: a server whose
+    1-token path is slow (vllm-mlx's took 1.1 s on the small model, its 32-token
+    request less) was credited with the difference as decode speed.
     """
     try:
         extra_tokens = long["tokens_p50"] - short["tokens_p50"]
@@ -409,6 +418,11 @@ def measure(
         server.start(Path(tmp) / "server.log")
         try:
             out["cold_start_s"] = asyncio.run(wait_ready(server, kind))
+            # one untimed request of the workload's shape, so that every server's prompt cache
+            # holds the system prompt as on a server in use: otherwise the single-stream median
+            # of a few requests is the one that prefilled it (2.6 s against 0.3 s for 16 tokens
+            # on the small model, where prefill costs as much per token as decode)
+            asyncio.run(run_concurrent(server, kind, 1, 1, args.tokens, count))
             single = asyncio.run(
                 run_concurrent(server, kind, 1, args.single_requests, args.tokens, count)
             )
@@ -419,7 +433,10 @@ def measure(
             cpu = server.cpu_seconds() - cpu0
             single["one_token_s"] = one["seconds_p50"]
             single["one_token_cpu_s"] = cpu / one["requests"] if cpu >= 0 else None
-            single["decode_tok_s"] = decode_rate(single, one)
+            double = asyncio.run(
+                run_concurrent(server, kind, 1, args.single_requests, 2 * args.tokens, count)
+            )
+            single["decode_tok_s"] = decode_rate(double, single)
             out["single"] = single
             out["clients"] = {
                 n: asyncio.run(run_concurrent(server, kind, n, args.per_client, args.tokens, count))
@@ -433,16 +450,34 @@ def measure(
     return out
 
 
+def swap_budget_gb(name: str, kind: str, models: dict[str, Path]) -> float:
+    """A budget that fits one of the two swap models and not both, as ``name`` counts memory.
+
+    mlxd commits a model's weights and its caches (``kv_cache_gb``, whose default is
+    ``max_batch_size`` sequences of 2,048 tokens, and ``prompt_cache_gb``, 8,192 tokens); vllm-mlx's
+    registry counts weights only. One budget for both let vllm-mlx keep both models
+    resident, so it never swapped: each server gets 1.5 x what one model costs it.
+    """
+    from mlxd.config.kv import (
+        DEFAULT_PROMPT_CACHE_TOKENS,
+        DEFAULT_SEQUENCE_TOKENS,
+        kv_bytes_per_token,
+        read_model_config,
+    )
+
+    one_model = sum(f.stat().st_size for f in models[kind].glob("*.safetensors"))
+    if name == "mlxd":
+        per_token = kv_bytes_per_token(read_model_config(str(models[kind])) or {}) or 0
+        tokens = DEFAULT_SEQUENCE_TOKENS * MLXD_MAX_BATCH + DEFAULT_PROMPT_CACHE_TOKENS
+        one_model += per_token * tokens
+    return round(one_model * 1.5 / 2**30, 4)
+
+
 def measure_swap(
     name: str, kind: str, models: dict[str, Path], args: argparse.Namespace
 ) -> dict[str, Any]:
     keys = [kind, f"{kind}-b"]
-    from mlxd.config.kv import kv_bytes_per_token, read_model_config
-
-    weights = sum(f.stat().st_size for f in models[kind].glob("*.safetensors"))
-    cfg = read_model_config(str(models[kind])) or {}
-    kv = (kv_bytes_per_token(cfg) or 0) * 2048 * 32 + (kv_bytes_per_token(cfg) or 0) * 8192
-    budget_gb = round((weights + kv) * 1.5 / 2**30, 4)  # fits one model with its caches, not two
+    budget_gb = swap_budget_gb(name, kind, models)
     with tempfile.TemporaryDirectory(prefix="mlxd-swap-") as tmp:
         server = make_server(name, models, keys, Path(tmp), budget_gb)
         server.start(Path(tmp) / "server.log")
