@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 _SCRIPT = """
-import sys, threading
+import os, sys, threading
 from mlxd.config import ModelConfig
 from mlxd.engines import DefaultEngines
 
@@ -21,7 +21,11 @@ DefaultEngines().import_soon([model])
 for t in threading.enumerate():
     if t.name == "mlxd-import":
         t.join(120)
-print("mlx_lm.generate" in sys.modules)
+print("mlx_lm.generate" in sys.modules, flush=True)
+# a bare script whose mlx-lm was imported off the main thread aborts in the interpreter's
+# teardown of MLX's statics about 1 run in 3 ("terminate called without an active
+# exception"); the worker process skips that teardown the same way (mlxd/engines/worker.py)
+os._exit(0)
 """
 
 
