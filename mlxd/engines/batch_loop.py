@@ -21,6 +21,12 @@ runs as one job on the MLX thread and repeats one *step*:
    :class:`~mlxd.engines.streaming.Output`, made by the engine); a finished
    sequence's KV goes to the prompt cache and its job is reported done to the
    Trio side.
+5. a newcomer whose prompt ended in this step gets its first token at once
+   (:meth:`BatchLoop._deliver_first`): the generator has already sampled it,
+   but would hand it out only one step later, after building and starting the
+   next forward pass. A sequence that ends at its first token (``max_tokens``
+   1, or end of sequence) leaves the generator there, so that forward pass is
+   never run for it; its prompt's KV goes to the prompt cache.
 
 When no job is left and none is waiting in the inbox, :meth:`run` returns, so
 jobs queued behind it on the thread (an unload) run. An exception inside a
@@ -62,7 +68,12 @@ class _Seq:
     detok: Any
     out: Output
     cached: int
+    #: the tokens that end the sequence (the generator's stop sequences, one token each)
+    eos: frozenset[int]
     n_tokens: int = 0
+    #: its first token went out early (:meth:`BatchLoop._deliver_first`): the generator's
+    #: response for that same token, one step later, is skipped
+    first_sent: bool = False
 
 
 def make_sampler(temperature: float, top_p: float, seed: int | None) -> Any:
@@ -207,6 +218,10 @@ class BatchLoop:
         with self._outbox.holding():  # one wake-up of the Trio thread for the whole step
             self._progress(prompt_responses)
             self._deliver(gen_responses)
+        newcomers = [r.uid for r in prompt_responses if r.end_of_prompt]
+        if newcomers and self._gen is not None:
+            with self._outbox.holding():  # after the running streams' tokens have gone out
+                self._deliver_first(newcomers)
         if self._gen is not None:  # array sizes only (no evaluation): a few us per layer
             self.kv_bytes = int(self._gen.prompt_cache_nbytes)
             self.kv_peak_bytes = max(self.kv_peak_bytes, self.kv_bytes)
@@ -271,9 +286,10 @@ class BatchLoop:
             all_tokens=[ids[:cached]],
             samplers=[make_sampler(req.temperature, req.top_p, req.seed)],
             logits_processors=[list(req.logits_processors)],
-            stop_sequences=[StopSequences([(t,) for t in tok.eos_token_ids])],
+            stop_sequences=[StopSequences([(t,) for t in tok.eos_token_ids])],  # == _Seq.eos
         )
-        self._seqs[uid] = _Seq(job, uid, tok.detokenizer, self._output(req), cached)
+        eos = frozenset(int(t) for t in tok.eos_token_ids)
+        self._seqs[uid] = _Seq(job, uid, tok.detokenizer, self._output(req), cached, eos)
 
     def _drop_cancelled(self) -> None:
         gone = [s for s in self._seqs.values() if s.job.cancel.is_set()]
@@ -310,21 +326,11 @@ class BatchLoop:
             seq = self._seqs.get(r.uid)
             if seq is None:
                 continue
-            seq.n_tokens += 1
-            if r.finish_reason != "stop":  # an end-of-sequence token has no text
-                seq.detok.add_token(r.token)
-            if r.finish_reason is not None:
-                seq.detok.finalize()
-            over = deliver_token(
-                seq.job,
-                seq.out,
-                seq.detok.last_segment,
-                r.token,
-                r.logprobs,
-                seq.n_tokens,
-                r.finish_reason,
-                cached_tokens=seq.cached,
-            )
+            if seq.first_sent:  # went out early, and did not end the sequence then
+                seq.first_sent = False
+                if r.finish_reason is None:  # always: the same rule found no end then
+                    continue
+            over = self._token(seq, r.token, r.logprobs, r.finish_reason)
             if r.finish_reason is not None:
                 if r.prompt_cache is not None and self._cache is not None:
                     self._cache.insert(r.all_tokens, r.prompt_cache)
@@ -335,6 +341,72 @@ class BatchLoop:
             self._gen.remove([s.uid for s in stopped])
             for s in stopped:
                 self._finish(s)
+
+    def _token(self, seq: _Seq, token: int, logprobs: Any, finish_reason: str | None) -> bool:
+        """Deliver one token of ``seq``; True when its generation is over."""
+        seq.n_tokens += 1
+        if finish_reason != "stop":  # an end-of-sequence token has no text
+            seq.detok.add_token(token)
+        if finish_reason is not None:
+            seq.detok.finalize()
+        return deliver_token(
+            seq.job,
+            seq.out,
+            seq.detok.last_segment,
+            token,
+            logprobs,
+            seq.n_tokens,
+            finish_reason,
+            cached_tokens=seq.cached,
+        )
+
+    def _deliver_first(self, uids: list[int]) -> None:
+        """The first tokens of the sequences whose prompt ended in this step (module docstring, 5).
+
+        The generator's finish rule is applied here as it would apply it one
+        step later: ``stop`` on an end-of-sequence token, ``length`` at
+        ``max_tokens``. Reads the generator's pending tokens (mlx-lm internals,
+        checked): without them the tokens come the usual step later.
+        """
+        batch = getattr(self._gen, "_generation_batch", None)
+        rows = getattr(batch, "uids", None)
+        pending = getattr(batch, "_next_tokens", None)
+        logprobs = getattr(batch, "_next_logprobs", None)
+        if rows is None or pending is None or logprobs is None or len(rows) != len(logprobs):
+            return
+        index = {uid: i for i, uid in enumerate(rows)}
+        seqs = [s for uid in uids if (s := self._seqs.get(uid)) is not None and uid in index]
+        if not seqs:
+            return
+        tokens = pending.tolist()  # waits for this step's forward pass (the next one needs it too)
+        ended: list[_Seq] = []
+        stopped: list[_Seq] = []
+        for seq in seqs:
+            i = index[seq.uid]
+            token = int(tokens[i])
+            finish: str | None = None
+            if seq.job.request.max_tokens <= 1:
+                finish = "length"
+            if token in seq.eos:
+                finish = "stop"
+            over = self._token(seq, token, logprobs[i], finish)
+            if finish is not None:
+                ended.append(seq)
+            elif over:
+                stopped.append(seq)
+            else:
+                seq.first_sent = True
+        if ended:  # their KV holds exactly the prompt (the first token was never fed back)
+            caches = self._gen.remove([s.uid for s in ended], return_prompt_caches=True)
+            for seq in ended:
+                cache, tokens_in_kv = caches.get(seq.uid, (None, None))
+                if cache is not None and tokens_in_kv is not None and self._cache is not None:
+                    self._cache.insert(list(tokens_in_kv), cache)
+                self._finish(seq)
+        if stopped:
+            self._gen.remove([s.uid for s in stopped])
+            for seq in stopped:
+                self._finish(seq)
 
     def _fail_all(self, error: BaseException) -> None:
         seqs = list(self._seqs.values())

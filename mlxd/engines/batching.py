@@ -79,9 +79,12 @@ class BatchScheduler(SerialScheduler):
         kv_budget: int,
         kv_bytes_per_token: int | None,
         name: str,
+        outbox: Outbox | None = None,
     ) -> None:
         super().__init__(thread, None, max_queue=max_queue, name=name)
         self.loop = loop
+        #: the engine's outbox: a job's completion rides in the wake-up that carries its events
+        self._outbox = outbox
         self.max_batch = max_batch
         self.kv_budget = kv_budget
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -124,6 +127,7 @@ class BatchScheduler(SerialScheduler):
                 kv_budget=kv_budget,
                 kv_bytes_per_token=kv_bytes_per_token,
                 name=name,
+                outbox=outbox,
             )
         )
         return box[0]
@@ -146,5 +150,9 @@ class BatchScheduler(SerialScheduler):
         self.loop.add(job)
 
     def done_on_thread(self, job: Job, error: BaseException | None) -> None:
-        """The loop's completion callback (MLX thread): hand the job back to Trio."""
-        call_soon(self._token, self._done, job, error)
+        """The loop's completion callback (MLX thread): hand the job back to Trio, after the
+        events it emitted (in the same wake-up of the Trio thread, when there is an outbox)."""
+        if self._outbox is not None:
+            self._outbox.call(self._done, job, error)
+        else:
+            call_soon(self._token, self._done, job, error)

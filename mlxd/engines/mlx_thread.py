@@ -279,7 +279,8 @@ class Outbox:
     """Items from an MLX thread into Trio, with one wake-up of the Trio thread for all that waits.
 
     ``put`` appends; the first item put while no wake-up is pending schedules one
-    (``run_sync_soon``), and the items put before it runs ride along. While
+    (``run_sync_soon``), and the items put before it runs ride along, as do those
+    put while it runs (a job's completion closing its sink, see :meth:`call`). While
     :meth:`holding` (the batch loop, over one decode step's deliveries), nothing is
     scheduled until the hold ends: one wake-up carries every stream's token.
     """
@@ -287,14 +288,19 @@ class Outbox:
     def __init__(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self._lock = threading.Lock()
-        self._items: list[tuple[Sink, object]] = []
+        self._items: list[tuple[Callable[..., object], tuple[Any, ...]]] = []  # calls, in order
+        # invariant: True from the scheduling of a drain until the drain has found nothing left
         self._scheduled = False
         self._holds = 0
 
     def put(self, sink: Sink, item: object) -> None:
         """Thread-safe: queue ``item`` for ``sink``."""
+        self.call(sink._deliver, item)
+
+    def call(self, fn: Callable[..., object], *args: Any) -> None:
+        """Thread-safe: run ``fn(*args)`` on the Trio thread after what was put before."""
         with self._lock:
-            self._items.append((sink, item))
+            self._items.append((fn, args))
             if self._scheduled or self._holds:
                 return
             self._scheduled = True
@@ -317,11 +323,14 @@ class Outbox:
                 call_soon(self._token, self._drain)
 
     def _drain(self) -> None:
-        with self._lock:
-            items, self._items = self._items, []
-            self._scheduled = False
-        for sink, item in items:
-            sink._deliver(item)
+        while True:
+            with self._lock:
+                items, self._items = self._items, []
+                if not items:
+                    self._scheduled = False
+                    return
+            for fn, args in items:
+                fn(*args)
 
 
 _CLOSE = object()

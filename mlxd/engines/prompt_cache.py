@@ -5,8 +5,9 @@ trie whose entries are per-sequence KV caches. A lookup returns a *copy* of
 the entry that shares the longest prefix with the new prompt (an entry longer
 than the prompt is trimmed back to the shared part), so the running
 generation owns its KV and the cache stays unchanged. Entries are inserted
-when a generation finishes (prompt + generated tokens, so the next turn of a
-conversation finds its whole history) and evicted least recently used first
+when a generation finishes (prompt + the generated tokens fed back to the
+model, so the next turn of a conversation finds its whole history; a
+generation that ends at its first token leaves its prompt) and evicted least recently used first
 once the cache holds more than ``max_bytes`` (``prompt_cache_gb``).
 
 Everything here holds MLX arrays: it lives on the engine's MLX thread only.

@@ -77,6 +77,26 @@ async def test_batched_greedy_outputs_equal_serial_ones(
     assert batched.batch.steps - steps_before < 100
 
 
+async def test_a_first_token_goes_out_in_the_step_that_ends_its_prompt(
+    batched: MlxTextEngine,
+) -> None:
+    """A newcomer's first token is delivered in the step that ends its prompt: a 1-token request
+    takes its prompt's prefill chunks plus one step (no forward pass past its token), gives the
+    first token of a longer run, and leaves its prompt's KV in the prompt cache."""
+    assert batched.batch is not None
+    prompt = PROMPTS[2]
+    longer, _, _ = await collect(batched, completion(prompt, max_tokens=5, temperature=0.0))
+    batched.batch.close()  # an empty prompt cache: the next request prefills its whole prompt
+    steps_before = batched.batch.steps
+    text, fin, _ = await collect(batched, completion(prompt, max_tokens=1, temperature=0.0))
+    chunks = -(-(fin.prompt_tokens - 1) // 8)  # prefill_step 8; the last token starts decoding
+    assert batched.batch.steps - steps_before == chunks + 1
+    assert (fin.finish_reason, fin.completion_tokens) == ("length", 1)
+    assert longer.startswith(text) and text
+    again, fin2, _ = await collect(batched, completion(prompt, max_tokens=1, temperature=0.0))
+    assert again == text and fin2.cached_tokens == fin.prompt_tokens - 1
+
+
 async def test_one_cancelled_request_in_a_batch_of_four_stops_within_a_step(
     batched: MlxTextEngine,
 ) -> None:
