@@ -311,6 +311,7 @@ class MlxTextEngine:
         from mlx_lm import load
 
         loaded: Any = load(str(path))
+        imports_ahead.save_scans()  # if this load was the first to import transformers
         model, tokenizer = loaded[0], loaded[1]
         self._learn_tokenizer(model, tokenizer)
         return model, tokenizer

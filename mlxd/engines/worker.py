@@ -283,6 +283,8 @@ def main() -> None:
         import mlx_lm  # noqa: F401
 
         import mlxd.engines.mlx_text  # noqa: F401
+
+        imports_ahead.save_scans()
     worker = Worker(trio.lowlevel.FdStream(receive_fd), trio.lowlevel.FdStream(send_fd))
     trio.run(worker.run)
     sys.stderr.flush()
