@@ -1,4 +1,5 @@
-"""mlx-lm imported on a background thread during start-up, and the wait for it before a load.
+"""mlx-lm imported on a background thread during start-up, the wait for it before a load,
+and transformers' source scan done once (and kept on disk) instead of twice per start.
 
 Importing mlx-lm takes about 1.5 s of one core on a 2-core machine, most of it
 transformers, and the first load of an in-process MLX model would pay it
@@ -19,16 +20,18 @@ transformers`` and again for ``transformers.models`` (which every
 ``AutoTokenizer`` import needs), about 0.45 s of the GIL on this machine for
 the second. :func:`scan_once` replaces that function with
 :meth:`ScanStore.scan` (an unbounded cache) as its module is first imported,
-so the second scan is answered from the first one's results; its result is the same (every lazy-module table compared equal). It
-does nothing when transformers is imported already, or when the function is
-no longer there (another transformers version).
+so the second scan is answered from the first one's results; transformers'
+lazy-module tables come out the same (``tests/unit/test_imports_ahead.py``).
+It does nothing when transformers is imported already, or when the function
+is no longer there (another transformers version).
 
 The first scan (about 0.9 s) is kept on disk between runs too
 (:class:`ScanStore`, in ``$XDG_CACHE_HOME/mlxd``, else ``~/.cache/mlxd``;
 ``MLXD_SCAN_CACHE=0`` turns it off). It is valid for as long as transformers'
 files are as they were: its key is every file's path, size and mtime under the
-transformers package, the test Python itself uses for its bytecode cache, so an
-upgrade, a reinstall or an edited file makes it scan again (and rewrite it).
+transformers package (the test Python's bytecode cache makes of a source), so
+an upgrade, a reinstall or an edited file makes it scan again and rewrite it.
+Computing the key costs about 30 ms; reading the file, about 20 ms.
 Any error reading or writing it falls back to scanning. :func:`save_scans`
 writes what the process scanned, once its import of mlx-lm has ended.
 """
