@@ -91,7 +91,22 @@ def _import() -> None:
         import mlx_lm.utils  # noqa: F401
     except Exception as e:  # the load reports it properly
         log.debug("importing mlx-lm ahead of the first load failed: %s", e)
+    finally:
+        _end_mlx_thread()
     save_scans()
+
+
+def _end_mlx_thread() -> None:
+    """What every thread that touched MLX does before it ends (importing mlx-lm makes its
+    streams), else the process can abort at exit: ``terminate called without an active
+    exception`` (docs/platform-facts.md); test_import_soon's child did, 5 runs in 7."""
+    mx = sys.modules.get("mlx.core")
+    if mx is not None:
+        try:
+            mx.synchronize()
+            mx.clear_streams()
+        except Exception as e:
+            log.debug("ending the import thread's MLX streams failed: %s", e)
 
 
 def save_scans() -> None:
