@@ -1,6 +1,8 @@
 """``mlxd serve``: the daemon that wires the journal, the manager and the HTTP server.
 
-One root nursery, started in order: the journal (recovery of the previous
+One root nursery, started in order: the listening sockets (a port in use
+fails the start before the journal is touched; connections wait in the
+backlog until the HTTP server serves), the journal (recovery of the previous
 run), the manager (then restore and preload), the HTTP server. The first
 SIGTERM/SIGINT starts a graceful shutdown: new requests get 503
 ``shutting_down``; running streams finish or end with an error event within
@@ -25,6 +27,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,7 +35,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from mlxd import __version__
-from mlxd.config import Config
+from mlxd.config import Config, ServerConfig
 from mlxd.config.keys import DEFAULT_KEY_NAME, ResolvedKey
 from mlxd.config.model import SCOPES
 from mlxd.engines import DefaultEngines, EngineFactory
@@ -43,7 +46,7 @@ from mlxd.http.app import create_app
 from mlxd.http.auth import Auth
 from mlxd.http.context import AppState
 from mlxd.http.metrics import Metrics
-from mlxd.http.server import Connections, serve
+from mlxd.http.server import Connections, listen, serve
 from mlxd.journal.journal import Journal, RecoveryReport
 from mlxd.residency.manager import Manager
 from mlxd.residency.states import Reason
@@ -118,57 +121,75 @@ class Daemon:
 
     async def run(self, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         clean = False
-        async with trio.open_nursery() as root:
-            if self.install_signal_handlers:
-                await root.start(self._signals)
-            import_soon = getattr(self.engines, "import_soon", None)
-            if import_soon is not None:  # overlaps the writer process's start and the recovery
-                import_soon(self.config.models)
-            await root.start(self.journal.run)
-            self.recovery = await self.journal.begin_run(
-                os.getpid(), __version__, str(self.config_path) if self.config_path else None
-            )
-            self._log_recovery(self.recovery)
-            measured = self.journal.latest_measurements()
-            manager = Manager(
-                self.config,
-                self.engines,
-                measured=measured,
-                load_times=self.journal.latest_load_seconds(),
-                load_gate=self._journal_gate,
-            )
-            self.manager = manager
-            metrics = Metrics(manager)
-            manager.subscribe(self.journal.record)
-            manager.subscribe(metrics.on_event)
-            await root.start(manager.run)
-            warm = getattr(self.engines, "warm", None)  # the spare engine worker, if one will be needed
-            if warm is not None:
-                await warm(self.config.models)
-            self.state = AppState(
-                manager=manager,
-                config=self.config,
-                metrics=metrics,
-                journal=self.journal,
-                auth=self.auth,
-                log_format=self.log_format,
-                config_path=self.config_path,
-                connections=self.connections,
-            )
-            root.start_soon(self._watch_journal, manager)
-            await self._fail_missing(manager)
-            for name, done in self._restore(manager, self.recovery):
-                root.start_soon(self._await_restore, name, done)
-            self.urls = await root.start(self._serve_http, create_app(self.state))
-            self._announce()
-            task_status.started(self.urls)
-            await self._shutdown.wait()
-            clean = await self._stop(manager)
-            root.cancel_scope.cancel()
+        try:
+            sockets = listen(hypercorn_config(self.config.server))
+        except OSError as e:  # a port in use: before the journal is touched
+            raise MlxdError(f"cannot serve: {e}") from None
+        try:
+            async with trio.open_nursery() as root:
+                clean = await self._run(root, sockets, task_status)
+        finally:
+            for sock in sockets:  # if serving never began (serve closes them itself)
+                sock.close()
         if clean:
             log.info("mlxd stopped cleanly")
         else:
             log.warning("mlxd stopped, but not cleanly (see above); the next start recovers")
+
+    async def _run(
+        self,
+        root: trio.Nursery,
+        sockets: list[socket.socket],
+        task_status: trio.TaskStatus[list[str]],
+    ) -> bool:
+        """Start everything in ``root``, serve until shutdown, stop; True if the stop was clean."""
+        if self.install_signal_handlers:
+            await root.start(self._signals)
+        import_soon = getattr(self.engines, "import_soon", None)
+        if import_soon is not None:  # overlaps the writer process's start and the recovery
+            import_soon(self.config.models)
+        await root.start(self.journal.run)
+        self.recovery = await self.journal.begin_run(
+            os.getpid(), __version__, str(self.config_path) if self.config_path else None
+        )
+        self._log_recovery(self.recovery)
+        measured = self.journal.latest_measurements()
+        manager = Manager(
+            self.config,
+            self.engines,
+            measured=measured,
+            load_times=self.journal.latest_load_seconds(),
+            load_gate=self._journal_gate,
+        )
+        self.manager = manager
+        metrics = Metrics(manager)
+        manager.subscribe(self.journal.record)
+        manager.subscribe(metrics.on_event)
+        await root.start(manager.run)
+        warm = getattr(self.engines, "warm", None)  # the spare engine worker, if one will be needed
+        if warm is not None:
+            await warm(self.config.models)
+        self.state = AppState(
+            manager=manager,
+            config=self.config,
+            metrics=metrics,
+            journal=self.journal,
+            auth=self.auth,
+            log_format=self.log_format,
+            config_path=self.config_path,
+            connections=self.connections,
+        )
+        root.start_soon(self._watch_journal, manager)
+        await self._fail_missing(manager)
+        for name, done in self._restore(manager, self.recovery):
+            root.start_soon(self._await_restore, name, done)
+        self.urls = await root.start(self._serve_http, create_app(self.state), sockets)
+        self._announce()
+        task_status.started(self.urls)
+        await self._shutdown.wait()
+        clean = await self._stop(manager)
+        root.cancel_scope.cancel()
+        return clean
 
     async def _stop(self, manager: Manager) -> bool:
         """The graceful shutdown, within its hard limit; True if a clean stop was recorded.
@@ -226,22 +247,16 @@ class Daemon:
                     os._exit(1)
 
     async def _serve_http(
-        self, app: object, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+        self,
+        app: object,
+        sockets: list[socket.socket],
+        task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        server = self.config.server
-        hc = HypercornConfig()
-        host = server.host if ":" not in server.host else f"[{server.host}]"
-        hc.bind = [f"{host}:{server.port}"]
-        hc.graceful_timeout = HTTP_GRACE_S
-        hc.accesslog = None
-        hc.errorlog = logging.getLogger("hypercorn.error")
-        hc.keep_alive_timeout = 5
-        setattr(hc, expect.LIMIT_ATTR, server.max_body_bytes)
         expect.install()  # 413 before "100 Continue" (mlxd.http.expect)
         try:
             await serve(
-                app, hc, self.connections, shutdown_trigger=self._http_stop.wait,
-                task_status=task_status,
+                app, hypercorn_config(self.config.server), self.connections,
+                shutdown_trigger=self._http_stop.wait, sockets=sockets, task_status=task_status,
             )
         finally:
             self._http_done.set()
@@ -329,6 +344,19 @@ class Daemon:
                  ", ".join(f"{m.name} ({m.engine})" for m in self.config.models))
         if self.ready_file is not None:
             self.ready_file.write_text(self.urls[0] + "\n")
+
+
+def hypercorn_config(server: ServerConfig) -> HypercornConfig:
+    """hypercorn's settings for ``server``: where to listen, timeouts, the body limit."""
+    hc = HypercornConfig()
+    host = server.host if ":" not in server.host else f"[{server.host}]"
+    hc.bind = [f"{host}:{server.port}"]
+    hc.graceful_timeout = HTTP_GRACE_S
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.keep_alive_timeout = 5
+    setattr(hc, expect.LIMIT_ATTR, server.max_body_bytes)
+    return hc
 
 
 # ---- the command ----------------------------------------------------------------------

@@ -313,6 +313,7 @@ class MlxTextEngine:
         from mlxd.engines.detokenizer import stream_bytes_promptly  # imports mlx-lm: not at start-up
 
         loaded: Any = load(str(path))
+        imports_ahead.save_scans()  # if this load was the first to import transformers
         model, tokenizer = loaded[0], loaded[1]
         stream_bytes_promptly(tokenizer)
         self._learn_tokenizer(model, tokenizer)

@@ -47,6 +47,7 @@ from typing import Any
 import trio
 
 from mlxd.config import ModelConfig
+from mlxd.engines import imports_ahead
 from mlxd.engines.base import Engine, GenerationRequest, LoadProgress, TextDelta
 from mlxd.engines.wire import Rank, error_to_wire
 from mlxd.errors import EngineError, MlxdError
@@ -277,10 +278,13 @@ def main() -> None:
         format=f"%(asctime)s mlxd-worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
     )
     _watch_parent()
+    imports_ahead.scan_once()  # before anything imports transformers
     if "--warm" in sys.argv[2:]:
         import mlx_lm  # noqa: F401
 
         import mlxd.engines.mlx_text  # noqa: F401
+
+        imports_ahead.save_scans()
     worker = Worker(trio.lowlevel.FdStream(receive_fd), trio.lowlevel.FdStream(send_fd))
     trio.run(worker.run)
     sys.stderr.flush()

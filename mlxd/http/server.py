@@ -18,6 +18,12 @@ TCP listeners) with one change: every connection registers in
 
 Closing sets ``SO_LINGER`` to 0: the peer gets a reset, and the bytes queued
 for a client that stopped reading are dropped rather than kept by the kernel.
+
+The sockets may be bound and listening before :func:`serve` starts
+(:func:`listen`): the daemon listens before its journal recovery, so that a
+port in use fails the start before the journal is touched, and a client that
+connects meanwhile waits in the kernel's backlog (no request is read before
+``serve``) instead of being refused and trying again later.
 """
 
 from __future__ import annotations
@@ -121,9 +127,11 @@ async def serve(
     connections: Connections,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]],
+    sockets: list[socket.socket] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` on ``config.bind`` (plain TCP) until ``shutdown_trigger`` returns.
+    """Serve ``app`` on ``sockets`` (listening already), else on ``config.bind`` (plain
+    TCP), until ``shutdown_trigger`` returns.
 
     Then: stop accepting, close idle connections, give running requests
     ``config.graceful_timeout``, and close whatever is still open.
@@ -137,11 +145,9 @@ async def serve(
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
         async with trio.open_nursery() as server_nursery:
-            sockets = config.create_sockets()
             listeners = []
             binds = []
-            for sock in sockets.insecure_sockets:
-                sock.listen(config.backlog)
+            for sock in listen(config) if sockets is None else sockets:
                 listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
                 binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
             handler = partial(
@@ -165,6 +171,19 @@ async def serve(
             lifespan_nursery.start_soon(_close_at, connections, deadline)
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
+
+
+def listen(config: HypercornConfig) -> list[socket.socket]:
+    """Bind ``config.bind`` (plain TCP) and listen; raises OSError (a port in use...)."""
+    sockets = config.create_sockets().insecure_sockets
+    try:
+        for sock in sockets:
+            sock.listen(config.backlog)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 async def _close_at(connections: Connections, deadline: float) -> None:

@@ -147,7 +147,8 @@ def test_refuses_non_loopback_without_key(tmp_path: Path) -> None:
 
 
 def test_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
-    """A port that is already taken ends `mlxd serve` with exit 1 and a one-line reason."""
+    """A port that is already taken ends `mlxd serve` with exit 1 and a one-line reason,
+    before the journal is touched."""
     cfg = write_config(tmp_path / "m.yaml", {**fake_models_config({"a": 0.2}, 2),
                                              "journal": {"path": str(tmp_path / "j.db")}})
     with socket.socket() as taken:
@@ -159,6 +160,7 @@ def test_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("mlxd: ") and "Traceback" not in r.stderr
+    assert not (tmp_path / "j.db").exists()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")
