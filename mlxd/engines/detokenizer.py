@@ -32,11 +32,11 @@ from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
 _SPACE = 32
 
 
-class Utf8BPEDetokenizer(BPEStreamingDetokenizer):  # type: ignore[misc]
+class Utf8BPEDetokenizer(BPEStreamingDetokenizer):
     """A byte-level BPE detokenizer that never waits on bytes that cannot become text."""
 
     def reset(self) -> None:
-        super().reset()
+        super().reset()  # type: ignore[no-untyped-call]
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._pending = ""  # decoded text not yet in self.text (after a lone space token)
 
@@ -59,12 +59,12 @@ class Utf8BPEDetokenizer(BPEStreamingDetokenizer):  # type: ignore[misc]
         if len(piece) == 1 and _byte_decoder().get(piece) == _SPACE:
             return
         if self._pending:
-            self.text += self._maybe_trim_space(self._pending)
+            self.text += self._maybe_trim_space(self._pending)  # type: ignore[no-untyped-call]
             self._pending = ""
 
     def finalize(self) -> None:
         self._pending += self._decoder.decode(b"", final=True)
-        self.text += self._maybe_trim_space(self._pending)
+        self.text += self._maybe_trim_space(self._pending)  # type: ignore[no-untyped-call]
         self._pending = ""
 
 
@@ -78,5 +78,5 @@ def stream_bytes_promptly(tokenizer: Any) -> None:
         return
     mine = copy.copy(current)  # shares the token map; reset() gives it its own state
     mine.__class__ = Utf8BPEDetokenizer
-    mine.reset()
+    mine.reset()  # type: ignore[no-untyped-call]
     tokenizer._detokenizer = mine

@@ -310,7 +310,8 @@ class MlxTextEngine:
     def _load_weights(self, path: Path) -> tuple[Any, Any]:
         from mlx_lm import load
 
-        from mlxd.engines.detokenizer import stream_bytes_promptly  # imports mlx-lm: not at start-up
+        # imports mlx-lm, so not at the daemon's start-up
+        from mlxd.engines.detokenizer import stream_bytes_promptly
 
         loaded: Any = load(str(path))
         imports_ahead.save_scans()  # if this load was the first to import transformers
