@@ -200,15 +200,13 @@ async def run(
         lease = _lease_of(ticket)
         gen = await _checked(st, lease, gen, prepare)
         body = _stream_body(st, lease, gen, renderer, t_request, connection)
-        hold = True
     else:  # the model is loading: stream its progress as SSE comments until the lease comes
         body = _stream_after_load(st, ticket, gen, renderer, t_request, connection, prepare)
-        hold = False  # the progress comments go out as they come
     # Start the body now, up to its first chunk: a started generator always runs
     # its ``finally`` (Quart closes it, or Trio's finalizer does when it is dropped),
     # so the lease is released even if the client leaves before the body is sent.
     first = await body.__anext__()
-    return sse.response(_prepend(first, body, hold=hold), headers)
+    return sse.response(_prepend(first, body), headers)
 
 
 async def _stream_after_load(
@@ -295,22 +293,11 @@ def _observe(st: AppState, model: str, t0: float, t_first: float | None, fin: Fi
     )
 
 
-async def _prepend(
-    first: bytes, rest: AsyncGenerator[bytes, None], *, hold: bool
-) -> AsyncIterator[bytes]:
-    """``first``, then ``rest``; with ``hold``, ``first`` goes out in one write with the next
-    chunk (a stream's opening frames, the role delta or ``message_start``, tell a client
-    nothing it can act on before the first token: one socket write per stream fewer)."""
-    pending: bytes | None = first if hold else None
+async def _prepend(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
     try:
-        if pending is None:
-            yield first
+        yield first
         async for chunk in rest:
-            if pending is not None:
-                chunk, pending = pending + chunk, None
             yield chunk
-        if pending is not None:
-            yield pending
     finally:
         await rest.aclose()
 

@@ -334,7 +334,7 @@ async def test_stream_dropped_before_sending_releases_its_lease(tmp_path: Path) 
         gen = _stream_body(st, lease, parsed.generation, ResponseBuilder("chat", "a", False),
                            trio.current_time())
         first = await gen.__anext__()  # what generate() does before returning the Response
-        response_body = _prepend(first, gen, hold=True)  # as run() does with a lease in hand
+        response_body = _prepend(first, gen)
         del gen, response_body  # the Response is dropped unsent
         gc.collect()
         with trio.fail_after(5):

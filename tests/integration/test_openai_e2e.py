@@ -90,35 +90,6 @@ async def test_chat_whole_and_streamed_with_real_mlx(mixed_config: Any, tmp_path
         assert retrieved.model_extra["status"] == "loaded"
 
 
-async def test_a_streams_role_delta_goes_out_with_its_first_token(
-    mixed_config: Any, tmp_path: Path
-) -> None:
-    """A stream's opening role delta is written in one HTTP chunk with the first token's text
-    (a socket write fewer per stream); a stream waiting for its model's load still gets its
-    progress comment at once."""
-    import httpx
-
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
-            "stream": True}
-
-    def first_chunk() -> bytes:
-        with httpx.Client(timeout=60) as h, h.stream(
-            "POST", s.url + "/v1/chat/completions", json=body
-        ) as r:
-            assert r.status_code == 200
-            return next(r.iter_raw())  # one HTTP chunk (h11 never joins two)
-
-    async with serving(mixed_config, tmp_path) as s:
-        loading = await in_thread(first_chunk)  # the model loads: a progress comment first
-        assert loading.startswith(b": ") and b"data:" not in loading
-        load = await in_thread(lambda: httpx.post(s.url + "/admin/models/tiny/load", timeout=60))
-        assert load.status_code == 200
-        loaded = await in_thread(first_chunk)
-        frames = [f for f in loaded.split(b"\n\n") if f]
-        assert b'"role":"assistant"' in frames[0] and len(frames) >= 2
-        assert b'"content":' in frames[1]
-
-
 async def test_completion_whole_and_streamed(mixed_config: Any, tmp_path: Path) -> None:
     """/v1/completions works whole and streamed through the client, with a stop string ending it."""
     async with serving(mixed_config, tmp_path) as s:
