@@ -323,7 +323,7 @@ class Outbox:
                 call_soon(self._token, self._drain)
 
     def _drain(self) -> None:
-        while True:
+        for _ in range(2):  # and what came meanwhile (a completion); a third pass waits its turn
             with self._lock:
                 items, self._items = self._items, []
                 if not items:
@@ -331,6 +331,7 @@ class Outbox:
                     return
             for fn, args in items:
                 fn(*args)
+        call_soon(self._token, self._drain)  # still scheduled: the event loop runs in between
 
 
 _CLOSE = object()
