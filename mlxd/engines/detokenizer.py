@@ -16,7 +16,9 @@ come out at once as U+FFFD, and only a valid but incomplete prefix (at most 3
 bytes of one multi-byte character) waits for the next token. The final text is
 exactly mlx-lm's (both equal one decode of all the bytes with ``replace``, with
 the same leading-space trim and the same wait after a lone space token);
-only the timing differs. :func:`stream_bytes_promptly` puts it into an
+only the timing differs, and byte 0x00, which is NUL here as in the tokenizer's
+own decode (mlx-lm's ``add_token`` tests each byte for truth and sends its
+stand-in character). :func:`stream_bytes_promptly` puts it into an
 ``mlx_lm`` ``TokenizerWrapper`` after a load, so both decode paths (serial
 ``stream_generate`` and the batch loop) use it.
 """
