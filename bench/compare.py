@@ -7,8 +7,13 @@ What it does, in order:
 2. installs each peer in its own virtual environment under ``bench/peers/``
    (git-ignored): ``vllm-mlx`` and ``mlx-lm`` (for ``mlx_lm.server``), each with
    ``mlx[cpu]`` on Linux; an existing environment is reused;
-3. for each model, starts each server in turn on 127.0.0.1 with the same model
-   files and runs the same workloads against it:
+3. for each model, starts the servers on 127.0.0.1 with the same model files,
+   one after the other (their cold starts), and runs the same workloads against
+   each, interleaved: every row is measured on one server right after the other,
+   ``--rounds`` times in a rotating order, while the servers not being measured
+   are paused (SIGSTOP), so that a machine whose speed drifts during the run
+   moves every server's figure alike; a row's figure pools its rounds
+   (percentiles of all the requests, the median of the rates):
 
    * single stream (after one untimed request of the same shape, which leaves the
      system prompt in each server's prompt cache): latency of a 1-token request and the CPU time the server's
@@ -32,7 +37,7 @@ on each row, machine, date, versions) and ``bench/results.png``.
 
 Run (the full run, on a quiet machine): ``.venv/bin/python bench/compare.py``.
 ``--scale reduced`` runs every row of the full table with fewer, shorter
-requests (about 15 minutes on 2 cores) and writes the same files; ``--quick``
+requests (about 30 minutes on 2 cores) and writes the same files; ``--quick``
 (``--scale quick``) is a smoke pass on the tiny model that writes nothing
 unless ``--out`` is given. Any workload flag overrides its preset value, and
 RESULTS.md states the workload it was measured with.
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import os
@@ -54,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -351,12 +358,18 @@ async def run_concurrent(
         "tokens_p50": pct([float(count(r.text)) for r in ok], 0.5),
         "errors": len(results) - len(ok),
         "requests": len(results),
+        # the raw figures, which merge() pools across rounds
+        "ttfts": ttfts,
+        "seconds": [r.seconds for r in ok],
+        "tokens": [float(count(r.text)) for r in ok],
     }
 
 
 async def run_conversation(
-    server: Server, model: str, turns: int, tokens: int
+    server: Server, model: str, turns: int, tokens: int, rnd: int = 0
 ) -> list[float | None]:
+    """TTFT of each turn of one conversation (round ``rnd``'s own wording, so no round
+    finds another's turns in a prompt cache; the system prompt is shared, as in use)."""
     import httpx
 
     msgs = [{"role": "system", "content": SYSTEM}]
@@ -364,7 +377,10 @@ async def run_conversation(
     async with httpx.AsyncClient(timeout=600) as client:
         for t in range(turns):
             msgs.append(
-                {"role": "user", "content": f"{QUESTIONS[t % len(QUESTIONS)]}, part {t + 1}"}
+                {
+                    "role": "user",
+                    "content": f"{QUESTIONS[(t + rnd) % len(QUESTIONS)]}, part {t + 1} of take {rnd + 1}",
+                }
             )
             r = await chat(client, server, model, msgs, tokens)
             out.append(r.ttft)
@@ -408,46 +424,135 @@ def decode_rate(long: dict[str, Any], short: dict[str, Any]) -> float | None:
     return extra_tokens / extra_s if extra_tokens > 0 and extra_s > 0 else None
 
 
-def measure(
-    name: str, kind: str, models: dict[str, Path], args: argparse.Namespace
-) -> dict[str, Any]:
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row's figures from its rounds: percentiles of the pooled requests, the median rate."""
+    ttfts = [t for p in parts for t in p["ttfts"]]
+    return {
+        "tok_s": statistics.median(p["tok_s"] for p in parts),
+        "ttft_p50": pct(ttfts, 0.5),
+        "ttft_p99": pct(ttfts, 0.99),
+        "seconds_p50": pct([s for p in parts for s in p["seconds"]], 0.5),
+        "tokens_p50": pct([t for p in parts for t in p["tokens"]], 0.5),
+        "errors": sum(p["errors"] for p in parts),
+        "requests": sum(p["requests"] for p in parts),
+    }
+
+
+def median_of(values: tuple[float | None, ...]) -> float | None:
+    """The median of the figures there are (a failed request has none)."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+class Paused:
+    """Every server but the one measured is stopped (SIGSTOP), so none takes CPU from it."""
+
+    def __init__(self, servers: dict[str, Server]) -> None:
+        self.servers = servers
+
+    def only(self, name: str) -> None:
+        for other, server in self.servers.items():
+            if server.proc is not None:
+                os.killpg(server.proc.pid, signal.SIGCONT if other == name else signal.SIGSTOP)
+
+    def resume_all(self) -> None:
+        for server in self.servers.values():
+            if server.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server.proc.pid, signal.SIGCONT)
+
+
+def measure_kind(
+    kind: str, names: list[str], models: dict[str, Path], args: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    """Every server on ``kind``, interleaved: each row is measured on one server after
+    the other, ``--rounds`` times in a rotating order, so a machine whose speed drifts
+    over the minutes of a run (this one's varied 1.5-3x between runs) moves all three
+    alike; the servers not measured are paused."""
     count = Counter(models[kind])
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, Any]] = {n: {} for n in names}
+    servers: dict[str, Server] = {}
+    paused = Paused(servers)
     with tempfile.TemporaryDirectory(prefix="mlxd-compare-") as tmp:
-        server = make_server(name, models, [kind], Path(tmp), 8.0)
-        server.start(Path(tmp) / "server.log")
         try:
-            out["cold_start_s"] = asyncio.run(wait_ready(server, kind))
-            # one untimed request of the workload's shape, so that every server's prompt cache
-            # holds the system prompt as on a server in use: otherwise the single-stream median
-            # of a few requests is the one that prefilled it (2.6 s against 0.3 s for 16 tokens
-            # on the small model, where prefill costs as much per token as decode)
-            asyncio.run(run_concurrent(server, kind, 1, 1, args.tokens, count))
-            single = asyncio.run(
-                run_concurrent(server, kind, 1, args.single_requests, args.tokens, count)
-            )
-            cpu0 = server.cpu_seconds()
-            # 1-token requests are cheap: at least 20, for a CPU figure above the clock's tick
-            n_one = max(20, args.single_requests)
-            one = asyncio.run(run_concurrent(server, kind, 1, n_one, 1, count))
-            cpu = server.cpu_seconds() - cpu0
-            single["one_token_s"] = one["seconds_p50"]
-            single["one_token_cpu_s"] = cpu / one["requests"] if cpu >= 0 else None
-            double = asyncio.run(
-                run_concurrent(server, kind, 1, args.single_requests, 2 * args.tokens, count)
-            )
-            single["decode_tok_s"] = decode_rate(double, single)
-            out["single"] = single
-            out["clients"] = {
-                n: asyncio.run(run_concurrent(server, kind, n, args.per_client, args.tokens, count))
-                for n in args.clients
-            }
-            out["turns"] = asyncio.run(run_conversation(server, kind, args.turns, args.turn_tokens))
+            for name in names:  # cold starts one at a time, the others paused
+                home = Path(tmp) / name
+                home.mkdir()
+                servers[name] = make_server(name, models, [kind], home, 8.0)
+                paused.only("")
+                servers[name].start(home / "server.log")
+                out[name]["cold_start_s"] = asyncio.run(wait_ready(servers[name], kind))
+                # one untimed request of the workload's shape, so that every server's prompt
+                # cache holds the system prompt as on a server in use: otherwise the single-
+                # stream median of a few requests is the one that prefilled it (2.6 s against
+                # 0.3 s for 16 tokens on the small model, where prefill costs as much per
+                # token as decode)
+                asyncio.run(run_concurrent(servers[name], kind, 1, 1, args.tokens, count))
+            phases = rows_to_measure(kind, count, args)
+            raw: dict[str, dict[str, list[Any]]] = {n: {p: [] for p in phases} for n in names}
+            for rnd in range(args.rounds):
+                order = names[rnd % len(names) :] + names[: rnd % len(names)]
+                print(f"{kind}: round {rnd + 1} of {args.rounds}", file=sys.stderr)
+                for phase, run_phase in phases.items():
+                    for name in order:
+                        paused.only(name)
+                        raw[name][phase].append(run_phase(servers[name], rnd))
         finally:
-            server.stop()
-    if name != "mlx_lm.server" and args.swap_rounds > 0:
-        out["swap"] = measure_swap(name, kind, models, args)
+            paused.resume_all()
+            for server in servers.values():
+                server.stop()
+    for name in names:
+        r = raw[name]
+        single = merge(r["single"])
+        one = merge([p for p, _cpu in r["one"]])
+        cpu = sum(c for _p, c in r["one"])
+        single["one_token_s"] = one["seconds_p50"]
+        single["one_token_cpu_s"] = cpu / one["requests"] if cpu >= 0 else None
+        single["decode_tok_s"] = decode_rate(merge(r["double"]), single)
+        out[name]["single"] = single
+        out[name]["clients"] = {n: merge(r[f"clients {n}"]) for n in args.clients}
+        out[name]["turns"] = [median_of(takes) for takes in zip(*r["turns"], strict=True)]
+        if name != "mlx_lm.server" and args.swap_rounds > 0:
+            out[name]["swap"] = measure_swap(name, kind, models, args)
     return out
+
+
+Phase = Callable[[Server, int], Any]
+
+
+def rows_to_measure(kind: str, count: Counter, args: argparse.Namespace) -> dict[str, Phase]:
+    """The workloads of one round, by name; each takes the server and the round's number."""
+
+    def single(server: Server, _rnd: int) -> Any:
+        return asyncio.run(
+            run_concurrent(server, kind, 1, args.single_requests, args.tokens, count)
+        )
+
+    def one(server: Server, _rnd: int) -> Any:
+        # 1-token requests are cheap: at least 20 a round, for a CPU figure above the clock's tick
+        cpu0 = server.cpu_seconds()
+        result = asyncio.run(
+            run_concurrent(server, kind, 1, max(20, args.single_requests), 1, count)
+        )
+        return result, server.cpu_seconds() - cpu0 if cpu0 >= 0 else -1.0
+
+    def double(server: Server, _rnd: int) -> Any:
+        return asyncio.run(
+            run_concurrent(server, kind, 1, args.single_requests, 2 * args.tokens, count)
+        )
+
+    def clients(n: int) -> Phase:
+        return lambda server, _rnd: asyncio.run(
+            run_concurrent(server, kind, n, args.per_client, args.tokens, count)
+        )
+
+    def turns(server: Server, rnd: int) -> Any:
+        return asyncio.run(run_conversation(server, kind, args.turns, args.turn_tokens, rnd))
+
+    phases: dict[str, Phase] = {"single": single, "one": one, "double": double}
+    phases.update({f"clients {n}": clients(n) for n in args.clients})
+    phases["turns"] = turns
+    return phases
 
 
 def swap_budget_gb(name: str, kind: str, models: dict[str, Path]) -> float:
@@ -584,7 +689,8 @@ def render(
         "",
         f"Workload (scale `{args.scale}`): models {args.models}; single stream "
         f"{args.single_requests} requests; {clients} concurrent clients, {args.per_client} "
-        f"request(s) each; a {args.turns}-turn conversation; {args.swap_rounds} swap requests.",
+        f"request(s) each; a {args.turns}-turn conversation; {args.swap_rounds} swap requests. "
+        f"Each row measured {args.rounds} times on every server, interleaved (the others paused).",
         "",
         f"Greedy chat streams of {args.tokens} tokens (conversation turns: {args.turn_tokens}); tokens "
         "counted by this script with the model's tokenizer. Ratio: mlxd / better peer, oriented so "
@@ -660,18 +766,18 @@ def plot(
 SCALES: dict[str, dict[str, Any]] = {
     # the issue's full table (quiet machine, about an hour on 2 cores)
     "full": dict(
-        models="tiny,small", clients="1,4,8,16,32", tokens=64, per_client=3,
-        single_requests=5, turns=10, turn_tokens=32, swap_rounds=6,
+        models="tiny,small", clients="1,4,8,16,32", tokens=64, per_client=1,
+        single_requests=3, turns=10, turn_tokens=32, swap_rounds=6, rounds=3,
     ),
-    # every row of the full table, with fewer and shorter requests (~15 min)
+    # every row of the full table, with fewer and shorter requests (~30 min)
     "reduced": dict(
         models="tiny,small", clients="1,4,8,16,32", tokens=32, per_client=1,
-        single_requests=3, turns=5, turn_tokens=16, swap_rounds=4,
+        single_requests=3, turns=5, turn_tokens=16, swap_rounds=4, rounds=3,
     ),
     # a smoke pass of every row kind on the tiny model (a couple of minutes)
     "quick": dict(
         models="tiny", clients="1,4", tokens=16, per_client=1,
-        single_requests=2, turns=3, turn_tokens=8, swap_rounds=2,
+        single_requests=2, turns=3, turn_tokens=8, swap_rounds=2, rounds=1,
     ),
 }  # fmt: skip
 
@@ -682,7 +788,7 @@ def parse_args() -> argparse.Namespace:
         "--scale",
         choices=list(SCALES),
         default="full",
-        help="workload preset (full: the issue's table; reduced: ~15 min; quick: smoke)",
+        help="workload preset (full: the issue's table; reduced: ~30 min; quick: smoke)",
     )
     ap.add_argument("--quick", action="store_true", help="same as --scale quick")
     ap.add_argument("--models", help="comma-separated demo models (tiny, small)")
@@ -694,6 +800,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--turns", type=int)
     ap.add_argument("--turn-tokens", type=int)
     ap.add_argument("--swap-rounds", type=int, help="0: no swap rows")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        help="times each row is measured on every server, interleaved (figures pool the rounds)",
+    )
     ap.add_argument(
         "--out",
         help="where the table goes (default bench/RESULTS.md; --scale quick writes "
@@ -733,11 +844,12 @@ def main() -> int:
             versions[s] = version_of(peer_python(s), pkg)
     all_results: dict[str, dict[str, dict[str, Any]]] = {}
     for kind in kinds:
-        all_results[kind] = {}
-        for s in servers:
-            print(f"{kind}: {s} ... ({time.perf_counter() - t0:.0f} s so far)", file=sys.stderr)
-            all_results[kind][s] = measure(s, kind, models, args)
-            (WORK / "results.json").write_text(json.dumps(all_results, indent=1, default=str))
+        print(
+            f"{kind}: {', '.join(servers)} ... ({time.perf_counter() - t0:.0f} s so far)",
+            file=sys.stderr,
+        )
+        all_results[kind] = measure_kind(kind, servers, models, args)
+        (WORK / "results.json").write_text(json.dumps(all_results, indent=1, default=str))
     text = render(all_results, args, versions, time.perf_counter() - t0)
     print(text)
     if args.out:
