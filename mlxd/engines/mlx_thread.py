@@ -279,11 +279,9 @@ class Outbox:
     """Items from an MLX thread into Trio, with one wake-up of the Trio thread for all that waits.
 
     ``put`` appends; the first item put while no wake-up is pending schedules one
-    (``run_sync_soon``), and the items put before it runs ride along, as do those
-    put while it runs (a job's completion closing its sink, see :meth:`call`). While
-    :meth:`holding` (the batch loop, over one decode step's deliveries), nothing is
-    scheduled until the hold ends: one wake-up carries every stream's token.
-    """
+    (``run_sync_soon``); the items put before it runs, and while it runs (a job's
+    completion, see :meth:`call`), ride along. While :meth:`holding` (over a decode
+    step's deliveries) nothing is scheduled: one wake-up carries every stream's token."""
 
     def __init__(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
@@ -323,15 +321,17 @@ class Outbox:
                 call_soon(self._token, self._drain)
 
     def _drain(self) -> None:
-        for _ in range(2):  # and what came meanwhile (a completion); a third pass waits its turn
+        for n in range(3):  # two passes (the second takes what came meanwhile: a completion)
             with self._lock:
-                items, self._items = self._items, []
-                if not items:
+                if not self._items:  # nothing left: no wake-up (each costs two syscalls)
                     self._scheduled = False
                     return
+                if n == 2:
+                    break  # a third pass waits its turn: the event loop runs in between
+                items, self._items = self._items, []
             for fn, args in items:
                 fn(*args)
-        call_soon(self._token, self._drain)  # still scheduled: the event loop runs in between
+        call_soon(self._token, self._drain)  # still scheduled
 
 
 _CLOSE = object()
