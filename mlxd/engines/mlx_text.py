@@ -36,6 +36,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -46,7 +47,6 @@ import trio
 from mlxd.config import ModelConfig
 from mlxd.engines import imports_ahead, memory, prompt_limits, sources
 from mlxd.engines.base import (
-    Finished,
     GenerationEvent,
     GenerationRequest,
     LoadProgress,
@@ -67,7 +67,7 @@ from mlxd.engines.mlx_thread import (
     call_soon,
 )
 from mlxd.engines.prompts import check_tools, count_image_parts, encode_prompt
-from mlxd.engines.streaming import Output, TokenTexts, deliver_token, pending_events
+from mlxd.engines.streaming import JobEvents, Output, TokenTexts, deliver_token
 from mlxd.engines.tool_calls import ToolFormat, tool_format
 from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError, describe_error
 
@@ -430,7 +430,13 @@ class MlxTextEngine:
         prepared = await self.prepare(replace(request, constraint=None))
         return len(prepared.prompt_ids or ())
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+    async def start_generation(self, request: GenerationRequest) -> JobEvents:
+        """Prepare ``request`` and put its job on the scheduler now; its events follow.
+
+        A streaming route calls this before it writes its response's first
+        bytes, so the model prefills while they go out; ``generate`` is this
+        and the events. Closing the events early withdraws the job.
+        """
         scheduler = self._scheduler
         if not self._ready or scheduler is None:
             raise EngineError(f"{self.name}: the model is not loaded", retry_after=1.0)
@@ -444,20 +450,12 @@ class MlxTextEngine:
         job.stats.request_id = request.request_id
         scheduler.submit(job)
         self.history.append(job.stats)
-        finished = False
-        try:
-            async with job.sink.receive:
-                async for item in job.sink.receive:
-                    for event in pending_events(job, item, self._observe, self.name):
-                        if isinstance(event, Finished):
-                            finished = True
-                        yield event
-                        if finished:
-                            return
-            raise EngineError(f"{self.name}: generation ended without a result")
-        finally:
-            if not finished:
-                scheduler.withdraw(job)
+        return JobEvents(job, scheduler.withdraw, self._observe, self.name)
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        async with aclosing(await self.start_generation(request)) as events:
+            async for event in events:
+                yield event
 
     def _observe(self, event: str, stats: GenerationStats) -> None:
         if self.observer is not None:

@@ -312,3 +312,59 @@ def pending_events(
     if isinstance(item, Finished):
         out.append(item)
     return out
+
+
+class JobEvents:
+    """The events of a job already on its scheduler, as an async iterator (Trio side).
+
+    What :meth:`MlxTextEngine.start_generation <mlxd.engines.mlx_text.MlxTextEngine.start_generation>`
+    returns: the job runs from the moment it was submitted, whether or not
+    anyone iterates yet. Closing it before its :class:`Finished` (``aclose``,
+    which a plain object runs even if it was never iterated, unlike an async
+    generator that never started) withdraws the job, which sets its cancel flag.
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        withdraw: Callable[[Job], None],
+        observe: Callable[[str, GenerationStats], None],
+        name: str,
+    ) -> None:
+        self._job = job
+        self._withdraw = withdraw
+        self._observe = observe
+        self._name = name
+        self._ready: list[GenerationEvent] = []
+        self._done = False  # Finished handed out, or closed
+
+    def __aiter__(self) -> JobEvents:
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        while not self._ready:
+            if self._done:
+                raise StopAsyncIteration
+            try:
+                item = await self._job.sink.receive.receive()
+            except trio.EndOfChannel:
+                await self.aclose()
+                raise EngineError(f"{self._name}: generation ended without a result") from None
+            try:
+                events = pending_events(self._job, item, self._observe, self._name)
+            except BaseException:
+                await self.aclose()
+                raise
+            self._ready = events[::-1]
+        event = self._ready.pop()
+        if isinstance(event, Finished):
+            self._done = True  # the job is over: nothing to withdraw
+            self._job.sink.receive.close()
+        return event
+
+    async def aclose(self) -> None:
+        if not self._done:
+            self._done = True
+            self._ready.clear()
+            self._job.sink.receive.close()
+            self._withdraw(self._job)

@@ -70,7 +70,7 @@ class Renderer(Protocol):
     model: str
 
     def first(self) -> bytes:
-        """The first bytes of a stream (sent before any await)."""
+        """The first bytes of a stream (sent once its job is queued, before its first event)."""
         ...
 
     def text(self, ev: TextDelta) -> list[bytes]: ...
@@ -302,12 +302,30 @@ async def _prepend(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIter
         await rest.aclose()
 
 
-async def _abandon_stream(
-    st: AppState, events: AsyncGenerator[GenerationEvent, None], connection: Key | None
-) -> None:
+class Events(Protocol):
+    """A generation's events, as an engine streams them: closing them early stops it."""
+
+    def __anext__(self) -> Awaitable[GenerationEvent]: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def _start(lease: Lease, gen: GenerationRequest) -> Events:
+    """The generation's events, its job already queued where the engine can do that
+    ahead of iteration (``start_generation``: mlx-lm text models), so the model
+    prefills while the stream's first bytes go out; else the engine's generator."""
+    start = getattr(lease.engine, "start_generation", None)
+    if start is None:
+        return lease.engine.generate(gen)
+    events: Events = await start(gen)
+    return events
+
+
+async def _abandon_stream(st: AppState, events: Events | None, connection: Key | None) -> None:
     """The manager ended this stream's lease: cancel the engine's job, close the connection."""
-    with contextlib.suppress(RuntimeError):  # running in the body's task: its scope is cancelled
-        await events.aclose()
+    if events is not None:
+        with contextlib.suppress(RuntimeError):  # in the body's task: its scope is cancelled
+            await events.aclose()
     if connection is not None:
         st.connections.abort(connection)
 
@@ -322,10 +340,12 @@ async def _stream_body(
 ) -> AsyncGenerator[bytes, None]:
     error: BaseException | None = None
     t_first: float | None = None
-    events = lease.engine.generate(gen)
-    lease.on_abandon(lambda: _abandon_stream(st, events, connection))
+    events: Events | None = None
     try:
-        yield renderer.first()  # needs no await (see run())
+        with lease.scope():  # the job goes on the model's queue before the first bytes go out
+            events = await _start(lease, gen)
+        lease.on_abandon(lambda: _abandon_stream(st, events, connection))
+        yield renderer.first()
         while True:
             with lease.scope():  # preemption cancels this wait and raises Preempted
                 ev: GenerationEvent = await events.__anext__()
@@ -360,6 +380,11 @@ async def _stream_body(
         raise
     finally:
         # Closing the engine's iterator sets its stop flag; bounded, as every shield is.
-        with trio.CancelScope(shield=True), trio.move_on_after(5), contextlib.suppress(RuntimeError):
-            await events.aclose()
+        if events is not None:
+            with (
+                trio.CancelScope(shield=True),
+                trio.move_on_after(5),
+                contextlib.suppress(RuntimeError),
+            ):
+                await events.aclose()
         lease.finish(error)
