@@ -97,6 +97,36 @@ async def test_a_first_token_goes_out_in_the_step_that_ends_its_prompt(
     assert again == text and fin2.cached_tokens == fin.prompt_tokens - 1
 
 
+async def test_a_started_generation_runs_before_its_events_are_read(
+    batched: MlxTextEngine,
+) -> None:
+    """``start_generation`` queues the job at once (a stream's first bytes go out while the
+    model prefills): its tokens are made before anyone reads them, the events then give the
+    same text as ``generate``; events closed without being read cancel their job."""
+    assert batched.batch is not None
+    request = completion(PROMPTS[2], max_tokens=12, temperature=0.0, logits_processors=(no_eos,))
+    expected, _, _ = await collect(batched, request)
+    steps_before = batched.batch.steps
+    events = await batched.start_generation(request)
+    with trio.fail_after(30):
+        while batched.batch.steps == steps_before:  # the MLX thread works, unread
+            await trio.sleep(0.001)
+    got = [ev async for ev in events]
+    assert "".join(ev.text for ev in got if isinstance(ev, TextDelta)) == expected
+    assert isinstance(got[-1], Finished) and got[-1].completion_tokens == 12
+
+    long = await batched.start_generation(
+        completion(PROMPTS[2], max_tokens=400, logits_processors=(no_eos,))
+    )
+    await events.aclose()  # closing a finished stream is a no-op
+    await long.aclose()  # never read: withdrawn
+    with trio.fail_after(30):
+        while batched.queue_depth():
+            await trio.sleep(0.01)
+    last = batched.history[-1]
+    assert last.outcome == "cancelled" and last.completion_tokens < 400
+
+
 async def test_one_cancelled_request_in_a_batch_of_four_stops_within_a_step(
     batched: MlxTextEngine,
 ) -> None:
