@@ -53,6 +53,15 @@ from mlxd.engines.streaming import Output, deliver_token
 
 log = logging.getLogger(__name__)
 
+#: a model whose prefill is fast gets chunks sized to take about this long (at its measured
+#: rate), never fewer tokens than its ``prefill_step`` nor more than PREFILL_CHUNK_MAX: a
+#: chunk is how long the running streams wait and how late a cancel is heard, in seconds
+PREFILL_CHUNK_S = 0.05
+#: mlx-lm's own default chunk (what mlx_lm.server prefills with)
+PREFILL_CHUNK_MAX = 2048
+#: a step that prefilled fewer tokens than this says little about the rate
+_RATE_MIN_TOKENS = 16
+
 #: done(job, error or None): called on the MLX thread when a job has left the batch
 DoneCallback = Callable[[Job, BaseException | None], None]
 #: the engine's Output for a request (its tokenizer's texts, its tool-call format)
@@ -71,6 +80,8 @@ class _Seq:
     #: the tokens that end the sequence (the generator's stop sequences, one token each)
     eos: frozenset[int]
     n_tokens: int = 0
+    #: prompt tokens (of those not cached) prefilled so far
+    prefilled: int = 0
     #: its first token went out early (:meth:`BatchLoop._deliver_first`): the generator's
     #: response for that same token, one step later, is skipped
     first_sent: bool = False
@@ -115,11 +126,17 @@ class BatchLoop:
         on_done: DoneCallback,
         outbox: Outbox,
         output: OutputFactory,
+        prefill_adapts: bool = False,
     ) -> None:
         self._submit = submit  # runs a callable on the engine's MLX thread
         self._model = model  # () -> (model, tokenizer), read on the MLX thread
         self.max_batch = max_batch
         self.prefill_step = prefill_step
+        #: the chunk in use: ``prefill_step``, or larger for a fast model (PREFILL_CHUNK_S) when
+        #: the step is the default one; and the prefill rate measured (tokens/s, MLX thread)
+        self.prefill_chunk = prefill_step
+        self._prefill_adapts = prefill_adapts
+        self.prefill_rate: float | None = None
         self.prompt_cache_bytes = prompt_cache_bytes
         self._on_done = on_done
         self._outbox = outbox
@@ -208,6 +225,7 @@ class BatchLoop:
             # (Job.emit) goes out now rather than after it
             for s in self._seqs.values():
                 s.job.flush()
+        t0 = time.perf_counter()
         try:
             prompt_responses, gen_responses = self._gen.next()
         except Exception as e:
@@ -215,6 +233,8 @@ class BatchLoop:
             self._fail_all(e)
             return
         self.steps += 1
+        if prompt_responses:
+            self._measure_prefill(prompt_responses, time.perf_counter() - t0)
         with self._outbox.holding():  # one wake-up of the Trio thread for the whole step
             self._progress(prompt_responses)
             self._deliver(gen_responses)
@@ -225,6 +245,27 @@ class BatchLoop:
         if self._gen is not None:  # array sizes only (no evaluation): a few us per layer
             self.kv_bytes = int(self._gen.prompt_cache_nbytes)
             self.kv_peak_bytes = max(self.kv_peak_bytes, self.kv_bytes)
+
+    def _measure_prefill(self, responses: list[Any], seconds: float) -> None:
+        """The prefill rate from a step's chunks, and the chunk it sets (PREFILL_CHUNK_S)."""
+        tokens = 0
+        for r in responses:
+            seq = self._seqs.get(r.uid)
+            if seq is not None and not r.end_of_prompt:
+                done = int(r.progress[0])
+                tokens, seq.prefilled = tokens + done - seq.prefilled, done
+        if tokens < _RATE_MIN_TOKENS or seconds <= 0:
+            return
+        rate = tokens / seconds  # the step's decode rows count as prefill time: a lower bound
+        self.prefill_rate = rate if self.prefill_rate is None else (self.prefill_rate + rate) / 2
+        if self._prefill_adapts and self._gen is not None:
+            fits = int(self.prefill_rate * PREFILL_CHUNK_S)
+            self.prefill_chunk = max(self.prefill_step, min(PREFILL_CHUNK_MAX, fits))
+            # read at each step, and by the prompt batch (which mlx-lm 0.32 gives its own copy)
+            self._gen.prefill_step_size = self.prefill_chunk
+            prompts: Any = getattr(self._gen, "_prompt_batch", None)
+            if hasattr(prompts, "prefill_step_size"):
+                prompts.prefill_step_size = self.prefill_chunk
 
     def close(self) -> None:
         """Drop the generator and the prompt cache (on the MLX thread, before the unload)."""
@@ -245,7 +286,7 @@ class BatchLoop:
                 model,
                 completion_batch_size=self.max_batch,
                 prefill_batch_size=self.max_batch,
-                prefill_step_size=self.prefill_step,
+                prefill_step_size=self.prefill_chunk,
             )
         if self._cache is None:
             self._cache = PromptCache(self.prompt_cache_bytes)

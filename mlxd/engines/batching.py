@@ -104,6 +104,7 @@ class BatchScheduler(SerialScheduler):
         prompt_cache_bytes: int,
         outbox: Outbox,
         output: OutputFactory,
+        prefill_adapts: bool = False,
     ) -> BatchScheduler:
         """A scheduler and its :class:`BatchLoop` on ``thread`` (``model() -> (model, tokenizer)``,
         ``output(request)``: what the engine streams for a request)."""
@@ -117,6 +118,7 @@ class BatchScheduler(SerialScheduler):
             on_done=lambda job, error: box[0].done_on_thread(job, error),
             outbox=outbox,
             output=output,
+            prefill_adapts=prefill_adapts,
         )
         box.append(
             cls(

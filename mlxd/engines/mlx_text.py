@@ -121,6 +121,7 @@ class MlxTextEngine:
         self.faults = faults
         #: None until the load picks the device's default (unless given)
         self.prefill_step: int | None = prefill_step
+        self._prefill_adapts = False
         self.observer = observer
         #: the last generations' stats, newest last (for metrics and tests)
         self.history: collections.deque[GenerationStats] = collections.deque(maxlen=64)
@@ -234,8 +235,9 @@ class MlxTextEngine:
             self._write_demo(path, report)
         if cancel.is_set():
             return
-        if self.prefill_step is None:
+        if self.prefill_step is None:  # the default step grows for a fast model (batch_loop)
             self.prefill_step = prefill_step_size(mx.default_device() == mx.gpu)
+            self._prefill_adapts = not os.environ.get(PREFILL_STEP_ENV)
         before = int(mx.get_active_memory())
         self._model, self._tokenizer = self._load_weights(path)
         after = int(mx.get_active_memory())
@@ -283,6 +285,7 @@ class MlxTextEngine:
             prompt_cache_bytes=self.prompt_cache_bytes,
             outbox=outbox,
             output=self._output,
+            prefill_adapts=self._prefill_adapts,
         )
         self.batch = scheduler.loop
         return scheduler

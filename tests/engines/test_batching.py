@@ -363,3 +363,39 @@ async def test_a_failing_logits_processor_fails_its_request_and_the_engine_goes_
         await collect(batched, completion("hello", max_tokens=5, logits_processors=(broken,)))
     _, fin, _ = await collect(batched, completion("hello", max_tokens=5))
     assert fin.completion_tokens == 5
+
+
+async def test_a_fast_models_prefill_chunks_grow_to_the_time_target(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the default prefill step, a model that prefills fast gets chunks sized to take
+    about PREFILL_CHUNK_S at its measured rate (the tiny model: far more than 64 tokens), so
+    a long prompt takes fewer steps; a step set by MLXD_PREFILL_STEP stays as set."""
+    from mlxd.engines.batch_loop import PREFILL_CHUNK_MAX, PREFILL_CHUNK_S
+
+    monkeypatch.delenv("MLXD_PREFILL_STEP", raising=False)
+    eng = MlxTextEngine(tiny_config(tiny_model_dir, max_batch_size=4))
+    await eng.load(lambda _p: None)
+    try:
+        batch = eng.batch
+        assert batch is not None and batch.prefill_chunk == eng.prefill_step == 64
+        await collect(eng, completion(" ".join(["fox"] * 400), max_tokens=1))
+        assert batch.prefill_rate is not None
+        expected = max(64, min(PREFILL_CHUNK_MAX, int(batch.prefill_rate * PREFILL_CHUNK_S)))
+        assert batch.prefill_chunk == expected > 64
+        steps = batch.steps
+        _, fin, _ = await collect(eng, completion(" ".join(["dog"] * 400), max_tokens=1))
+        assert fin.prompt_tokens > 400 and fin.cached_tokens < 10
+        assert batch.steps - steps < -(-fin.prompt_tokens // 64)  # fewer than 64-token chunks
+    finally:
+        await eng.stop()
+
+    monkeypatch.setenv("MLXD_PREFILL_STEP", "64")
+    fixed = MlxTextEngine(tiny_config(tiny_model_dir, max_batch_size=4))
+    await fixed.load(lambda _p: None)
+    try:
+        assert fixed.batch is not None
+        await collect(fixed, completion(" ".join(["fox"] * 400), max_tokens=1))
+        assert fixed.batch.prefill_rate is not None and fixed.batch.prefill_chunk == 64
+    finally:
+        await fixed.stop()
