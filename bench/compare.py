@@ -18,8 +18,8 @@ What it does, in order:
    * single stream (after one untimed request of the same shape, which leaves the
      system prompt in each server's prompt cache): latency of a 1-token request and the CPU time the server's
      processes spend on one (a figure less moved by other work on the machine),
-     time to first token (TTFT) and decode tok/s (the extra tokens of a request of twice
-     ``--tokens`` over its extra time against one of ``--tokens``, medians);
+     time to first token (TTFT) and decode tok/s (the extra tokens of a request of
+     ``DECODE_FACTOR`` x ``--tokens`` over its extra time against one of ``--tokens``, medians);
    * ``--clients`` concurrent streams (1, 4, 8, 16, 32): aggregate tok/s,
      TTFT p50/p99, errors;
    * a ``--turns``-turn conversation: TTFT of each turn (the prompt cache);
@@ -83,6 +83,8 @@ QUESTIONS = [
 ]
 
 
+#: the decode row compares requests of --tokens and of this many times --tokens
+DECODE_FACTOR = 4
 #: mlxd's max_batch_size for the bench's models (the 32 clients of the largest row share one batch)
 MLXD_MAX_BATCH = 32
 #: ``{"isolation": ...}`` for mlxd's models when ``--isolation`` is given (else mlxd's default)
@@ -410,11 +412,13 @@ def decode_rate(long: dict[str, Any], short: dict[str, Any]) -> float | None:
 
     Measured this way, not from the chunks' arrival times, so that a server that
     holds tokens back and sends them in bursts is not credited with the burst's
-    speed. Both sizes are ordinary generations (``--tokens`` and twice that), so
+    speed. Both sizes are ordinary generations (``--tokens`` and DECODE_FACTOR x that), so
     the prefill, the first token and any fixed per-request cost cancel out for
     every server alike; against a 1-token request they did not: a server whose
     1-token path is slow (vllm-mlx's took 1.1 s on the small model, its 32-token
-    request less) was credited with the difference as decode speed.
+    request less) was credited with the difference as decode speed. The long one is
+    4x, not 2x: 32 extra tokens of the tiny model take ~25 ms, which the jitter of two
+    medians moved by a third (vllm-mlx measured 3,422 tok/s of decode and 686 of aggregate).
     """
     try:
         extra_tokens = long["tokens_p50"] - short["tokens_p50"]
@@ -508,7 +512,7 @@ def measure_kind(
         cpu = sum(c for _p, c in r["one"])
         single["one_token_s"] = one["seconds_p50"]
         single["one_token_cpu_s"] = cpu / one["requests"] if cpu >= 0 else None
-        single["decode_tok_s"] = decode_rate(merge(r["double"]), single)
+        single["decode_tok_s"] = decode_rate(merge(r["long"]), single)
         out[name]["single"] = single
         out[name]["clients"] = {n: merge(r[f"clients {n}"]) for n in args.clients}
         out[name]["turns"] = [median_of(takes) for takes in zip(*r["turns"], strict=True)]
@@ -536,9 +540,11 @@ def rows_to_measure(kind: str, count: Counter, args: argparse.Namespace) -> dict
         )
         return result, server.cpu_seconds() - cpu0 if cpu0 >= 0 else -1.0
 
-    def double(server: Server, _rnd: int) -> Any:
+    def long(server: Server, _rnd: int) -> Any:
         return asyncio.run(
-            run_concurrent(server, kind, 1, args.single_requests, 2 * args.tokens, count)
+            run_concurrent(
+                server, kind, 1, args.single_requests, DECODE_FACTOR * args.tokens, count
+            )
         )
 
     def clients(n: int) -> Phase:
@@ -549,7 +555,7 @@ def rows_to_measure(kind: str, count: Counter, args: argparse.Namespace) -> dict
     def turns(server: Server, rnd: int) -> Any:
         return asyncio.run(run_conversation(server, kind, args.turns, args.turn_tokens, rnd))
 
-    phases: dict[str, Phase] = {"single": single, "one": one, "double": double}
+    phases: dict[str, Phase] = {"single": single, "one": one, "long": long}
     phases.update({f"clients {n}": clients(n) for n in args.clients})
     phases["turns"] = turns
     return phases
