@@ -22,7 +22,8 @@ What it does, in order:
      ``DECODE_FACTOR`` x ``--tokens`` over its extra time against one of ``--tokens``, medians);
    * ``--clients`` concurrent streams (1, 4, 8, 16, 32): aggregate tok/s,
      TTFT p50/p99, errors;
-   * a ``--turns``-turn conversation: TTFT of each turn (the prompt cache);
+   * ``--conversations`` ``--turns``-turn conversations a round: TTFT of each turn (the
+     prompt cache), the median over all of them;
    * swap: models A and B alternating under a budget that fits one and not both,
      as each server counts memory (mlxd and vllm-mlx, the two with a memory
      budget): mean request latency;
@@ -515,7 +516,8 @@ def measure_kind(
         single["decode_tok_s"] = decode_rate(merge(r["long"]), single)
         out[name]["single"] = single
         out[name]["clients"] = {n: merge(r[f"clients {n}"]) for n in args.clients}
-        out[name]["turns"] = [median_of(takes) for takes in zip(*r["turns"], strict=True)]
+        conversations = [c for rnd in r["turns"] for c in rnd]
+        out[name]["turns"] = [median_of(takes) for takes in zip(*conversations, strict=True)]
         if name != "mlx_lm.server" and args.swap_rounds > 0:
             out[name]["swap"] = measure_swap(name, kind, models, args)
     return out
@@ -553,7 +555,12 @@ def rows_to_measure(kind: str, count: Counter, args: argparse.Namespace) -> dict
         )
 
     def turns(server: Server, rnd: int) -> Any:
-        return asyncio.run(run_conversation(server, kind, args.turns, args.turn_tokens, rnd))
+        # --conversations a round, each its own wording: a turn's figure is the median of all
+        takes = range(rnd * args.conversations, (rnd + 1) * args.conversations)
+        return [
+            asyncio.run(run_conversation(server, kind, args.turns, args.turn_tokens, take))
+            for take in takes
+        ]
 
     phases: dict[str, Phase] = {"single": single, "one": one, "long": long}
     phases.update({f"clients {n}": clients(n) for n in args.clients})
@@ -695,7 +702,8 @@ def render(
         "",
         f"Workload (scale `{args.scale}`): models {args.models}; single stream "
         f"{args.single_requests} requests; {clients} concurrent clients, {args.per_client} "
-        f"request(s) each; a {args.turns}-turn conversation; {args.swap_rounds} swap requests. "
+        f"request(s) each; {args.conversations} {args.turns}-turn conversation(s) a round; "
+        f"{args.swap_rounds} swap requests. "
         f"Each row measured {args.rounds} times on every server, interleaved (the others paused).",
         "",
         f"Greedy chat streams of {args.tokens} tokens (conversation turns: {args.turn_tokens}); tokens "
@@ -773,17 +781,17 @@ SCALES: dict[str, dict[str, Any]] = {
     # the full table (quiet machine, about an hour on 2 cores)
     "full": dict(
         models="tiny,small", clients="1,4,8,16,32", tokens=64, per_client=1,
-        single_requests=3, turns=10, turn_tokens=32, swap_rounds=6, rounds=3,
+        single_requests=3, turns=10, turn_tokens=32, swap_rounds=6, rounds=3, conversations=2,
     ),
     # every row of the full table, with fewer and shorter requests (~30 min)
     "reduced": dict(
         models="tiny,small", clients="1,4,8,16,32", tokens=32, per_client=1,
-        single_requests=3, turns=5, turn_tokens=16, swap_rounds=4, rounds=3,
+        single_requests=3, turns=5, turn_tokens=16, swap_rounds=4, rounds=3, conversations=3,
     ),
     # a smoke pass of every row kind on the tiny model (a couple of minutes)
     "quick": dict(
         models="tiny", clients="1,4", tokens=16, per_client=1,
-        single_requests=2, turns=3, turn_tokens=8, swap_rounds=2, rounds=1,
+        single_requests=2, turns=3, turn_tokens=8, swap_rounds=2, rounds=1, conversations=1,
     ),
 }  # fmt: skip
 
@@ -805,6 +813,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--single-requests", type=int)
     ap.add_argument("--turns", type=int)
     ap.add_argument("--turn-tokens", type=int)
+    ap.add_argument(
+        "--conversations", type=int, help="conversations per round (each turn's median)"
+    )
     ap.add_argument("--swap-rounds", type=int, help="0: no swap rows")
     ap.add_argument(
         "--rounds",
