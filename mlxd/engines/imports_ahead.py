@@ -51,6 +51,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from mlxd.engines.memory import limit_malloc_arenas
+
 log = logging.getLogger(__name__)
 
 #: the module whose scan function gets an unbounded cache, and that function
@@ -72,6 +74,7 @@ def start() -> None:
     global _thread
     scan_once()
     if _thread is None:
+        limit_malloc_arenas()  # before the process's first extra thread (see mlxd.engines.memory)
         _thread = threading.Thread(target=_import, name="mlxd-import", daemon=True)
         _thread.start()
 
@@ -81,6 +84,11 @@ def wait() -> None:
     scan_once()  # a load whose process did not import ahead imports mlx-lm itself next
     if _thread is not None:
         _thread.join()
+
+
+def busy() -> bool:
+    """Whether the import begun by :func:`start` is still running (:func:`wait` would block)."""
+    return _thread is not None and _thread.is_alive()
 
 
 def _import() -> None:

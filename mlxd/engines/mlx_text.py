@@ -164,8 +164,12 @@ class MlxTextEngine:
             raise LoadFailed(f"{self.name}: an engine loads once; make a new one")
         t0 = time.monotonic()
         progress(LoadProgress(phase="starting", detail=self.config.source))
+        memory.limit_malloc_arenas()  # before this load's threads (see mlxd.engines.memory)
         # mlx-lm may still be importing on start-up's thread: never import it from two at once
-        await trio.to_thread.run_sync(imports_ahead.wait, abandon_on_cancel=True)
+        if imports_ahead.busy():
+            await trio.to_thread.run_sync(imports_ahead.wait, abandon_on_cancel=True)
+        else:
+            imports_ahead.wait()  # returns at once: no thread hop
         try:
             path = await self._resolve(progress)
         except (LoadFailed, trio.Cancelled):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 _SCRIPT = """
 import os, sys, threading
@@ -44,3 +46,50 @@ def test_an_in_process_mlx_model_gets_mlx_lm_imported_ahead_of_its_first_load() 
 def test_fake_and_worker_process_models_leave_the_daemon_without_mlx_lm() -> None:
     assert not _imported("fake")
     assert not _imported("process")
+
+
+_LOAD_SCRIPT = """
+import json, os, sys, threading
+import trio
+from mlxd.config import ModelConfig
+from mlxd.engines import memory
+from mlxd.engines.mlx_text import MlxTextEngine
+
+threads_at_cap = []
+real_cap = memory.limit_malloc_arenas
+
+def cap():
+    threads_at_cap.append(sorted(t.name for t in threading.enumerate()))
+    return real_cap()
+
+memory.limit_malloc_arenas = cap
+
+async def main():
+    engine = MlxTextEngine(ModelConfig(name="m", source=sys.argv[1]))
+    await engine.load(lambda _p: None)
+    names = sorted(t.name for t in threading.enumerate())
+    await engine.stop()
+    return names
+
+after_load = trio.run(main)
+print(json.dumps({"at_cap": threads_at_cap[0], "after_load": after_load}), flush=True)
+os._exit(0)  # as above: MLX's statics, used off the main thread
+"""
+
+
+def test_a_load_caps_malloc_arenas_before_its_first_thread_and_hops_no_thread_to_wait(
+    tiny_model_dir: Path,
+) -> None:
+    # A thread started before the cap keeps an arena of its own, which a later MLX thread
+    # may be handed (mlxd.engines.memory); with nothing importing ahead, the load has
+    # nothing to wait for, so it starts no Trio worker thread to wait on it
+    r = subprocess.run(
+        [sys.executable, "-c", _LOAD_SCRIPT, str(tiny_model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen["at_cap"] == ["MainThread"]
+    assert seen["after_load"] == ["MainThread", "mlx-m"]  # the model's MLX thread, nothing else
