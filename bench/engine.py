@@ -5,7 +5,8 @@ load in a new process, and neither inherits the other's caches):
 
 * ``plain``, the peer: ``mlx_lm.load(path)`` then ``mlx_lm.stream_generate``
   on the main thread, exactly as a script would use mlx-lm;
-* ``engine``: :class:`mlxd.engines.mlx_text.MlxTextEngine` under Trio,
+* ``engine``: :class:`mlxd.engines.mlx_text.MlxTextEngine` under Trio, with
+  mlx-lm imported ahead as ``mlxd serve`` does it (:mod:`mlxd.engines.imports_ahead`),
   ``await engine.load(...)`` then ``engine.generate(...)`` consumed from Trio
   (MLX on the engine's own thread, tokens relayed through a memory channel).
 
@@ -79,8 +80,12 @@ def child_plain(model: str, tokens: int) -> dict[str, float]:
 
 
 def child_engine(model: str, tokens: int) -> dict[str, float]:
-    import mlx_lm  # noqa: F401  (imported before the clock, like the peer's)
     import trio
+
+    from mlxd.engines import imports_ahead
+
+    imports_ahead.start()  # mlx-lm imported before the clock, as `mlxd serve` does it at start-up
+    imports_ahead.wait()
 
     from mlxd.config import ModelConfig
     from mlxd.engines.base import GenerationRequest
@@ -257,9 +262,11 @@ def main() -> int:
         f"{1000 * med('engine', 'overhead_s'):.2f} "
         f"(best {1000 * min(r['overhead_s'] for r in results['engine']):.2f}) | | |",
         "",
-        "Cold load of the engine includes its thread start, resolving the source and measuring the "
-        "footprint (active-memory delta); decode includes relaying each token from the MLX thread "
-        "into Trio. Both contenders import mlx-lm before the clock starts. A cold load is a "
+        "Cold load of the engine includes resolving the source and measuring the footprint "
+        "(active-memory delta); decode includes relaying each token from the MLX thread into "
+        "Trio, and starts at the second token (bench/engine.py's docstring says why). Both "
+        "contenders import mlx-lm before the clock starts; the engine as `mlxd serve` does, "
+        "ahead on a pooled MLX thread that its load then runs on. A cold load is a "
         "~50 ms event that uses both cores, so other processes on the box move single runs by far "
         "more than 5%; the engine's own work around `mlx_lm.load` (third row) is measured inside "
         "the same run.",

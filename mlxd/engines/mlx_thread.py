@@ -136,6 +136,14 @@ def _give_back(worker: _Worker) -> None:
         worker.close_nowait()
 
 
+def spare_thread(name: str, job: Callable[[], None]) -> None:
+    """Start a worker now with ``job`` queued on it, and pool it for the next residency (which
+    queues behind the job): mlx-lm imported ahead on the thread the first load then uses."""
+    worker = _Worker(name)
+    worker.jobs.put((job, (), None))
+    _give_back(worker)
+
+
 class MlxThread:
     """The MLX thread of one engine (one residency): every MLX call it makes, in order.
 
