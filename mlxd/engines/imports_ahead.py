@@ -86,7 +86,11 @@ def start() -> None:
         limit_malloc_arenas()  # before the process's first extra thread (see mlxd.engines.memory)
         from mlxd.engines.mlx_thread import spare_thread
 
-        spare_thread("mlxd-import", _import)
+        try:
+            spare_thread("mlxd-import", _import)
+        except BaseException:
+            _done.set()  # no import to wait for: the load imports mlx-lm itself
+            raise
 
 
 def busy() -> bool:

@@ -26,9 +26,10 @@ stays fragmented there, so RSS crept up by ~1 MB per load/unload cycle
 2 MB. It is called before the process's first extra thread (``mlxd serve``
 before Trio starts, the import ahead, each load, each MLX thread): a thread
 started earlier keeps an arena of its own, and a later thread may be handed
-that one, fresh and small, instead of the main heap. A load on a thread with a
-fresh arena took 6% longer than on the main heap (``small`` demo model, 16
-paired runs in fresh processes).
+that one, fresh and small, instead of the main heap (a load of the ``small``
+demo model on a thread with a fresh arena: 1.06 of a main-thread load, against
+1.01 with the cap, 16 paired runs in fresh processes; single loads vary by as
+much, so this is one reading, not a law).
 
 A large generation leaves memory behind too: MLX keeps the freed buffers of
 its prompt's activations and KV cache in its buffer cache, and glibc the
