@@ -242,6 +242,9 @@ class MlxTextEngine:
         if self.prefill_step is None:  # the default step grows for a fast model (batch_loop)
             self.prefill_step = prefill_step_size(mx.default_device() == mx.gpu)
             self._prefill_adapts = not os.environ.get(PREFILL_STEP_ENV)
+        # this thread's random state (16 bytes, made by its first draw: a model's init draws)
+        # is made here, so a load on a fresh thread measures what one on a used thread does
+        mx.eval(mx.random.uniform(shape=(1,)))
         before = int(mx.get_active_memory())
         self._model, self._tokenizer = self._load_weights(path)
         after = int(mx.get_active_memory())

@@ -137,8 +137,7 @@ def _give_back(worker: _Worker) -> None:
 
 
 def spare_thread(name: str, job: Callable[[], None]) -> None:
-    """Start a worker now with ``job`` queued on it, and pool it for the next residency (which
-    queues behind the job): mlx-lm imported ahead on the thread the first load then uses."""
+    """Start a worker now running ``job``, pooled for the next residency (queued behind it)."""
     worker = _Worker(name)
     worker.jobs.put((job, (), None))
     _give_back(worker)
@@ -417,9 +416,7 @@ class GenerationStats:
 
     @property
     def ttft_s(self) -> float | None:
-        if self.first_token_at is None:
-            return None
-        return self.first_token_at - self.enqueued_at
+        return None if self.first_token_at is None else self.first_token_at - self.enqueued_at
 
     @property
     def cancel_latency_s(self) -> float | None:
@@ -507,12 +504,7 @@ class SerialScheduler:
     """
 
     def __init__(
-        self,
-        thread: MlxThread,
-        run_one: Callable[[Job], None] | None,
-        *,
-        max_queue: int,
-        name: str,
+        self, thread: MlxThread, run_one: Callable[[Job], None] | None, *, max_queue: int, name: str
     ) -> None:
         self._thread = thread
         self._run_one = run_one
