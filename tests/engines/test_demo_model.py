@@ -91,7 +91,7 @@ async def test_the_builtin_demo_config_makes_its_models_on_first_load(
         try:
             assert is_model_dir(Path(model.source))
             assert str(tmp_path / "state") in model.source
-            req = GenerationRequest(kind="completion", prompt="hello", max_tokens=3)
+            req = GenerationRequest(kind="completion", prompt="hello", max_tokens=3, temperature=0)
             events = [ev async for ev in engine.generate(req)]
             assert isinstance(events[-1], Finished) and events[-1].completion_tokens == 3
         finally:

@@ -88,7 +88,7 @@ async def test_tool_use_round_trip(cfg: Any, tmp_path: Path) -> None:
         c = client(s)
         first = await run(lambda: c.messages.create(
             model="tiny", max_tokens=64, messages=HI, tools=[WEATHER],
-            tool_choice={"type": "tool", "name": "get_weather"}))
+            tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0}))
         assert first.stop_reason == "tool_use"
         use = next(b for b in first.content if b.type == "tool_use")
         assert use.name == "get_weather"
@@ -98,7 +98,7 @@ async def test_tool_use_round_trip(cfg: Any, tmp_path: Path) -> None:
                                                  "content": "sunny, 21 degrees"}]}]
         second = await run(lambda: c.messages.create(
             model="tiny", max_tokens=6, messages=history, tools=[WEATHER],
-            tool_choice={"type": "none"}))
+            tool_choice={"type": "none"}, extra_body={"temperature": 0}))
         assert second.stop_reason == "max_tokens" and second.content[0].type == "text"
         n = await run(lambda: c.messages.count_tokens(model="tiny", messages=history, tools=[WEATHER],
                                                       tool_choice={"type": "none"}))
