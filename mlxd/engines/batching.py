@@ -9,10 +9,13 @@ order, ``max_queue``) and admits the head of the queue into the batch when
 * the batch's KV, with the newcomer, fits the model's committed ``kv_cache``.
 
 KV of a batch: mlx-lm's ``BatchKVCache`` keeps every sequence as long as the
-longest one (left padding), in steps of 256 tokens, so a batch of ``n``
-sequences whose longest may grow to ``L`` tokens (prompt + ``max_tokens``)
-holds up to ``n x ceil(L / 256) x 256 x KV bytes per token``; that is the
-figure admission keeps within ``kv_cache`` (:func:`batch_kv_bytes`). A
+longest one (left padding) and grows by 256 tokens when full. It grows from
+wherever it starts: a batch made from caches of other lengths (a prompt-cache
+hit, a request that began alone, a newcomer joining) starts at their longest
+length, not at a multiple of 256. So a batch of ``n`` sequences whose longest
+may grow to ``L`` tokens (prompt + ``max_tokens``) holds up to
+``n x (L + 255) x KV bytes per token``; that is the figure admission keeps
+within ``kv_cache`` (:func:`batch_kv_bytes`). A
 request that does not fit waits in the queue (first come, first served: the
 head is never overtaken) until running generations finish. A request that
 could not fit even alone is capped before queueing (:func:`cap_to_kv`): it
@@ -28,19 +31,17 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxd.engines.batch_loop import BatchLoop, OutputFactory
+from mlxd.engines.memory import KV_STEP
 from mlxd.engines.mlx_thread import Job, MlxThread, Outbox, SerialScheduler, call_soon
 from mlxd.errors import InvalidRequest
 from mlxd.units import format_bytes
-
-#: mlx-lm's KV caches grow in steps of this many tokens
-KV_STEP = 256
 
 
 def batch_kv_bytes(kv_tokens: list[int], bytes_per_token: int) -> int:
     """The most KV a batch of sequences growing to ``kv_tokens`` tokens can hold (module docstring)."""
     if not kv_tokens:
         return 0
-    longest = -(-max(kv_tokens) // KV_STEP) * KV_STEP
+    longest = max(kv_tokens) + KV_STEP - 1  # the last growth step may be all but one unused
     return len(kv_tokens) * longest * bytes_per_token
 
 
@@ -55,7 +56,7 @@ def cap_to_kv(
     """
     if not bytes_per_token or kv_budget <= 0:
         return max_tokens
-    room = (kv_budget // bytes_per_token) // KV_STEP * KV_STEP  # tokens, in whole KV steps
+    room = kv_budget // bytes_per_token - (KV_STEP - 1)  # tokens that fit, with a growth step
     if prompt_tokens >= room:
         raise InvalidRequest(
             f"the prompt's KV cache ({prompt_tokens:,} tokens, "

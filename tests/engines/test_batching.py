@@ -241,7 +241,8 @@ async def test_kv_admission_keeps_the_batch_within_kv_cache(tiny_model_dir: Path
     await eng.load(lambda _p: None)
     try:
         assert eng.kv_bytes_per_token == 1024  # 2 x 2 layers x 4 KV heads x 16 x fp32
-        eng.kv_cache_bytes = 2 * 256 * 1024
+        longest = max([await eng.count_tokens(completion(p)) for p in PROMPTS]) + 100
+        eng.kv_cache_bytes = batch_kv_bytes([longest] * 2, 1024)  # two of them, not three
         sched = eng._scheduler
         assert isinstance(sched, BatchScheduler)
         sched.kv_budget = eng.kv_cache_bytes
@@ -261,7 +262,8 @@ async def test_kv_admission_keeps_the_batch_within_kv_cache(tiny_model_dir: Path
         _, fin, _ = await collect(
             eng, completion("hello", max_tokens=5000, logits_processors=(no_eos,))
         )
-        assert (fin.finish_reason, fin.prompt_tokens + fin.completion_tokens) == ("length", 512)
+        room = eng.kv_cache_bytes // 1024 - 255  # tokens, leaving the last growth step
+        assert (fin.finish_reason, fin.prompt_tokens + fin.completion_tokens) == ("length", room)
         # ... and a prompt that alone does not fit is refused
         with pytest.raises(InvalidRequest) as err:
             await collect(eng, completion("hello world " * 400, max_tokens=5))
@@ -271,10 +273,11 @@ async def test_kv_admission_keeps_the_batch_within_kv_cache(tiny_model_dir: Path
 
 
 def test_batch_kv_bytes_pads_every_sequence_to_the_longest() -> None:
-    """A batch holds n x (longest, rounded up to 256 tokens) x bytes per token."""
+    """A batch holds n x (longest + a growth step but one token) x bytes per token: it grows
+    by 256 tokens from whatever length it was merged at."""
     assert batch_kv_bytes([], 10) == 0
-    assert batch_kv_bytes([10], 2) == 256 * 2
-    assert batch_kv_bytes([10, 300, 5], 2) == 3 * 512 * 2
+    assert batch_kv_bytes([10], 2) == (10 + 255) * 2
+    assert batch_kv_bytes([10, 300, 5], 2) == 3 * (300 + 255) * 2
 
 
 async def test_preempting_a_batched_model_stops_all_its_leases(tiny_model_dir: Path) -> None:
