@@ -28,6 +28,12 @@ runs as one job on the MLX thread and repeats one *step*:
    1, or end of sequence) leaves the generator there, so that forward pass is
    never run for it; its prompt's KV goes to the prompt cache.
 
+A job that arrives while the loop has nothing else to do, and that has no
+logits processors, runs alone (:mod:`mlxd.engines.solo`): plain per-layer KV
+caches and one forward pass per token, without the generator's batch
+bookkeeping, until a second job arrives; it then goes into the generator with
+its KV, its sampler and its remaining ``max_tokens`` and carries on there.
+
 When no job is left and none is waiting in the inbox, :meth:`run` returns, so
 jobs queued behind it on the thread (an unload) run. An exception inside a
 step (a failing logits processor, out of memory) fails every job in the
@@ -49,6 +55,7 @@ from mlxd.engines import memory
 from mlxd.engines.base import GenerationRequest
 from mlxd.engines.mlx_thread import Job, Outbox, PrefillProgress
 from mlxd.engines.prompt_cache import PromptCache
+from mlxd.engines.solo import Resume, SoloRun, runs_alone
 from mlxd.engines.streaming import Output, deliver_token
 
 log = logging.getLogger(__name__)
@@ -80,6 +87,9 @@ class _Seq:
     #: the tokens that end the sequence (the generator's stop sequences, one token each)
     eos: frozenset[int]
     n_tokens: int = 0
+    #: prompt tokens in its KV when it entered the generator (more than ``cached`` when it
+    #: started alone, see mlxd.engines.solo)
+    offset: int = 0
     #: prompt tokens (of those not cached) prefilled so far
     prefilled: int = 0
     #: its first token went out early (:meth:`BatchLoop._deliver_first`): the generator's
@@ -149,6 +159,10 @@ class BatchLoop:
         self._gen: Any = None
         self._seqs: dict[int, _Seq] = {}
         self._cache: PromptCache | None = None
+        self._solo = False  # a job is running alone (mlxd.engines.solo)
+        #: jobs that started alone, and those of them handed to the generator
+        self.alone = 0
+        self.handed_over = 0
         self.steps = 0
         #: the KV bytes the running batch holds, and the most it has held (sampled after each step;
         #: the manager journals the peak when the residency ends, see mlxd.residency.views.kv_peak)
@@ -173,7 +187,7 @@ class BatchLoop:
         peak, and the prompt cache. Plain ints written by the MLX thread: safe to read anywhere."""
         cache = self._cache
         return {
-            "kv_cache": self.kv_bytes if self._seqs else 0,
+            "kv_cache": self.kv_bytes if self._seqs or self._solo else 0,
             "kv_cache_peak": self.kv_peak_bytes,
             "prompt_cache": cache.nbytes if cache is not None else 0,
         }
@@ -201,6 +215,10 @@ class BatchLoop:
 
     def _run(self) -> None:
         while True:
+            lone = self._lone_job()
+            if lone is not None:
+                self._run_alone(lone)
+                continue
             self._take_new()
             self._drop_cancelled()
             if not self._seqs:
@@ -254,13 +272,18 @@ class BatchLoop:
             if seq is not None and not r.end_of_prompt:
                 done = int(r.progress[0])
                 tokens, seq.prefilled = tokens + done - seq.prefilled, done
+        self.note_prefill(tokens, seconds)
+
+    def note_prefill(self, tokens: int, seconds: float) -> None:
+        """A step prefilled ``tokens`` in ``seconds``: the rate, and the chunk it sets."""
         if tokens < _RATE_MIN_TOKENS or seconds <= 0:
             return
         rate = tokens / seconds  # the step's decode rows count as prefill time: a lower bound
         self.prefill_rate = rate if self.prefill_rate is None else (self.prefill_rate + rate) / 2
-        if self._prefill_adapts and self._gen is not None:
+        if self._prefill_adapts:
             fits = int(self.prefill_rate * PREFILL_CHUNK_S)
             self.prefill_chunk = max(self.prefill_step, min(PREFILL_CHUNK_MAX, fits))
+        if self._prefill_adapts and self._gen is not None:
             # read at each step, and by the prompt batch (which mlx-lm 0.32 gives its own copy)
             self._gen.prefill_step_size = self.prefill_chunk
             prompts: Any = getattr(self._gen, "_prompt_batch", None)
@@ -276,6 +299,76 @@ class BatchLoop:
         if self._cache is not None:
             self._cache.clear()
         self._cache = None
+
+    def note_step(self, kv: list[Any]) -> None:
+        """A lone job's step is done; ``kv`` is its KV (see mlxd.engines.solo)."""
+        self.steps += 1
+        self.kv_bytes = sum(int(c.nbytes) for c in kv)
+        self.kv_peak_bytes = max(self.kv_peak_bytes, self.kv_bytes)
+
+    def model_and_tokenizer(self) -> tuple[Any, Any]:
+        return self._model()
+
+    def prompt_cache(self) -> PromptCache:
+        if self._cache is None:
+            self._cache = PromptCache(self.prompt_cache_bytes)
+        return self._cache
+
+    def _lone_job(self) -> Job | None:
+        """The inbox's only job when nothing else runs and it can start alone, taken out."""
+        if self._seqs:
+            return None
+        with self._lock:
+            if len(self._inbox) != 1 or not runs_alone(self._inbox[0].request):
+                return None
+            return self._inbox.popleft()
+
+    def _run_alone(self, job: Job) -> None:
+        """Run ``job`` alone until it ends or another job arrives (then it joins the generator)."""
+        st, req = job.stats, job.request
+        st.started_at = time.monotonic()
+        if job.cancel.is_set():
+            st.outcome, st.ended_at = "cancelled", time.monotonic()
+            self._on_done(job, None)
+            return
+        self._solo = True
+        self.alone += 1
+        try:
+            run = SoloRun(self, job, make_sampler(req.temperature, req.top_p, req.seed),
+                          self._output(req))
+            resume = run.run(lambda: bool(self._inbox))
+            if resume is not None:
+                self._resume(job, resume)
+                return
+        except Exception as e:
+            log.exception("a lone generation failed")
+            st.outcome, st.ended_at = "error", time.monotonic()
+            self._on_done(job, e)
+            return
+        finally:
+            self._solo = False
+        st.ended_at = time.monotonic()
+        self._on_done(job, None)
+        self._largest = max(self._largest, st.prompt_tokens + st.completion_tokens)
+
+    def _resume(self, job: Job, r: Resume) -> None:
+        """A lone job goes on in the generator from where it stopped (mlxd.engines.solo)."""
+        from mlx_lm.generate import StopSequences
+
+        _model, tok = self._model()
+        self.handed_over += 1
+        (uid,) = self._generator().insert(
+            [r.prompt],
+            max_tokens=[job.request.max_tokens - r.n_tokens],
+            caches=[r.cache],
+            all_tokens=[r.tokens_in_kv],
+            samplers=[r.sampler],
+            logits_processors=[[]],
+            stop_sequences=[StopSequences([(t,) for t in tok.eos_token_ids])],  # == _Seq.eos
+        )
+        eos = frozenset(int(t) for t in tok.eos_token_ids)
+        self._seqs[uid] = _Seq(job, uid, r.detok, r.out, r.cached, eos, n_tokens=r.n_tokens,
+                               offset=len(r.tokens_in_kv) if r.n_tokens == 0 else 0)
 
     def _generator(self) -> Any:
         if self._gen is None:
@@ -330,7 +423,8 @@ class BatchLoop:
             stop_sequences=[StopSequences([(t,) for t in tok.eos_token_ids])],  # == _Seq.eos
         )
         eos = frozenset(int(t) for t in tok.eos_token_ids)
-        self._seqs[uid] = _Seq(job, uid, tok.detokenizer, self._output(req), cached, eos)
+        self._seqs[uid] = _Seq(job, uid, tok.detokenizer, self._output(req), cached, eos,
+                               offset=cached)
 
     def _drop_cancelled(self) -> None:
         gone = [s for s in self._seqs.values() if s.job.cancel.is_set()]
@@ -352,14 +446,14 @@ class BatchLoop:
     def _progress(self, responses: list[Any]) -> None:
         for r in responses:
             seq = self._seqs.get(r.uid)
-            if seq is None:
+            if seq is None or seq.n_tokens:  # a job that began alone feeds its last token
                 continue
             done, total = r.progress
             st = seq.job.stats
-            st.prefill_done = seq.cached + int(done)
+            st.prefill_done = seq.offset + int(done)
             if 0 < done < total:
                 st.prefill_chunks += 1
-                seq.job.emit(PrefillProgress(seq.cached + int(done), seq.cached + int(total)))
+                seq.job.emit(PrefillProgress(seq.offset + int(done), seq.offset + int(total)))
 
     def _deliver(self, responses: list[Any]) -> None:
         stopped: list[_Seq] = []
@@ -426,7 +520,7 @@ class BatchLoop:
             i = index[seq.uid]
             token = int(tokens[i])
             finish: str | None = None
-            if seq.job.request.max_tokens <= 1:
+            if seq.n_tokens + 1 >= seq.job.request.max_tokens:
                 finish = "length"
             if token in seq.eos:
                 finish = "stop"

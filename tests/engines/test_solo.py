@@ -1,0 +1,117 @@
+"""A batched model's lone request runs without the BatchGenerator and hands over exactly."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from mlxd.engines.base import GenerationRequest, TextDelta
+from mlxd.engines.batching import batch_kv_bytes
+from mlxd.engines.mlx_text import MlxTextEngine
+from tests.engines.mlx_helpers import collect, completion, no_eos, tiny_config
+
+pytestmark = pytest.mark.mlx
+
+
+@pytest.fixture
+async def batched(tiny_model_dir: Path) -> AsyncIterator[MlxTextEngine]:
+    eng = MlxTextEngine(tiny_config(tiny_model_dir, max_batch_size=4), prefill_step=8)
+    await eng.load(lambda _p: None)
+    assert eng.batch is not None
+    try:
+        yield eng
+    finally:
+        await eng.stop()
+
+
+async def _joined(eng: MlxTextEngine, first: GenerationRequest, second: GenerationRequest,
+                  *, after_steps: int) -> tuple[str, str]:
+    """``first`` alone, and ``second`` sent once ``first`` has run ``after_steps`` steps: their texts."""
+    assert eng.batch is not None
+    texts = ["", ""]
+
+    async def run(i: int, req: GenerationRequest) -> None:
+        texts[i] = (await collect(eng, req))[0]
+
+    steps = eng.batch.steps
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run, 0, first)
+        with trio.fail_after(30):
+            while eng.batch.steps < steps + after_steps:  # noqa: ASYNC110 (an MLX-thread counter)
+                await trio.sleep(0.0005)
+        nursery.start_soon(run, 1, second)
+    return texts[0], texts[1]
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 0.8, "seed": 7}])
+async def test_a_lone_request_handed_to_the_batch_mid_decode_gives_the_same_tokens(
+    batched: MlxTextEngine, sampling: dict[str, float]
+) -> None:
+    """A request runs alone until a second arrives, then goes on in the batch: its text is
+    the one it gives alone from start to end (greedy, and seeded sampling: its key went on)."""
+    assert batched.batch is not None
+    long = completion("the quick brown fox", max_tokens=300, **sampling)
+    short = completion("hello world", max_tokens=20)
+    alone, _, _ = await collect(batched, long)
+    short_alone, _, _ = await collect(batched, short)
+    assert (batched.batch.alone, batched.batch.handed_over) == (2, 0)
+    batched.batch.close()  # no prompt cache: the second run decodes exactly as the first
+    first, second = await _joined(batched, long, short, after_steps=40)
+    assert batched.batch.handed_over == 1
+    assert first == alone and second == short_alone
+
+
+async def test_a_request_arriving_during_a_lone_prefill_takes_the_rest_of_it_along(
+    batched: MlxTextEngine,
+) -> None:
+    """Handed over between two prefill chunks, the rest of the prompt is prefilled in the batch;
+    the text, the prompt tokens and the prefill progress are those of a run alone."""
+    assert batched.batch is not None
+    long = completion(" ".join(["fox"] * 300), max_tokens=12)
+    alone, fin_alone, _ = await collect(batched, long)
+    batched.batch.close()
+    first, _second = await _joined(batched, long, completion("hello", max_tokens=4), after_steps=5)
+    assert batched.batch.handed_over == 1
+    stats = next(s for s in batched.history if s.prompt_tokens == fin_alone.prompt_tokens)
+    assert first == alone and stats.prefill_done == fin_alone.prompt_tokens
+    assert stats.prefill_chunks == -(-(fin_alone.prompt_tokens - 1) // 8) - 1
+
+
+async def test_a_request_with_logits_processors_goes_to_the_batch_at_once(
+    batched: MlxTextEngine,
+) -> None:
+    """Processors keep state a handover would have to carry: such a request never runs alone."""
+    assert batched.batch is not None
+    _, fin, _ = await collect(batched, completion("hello", max_tokens=6, logits_processors=(no_eos,)))
+    assert fin.completion_tokens == 6 and batched.batch.alone == 0
+
+
+async def test_cancelling_a_lone_request_stops_it_within_a_step(batched: MlxTextEngine) -> None:
+    """Leaving a lone stream stops it within one token, and the next request is served."""
+    with trio.CancelScope() as scope:
+        async for ev in batched.generate(completion("once upon a time", max_tokens=5000)):
+            if isinstance(ev, TextDelta):
+                scope.cancel()
+    _, fin, _ = await collect(batched, completion("hello", max_tokens=3))
+    assert fin.completion_tokens == 3
+    stats = next(s for s in batched.history if s.outcome == "cancelled")
+    assert stats.tokens_after_cancel <= 1 and stats.completion_tokens < 100
+
+
+async def test_a_lone_request_holds_no_more_kv_than_admission_counts(
+    batched: MlxTextEngine,
+) -> None:
+    """A prefix reused from a longer prompt-cache entry is cut to its tokens: the lone request's
+    KV stays within what batch admission reserved for it, and so does a prompt-cache entry."""
+    assert batched.batch is not None
+    loop = batched.batch
+    await collect(batched, completion(" ".join(["fox"] * 1000) + " cat", max_tokens=1))
+    loop.kv_peak_bytes = 0
+    _, fin, _ = await collect(batched, completion(" ".join(["fox"] * 20) + " dog", max_tokens=5))
+    assert fin.cached_tokens >= 20
+    per_token = batched.kv_bytes_per_token
+    assert per_token
+    assert 0 < loop.kv_peak_bytes <= batch_kv_bytes([fin.prompt_tokens + 5], per_token)
