@@ -182,6 +182,12 @@ class BatchLoop:
             self._running = True
         self._submit(self.run)
 
+    @property
+    def busy(self) -> bool:
+        """Whether :meth:`run` is queued on or running on the MLX thread (it may still be
+        filing a finished job's KV in the prompt cache after the job's last event)."""
+        return self._running
+
     def usage(self) -> dict[str, int]:
         """Bytes held: the running batch's KV (sampled after each step on the MLX thread), its
         peak, and the prompt cache. Plain ints written by the MLX thread: safe to read anywhere."""

@@ -420,6 +420,12 @@ class MlxTextEngine:
         self._validate(request)
         if request.prompt_ids is not None:
             ids: list[int] | tuple[int, ...] = request.prompt_ids
+            vocab = self._vocab_size or 1 << 62
+            if not ids or not all(0 <= t < vocab for t in ids):  # MLX crashes on an id out of range
+                raise InvalidRequest(
+                    f"prompt token ids must be a non-empty list of ids below {vocab:,}",
+                    param="prompt",
+                )
         elif prompt_limits.prompt_chars(request) <= INLINE_TOKENIZE_CHARS:
             ids = encode_prompt(self._tokenizer, request)  # about a millisecond: not worth a thread
         else:

@@ -121,10 +121,8 @@ class SoloRun:
                 mx.eval([c.state for c in kv])
                 loop.note_prefill(n, time.perf_counter() - t0)
                 rest, fed = rest[n:], fed + n
-                st.prefill_done = fed
-                if len(rest) > 1:
-                    st.prefill_chunks += 1
-                    job.emit(PrefillProgress(fed, len(ids)))
+                st.prefill_done, st.prefill_chunks = fed, st.prefill_chunks + 1  # as the batch counts
+                job.emit(PrefillProgress(fed, len(ids)))
                 loop.note_step(kv)
             return self._decode(ids[:fed], rest, kv, cached, interrupted)
 

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import trio
+
 from mlxd.config import ModelConfig
 from mlxd.engines.base import ChatMessage, Finished, GenerationEvent, GenerationRequest, TextDelta
 from mlxd.engines.mlx_text import MlxTextEngine
+
+
+async def empty_prompt_cache(eng: MlxTextEngine) -> None:
+    """Drop a batched engine's prompt cache once its loop is off the MLX thread (a finished
+    job's KV is filed there after the job's last event reached the consumer)."""
+    assert eng.batch is not None
+    with trio.fail_after(30):
+        while eng.batch.busy:  # noqa: ASYNC110 (an MLX-thread flag)
+            await trio.sleep(0.001)
+    eng.batch.close()
 
 
 def tiny_config(path: Path, **kw: object) -> ModelConfig:

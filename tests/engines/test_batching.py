@@ -15,7 +15,14 @@ from mlxd.engines.batching import BatchScheduler, batch_kv_bytes
 from mlxd.engines.mlx_text import MlxTextEngine
 from mlxd.errors import InvalidRequest, Preempted
 from mlxd.residency.manager import Manager
-from tests.engines.mlx_helpers import chat, collect, completion, no_eos, tiny_config
+from tests.engines.mlx_helpers import (
+    chat,
+    collect,
+    completion,
+    empty_prompt_cache,
+    no_eos,
+    tiny_config,
+)
 
 pytestmark = pytest.mark.mlx
 
@@ -86,7 +93,7 @@ async def test_a_first_token_goes_out_in_the_step_that_ends_its_prompt(
     assert batched.batch is not None
     prompt = PROMPTS[2]
     longer, _, _ = await collect(batched, completion(prompt, max_tokens=5, temperature=0.0))
-    batched.batch.close()  # an empty prompt cache: the next request prefills its whole prompt
+    await empty_prompt_cache(batched)  # the next request prefills its whole prompt
     steps_before = batched.batch.steps
     text, fin, _ = await collect(batched, completion(prompt, max_tokens=1, temperature=0.0))
     chunks = -(-(fin.prompt_tokens - 1) // 8)  # prefill_step 8; the last token starts decoding

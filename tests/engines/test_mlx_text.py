@@ -176,7 +176,8 @@ async def test_chat_without_a_chat_template_is_a_clear_error(
 
 
 async def test_bad_requests_are_refused_before_queueing(engine: MlxTextEngine) -> None:
-    """Images on a text model, max_tokens < 1 and an empty prompt are InvalidRequest naming the field."""
+    """Images on a text model, max_tokens < 1, an empty prompt and bad token ids are InvalidRequest
+    naming the field."""
     image_msg = ChatMessage(
         "user", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]
     )
@@ -189,6 +190,10 @@ async def test_bad_requests_are_refused_before_queueing(engine: MlxTextEngine) -
     with pytest.raises(InvalidRequest) as err:
         await collect(engine, completion("", max_tokens=3))
     assert err.value.param == "prompt"
+    for ids in ((), (10**6,), (-1,)):  # token ids given by a caller: an id out of range crashes MLX
+        with pytest.raises(InvalidRequest) as err:
+            await collect(engine, completion("x", prompt_ids=ids))
+        assert err.value.param == "prompt" and "token ids" in err.value.message
     # and the engine still serves
     _, fin, _ = await collect(engine, completion("hello", max_tokens=2))
     assert fin.completion_tokens == 2

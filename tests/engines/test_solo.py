@@ -11,7 +11,7 @@ import trio
 from mlxd.engines.base import GenerationRequest, TextDelta
 from mlxd.engines.batching import batch_kv_bytes
 from mlxd.engines.mlx_text import MlxTextEngine
-from tests.engines.mlx_helpers import collect, completion, no_eos, tiny_config
+from tests.engines.mlx_helpers import collect, completion, empty_prompt_cache, no_eos, tiny_config
 
 pytestmark = pytest.mark.mlx
 
@@ -58,7 +58,7 @@ async def test_a_lone_request_handed_to_the_batch_mid_decode_gives_the_same_toke
     alone, _, _ = await collect(batched, long)
     short_alone, _, _ = await collect(batched, short)
     assert (batched.batch.alone, batched.batch.handed_over) == (2, 0)
-    batched.batch.close()  # no prompt cache: the second run decodes exactly as the first
+    await empty_prompt_cache(batched)  # the second run decodes exactly as the first
     first, second = await _joined(batched, long, short, after_steps=40)
     assert batched.batch.handed_over == 1
     assert first == alone and second == short_alone
@@ -72,12 +72,14 @@ async def test_a_request_arriving_during_a_lone_prefill_takes_the_rest_of_it_alo
     assert batched.batch is not None
     long = completion(" ".join(["fox"] * 300), max_tokens=12)
     alone, fin_alone, _ = await collect(batched, long)
-    batched.batch.close()
+    await empty_prompt_cache(batched)
     first, _second = await _joined(batched, long, completion("hello", max_tokens=4), after_steps=5)
     assert batched.batch.handed_over == 1
-    stats = next(s for s in batched.history if s.prompt_tokens == fin_alone.prompt_tokens)
-    assert first == alone and stats.prefill_done == fin_alone.prompt_tokens
-    assert stats.prefill_chunks == -(-(fin_alone.prompt_tokens - 1) // 8) - 1
+    runs = [s for s in batched.history if s.prompt_tokens == fin_alone.prompt_tokens]
+    assert len(runs) == 2 and first == alone
+    chunks = -(-(fin_alone.prompt_tokens - 1) // 8)  # prefill_step 8; the last token decodes
+    for stats in runs:  # alone, then handed over: the same prefill seen from outside
+        assert (stats.prefill_done, stats.prefill_chunks) == (fin_alone.prompt_tokens, chunks)
 
 
 async def test_a_request_with_logits_processors_goes_to_the_batch_at_once(
