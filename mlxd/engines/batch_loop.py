@@ -320,6 +320,15 @@ class BatchLoop:
             self._cache = PromptCache(self.prompt_cache_bytes)
         return self._cache
 
+    def _start(self, job: Job) -> bool:
+        """A job leaves the inbox: False (and it is done) when it was cancelled meanwhile."""
+        job.stats.started_at = time.monotonic()
+        if not job.cancel.is_set():
+            return True
+        job.stats.outcome, job.stats.ended_at = "cancelled", time.monotonic()
+        self._on_done(job, None)
+        return False
+
     def _lone_job(self) -> Job | None:
         """The inbox's only job when nothing else runs and it can start alone, taken out."""
         if self._seqs:
@@ -332,10 +341,7 @@ class BatchLoop:
     def _run_alone(self, job: Job) -> None:
         """Run ``job`` alone until it ends or another job arrives (then it joins the generator)."""
         st, req = job.stats, job.request
-        st.started_at = time.monotonic()
-        if job.cancel.is_set():
-            st.outcome, st.ended_at = "cancelled", time.monotonic()
-            self._on_done(job, None)
+        if not self._start(job):
             return
         self._solo = True
         self.alone += 1
@@ -407,10 +413,7 @@ class BatchLoop:
         from mlx_lm.generate import StopSequences
 
         st, req = job.stats, job.request
-        st.started_at = time.monotonic()
-        if job.cancel.is_set():
-            st.outcome, st.ended_at = "cancelled", time.monotonic()
-            self._on_done(job, None)
+        if not self._start(job):
             return
         gen = self._generator()
         assert self._cache is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
@@ -9,6 +11,18 @@ import trio
 from mlxd.config import ModelConfig
 from mlxd.engines.base import ChatMessage, Finished, GenerationEvent, GenerationRequest, TextDelta
 from mlxd.engines.mlx_text import MlxTextEngine
+
+
+@asynccontextmanager
+async def batched_engine(path: Path, *, prefill_step: int) -> AsyncIterator[MlxTextEngine]:
+    """A loaded tiny model batching up to 4 generations, stopped afterwards."""
+    eng = MlxTextEngine(tiny_config(path, max_batch_size=4), prefill_step=prefill_step)
+    await eng.load(lambda _p: None)
+    assert eng.batch is not None
+    try:
+        yield eng
+    finally:
+        await eng.stop()
 
 
 async def empty_prompt_cache(eng: MlxTextEngine) -> None:

@@ -25,7 +25,7 @@ from mlxd.engines.base import (
     ToolCallDelta,
 )
 from mlxd.engines.mlx_text import MlxTextEngine
-from tests.engines.mlx_helpers import chat, tiny_config
+from tests.engines.mlx_helpers import batched_engine, chat, tiny_config
 
 pytestmark = pytest.mark.mlx
 
@@ -72,13 +72,8 @@ WEATHER = Tool(
 
 @pytest.fixture
 async def batched(tiny_model_dir: Path) -> AsyncIterator[MlxTextEngine]:
-    eng = MlxTextEngine(tiny_config(tiny_model_dir, max_batch_size=4), prefill_step=16)
-    await eng.load(lambda _p: None)
-    assert eng.batch is not None
-    try:
+    async with batched_engine(tiny_model_dir, prefill_step=16) as eng:
         yield eng
-    finally:
-        await eng.stop()
 
 
 async def _run(eng: MlxTextEngine, request: GenerationRequest) -> tuple[str, list[ToolCallDelta], Finished]:

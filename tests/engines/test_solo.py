@@ -11,20 +11,21 @@ import trio
 from mlxd.engines.base import GenerationRequest, TextDelta
 from mlxd.engines.batching import batch_kv_bytes
 from mlxd.engines.mlx_text import MlxTextEngine
-from tests.engines.mlx_helpers import collect, completion, empty_prompt_cache, no_eos, tiny_config
+from tests.engines.mlx_helpers import (
+    batched_engine,
+    collect,
+    completion,
+    empty_prompt_cache,
+    no_eos,
+)
 
 pytestmark = pytest.mark.mlx
 
 
 @pytest.fixture
 async def batched(tiny_model_dir: Path) -> AsyncIterator[MlxTextEngine]:
-    eng = MlxTextEngine(tiny_config(tiny_model_dir, max_batch_size=4), prefill_step=8)
-    await eng.load(lambda _p: None)
-    assert eng.batch is not None
-    try:
+    async with batched_engine(tiny_model_dir, prefill_step=8) as eng:
         yield eng
-    finally:
-        await eng.stop()
 
 
 async def _joined(eng: MlxTextEngine, first: GenerationRequest, second: GenerationRequest,
