@@ -35,6 +35,7 @@ from mlxd.http.structured import (
     constraint,
     function_name,
     is_int,
+    is_model_name,
     make_tool,
     named_tool,
 )
@@ -177,7 +178,7 @@ def parse_messages(body: object, *, request_id: str, counting: bool = False) -> 
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     model = body.get("model")
-    if not isinstance(model, str) or not model.strip() or len(model) > 256:
+    if not is_model_name(model):
         raise bad("model", "is required: a non-empty string")
     max_tokens = body.get("max_tokens")
     if not counting:
@@ -214,7 +215,7 @@ def parse_messages(body: object, *, request_id: str, counting: bool = False) -> 
     gen = GenerationRequest(
         kind="chat",
         messages=tuple(messages),
-        max_tokens=int(max_tokens) if max_tokens is not None else 1,
+        max_tokens=1 if counting else int(max_tokens),  # counting ignores max_tokens
         temperature=_number(body, "temperature", 0.0, 1.0, 1.0),
         top_p=_number(body, "top_p", 0.0, 1.0, 1.0),
         stop=tuple(stops),

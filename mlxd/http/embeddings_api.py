@@ -20,7 +20,7 @@ from mlxd.errors import InvalidRequest, ModelNotFound, ShuttingDown
 from mlxd.http import generation
 from mlxd.http.context import state
 from mlxd.http.openai_api import read_json_body, request_id
-from mlxd.http.structured import bad, is_int
+from mlxd.http.structured import bad, is_int, is_model_name
 
 bp = Blueprint("embeddings", __name__)
 
@@ -68,7 +68,7 @@ async def embeddings() -> Any:
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     model = body.get("model")
-    if not isinstance(model, str) or not model.strip():
+    if not is_model_name(model):
         raise bad("model", "is required: a non-empty string")
     inputs = parse_input(body.get("input"))
     fmt = body.get("encoding_format")

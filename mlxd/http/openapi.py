@@ -178,6 +178,13 @@ _PLAN = {
 }
 
 
+#: chat fields a text completion refuses unless null (they would be silently lost otherwise)
+_CHAT_ONLY = {
+    key: {"type": "null", "description": "only for /v1/chat/completions; refused here"}
+    for key in ("tools", "tool_choice", "response_format")
+}
+
+
 def _completion_request(names: list[str]) -> dict[str, Any]:
     return {
         "type": "object",
@@ -185,6 +192,7 @@ def _completion_request(names: list[str]) -> dict[str, Any]:
         "properties": {
             **_sampling(names),
             "logprobs": COMPLETION_LOGPROBS,
+            **_CHAT_ONLY,
             "prompt": {
                 "anyOf": [
                     {"type": "string"},

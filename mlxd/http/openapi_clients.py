@@ -15,7 +15,9 @@ from typing import Any
 from mlxd.http.structured import (
     MAX_COMPLETION_LOGPROBS,
     MAX_TOOLS,
+    MAX_MODEL_NAME,
     MAX_TOP_LOGPROBS,
+    MODEL_NAME_PATTERN,
     NAME_PATTERN,
 )
 
@@ -24,7 +26,8 @@ _NAME = {"type": "string", "pattern": NAME_PATTERN}
 
 #: a model name when no configured model can be named there: any non-blank string up to 256
 #: characters (the routes' validation refuses blank and longer names with 400; the rest are 404)
-ANY_MODEL_NAME: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 256, "pattern": r"\S"}
+ANY_MODEL_NAME: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_NAME,
+                                   "pattern": MODEL_NAME_PATTERN}
 
 
 def nullable(schema: dict[str, Any]) -> dict[str, Any]:

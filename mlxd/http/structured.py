@@ -196,6 +196,18 @@ def completion_logprobs(body: dict[str, Any]) -> int | None:
     return int(lp)
 
 
+#: what makes a model name not blank: one character other than ASCII white space, spelled
+#: out because regex engines disagree on ``\s`` (Python's takes U+001C, ECMA's does not)
+MODEL_NAME_PATTERN = r"[^ \t\n\r\f\v]"
+MAX_MODEL_NAME = 256
+
+
+def is_model_name(v: object) -> bool:
+    """1 to 256 characters, not all white space: the Open API document's model name."""
+    return isinstance(v, str) and 0 < len(v) <= MAX_MODEL_NAME \
+        and re.search(MODEL_NAME_PATTERN, v) is not None
+
+
 def is_int(v: object) -> bool:
     if isinstance(v, float):
         return v.is_integer()

@@ -23,13 +23,19 @@ exactly these rules, so generated requests and this module agree.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.engines.base import ChatMessage, GenerationRequest
 from mlxd.errors import InvalidRequest
 from mlxd.http.preferences import Headers, Preferences, preferences
-from mlxd.http.structured import assistant_tool_calls, openai_fields
+from mlxd.http.structured import (
+    MAX_MODEL_NAME,
+    MODEL_NAME_PATTERN,
+    assistant_tool_calls,
+    openai_fields,
+)
 
 #: upper bound on max_tokens; a larger value is a 400, not a silent clamp
 MAX_TOKENS_LIMIT = 131_072
@@ -80,9 +86,9 @@ def _model(body: dict[str, Any]) -> str:
     model = body.get("model")
     if model is None:
         raise _bad("model", "is required")
-    if not isinstance(model, str) or not model.strip():
+    if not isinstance(model, str) or re.search(MODEL_NAME_PATTERN, model) is None:
         raise _bad("model", "must be a non-empty string")
-    if len(model) > 256:
+    if len(model) > MAX_MODEL_NAME:
         raise _bad("model", "is too long")
     return _text(model, "model")
 
@@ -220,7 +226,9 @@ def _messages(body: dict[str, Any], *, allow_images: bool) -> tuple[ChatMessage,
         if calls and role != "assistant":
             raise _bad(f"{p}.tool_calls", "only assistant messages carry tool calls")
         call_id = m.get("tool_call_id")
-        if role == "tool" and (not isinstance(call_id, str) or not call_id):
+        if call_id is not None and not isinstance(call_id, str):
+            raise _bad(f"{p}.tool_call_id", "must be a string")
+        if role == "tool" and not call_id:
             raise _bad(f"{p}.tool_call_id", "is required in a tool message (the id of the call it answers)")
         name = m.get("name")
         if name is not None and not isinstance(name, str):
