@@ -14,8 +14,8 @@ from typing import Any
 
 from mlxd.http.structured import (
     MAX_COMPLETION_LOGPROBS,
-    MAX_TOOLS,
     MAX_MODEL_NAME,
+    MAX_TOOLS,
     MAX_TOP_LOGPROBS,
     MODEL_NAME_PATTERN,
     NAME_PATTERN,
