@@ -180,8 +180,9 @@ def parse_messages(body: object, *, request_id: str, counting: bool = False) -> 
     model = body.get("model")
     if not is_model_name(model):
         raise bad("model", "is required: a non-empty string")
-    max_tokens = body.get("max_tokens")
+    max_tokens: Any = 1  # counting ignores max_tokens
     if not counting:
+        max_tokens = body.get("max_tokens")
         if max_tokens is None:
             raise bad("max_tokens", "is required")
         if not is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
@@ -215,7 +216,7 @@ def parse_messages(body: object, *, request_id: str, counting: bool = False) -> 
     gen = GenerationRequest(
         kind="chat",
         messages=tuple(messages),
-        max_tokens=1 if counting else int(max_tokens),  # counting ignores max_tokens
+        max_tokens=int(max_tokens),
         temperature=_number(body, "temperature", 0.0, 1.0, 1.0),
         top_p=_number(body, "top_p", 0.0, 1.0, 1.0),
         stop=tuple(stops),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from mlxd.engines.base import Constraint, Tool, ToolCall
 from mlxd.errors import InvalidRequest
@@ -202,7 +202,7 @@ MODEL_NAME_PATTERN = r"[^ \t\n\r\f\v]"
 MAX_MODEL_NAME = 256
 
 
-def is_model_name(v: object) -> bool:
+def is_model_name(v: object) -> TypeGuard[str]:
     """1 to 256 characters, not all white space: the Open API document's model name."""
     return isinstance(v, str) and 0 < len(v) <= MAX_MODEL_NAME \
         and re.search(MODEL_NAME_PATTERN, v) is not None
