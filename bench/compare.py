@@ -51,6 +51,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import platform
 import shutil
@@ -352,7 +353,9 @@ async def run_concurrent(
         await asyncio.gather(*(one_client(i, client) for i in range(clients)))
         wall = time.perf_counter() - t0
     ok = [r for r in results if r.ok]
-    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    # a failed request never got its first token: it counts as slower than any that did, so a
+    # server that drops requests under load is not credited with the survivors' percentiles
+    ttfts = [r.ttft for r in ok if r.ttft is not None] + [math.inf] * (len(results) - len(ok))
     return {
         "tok_s": sum(count(r.text) for r in ok) / wall,
         "ttft_p50": pct(ttfts, 0.5),
@@ -683,6 +686,14 @@ def ratio(row: tuple[str, str, bool, dict[str, float | None]]) -> float | None:
     return mine / best if higher else best / mine  # >= 1.00: mlxd at or above the better peer
 
 
+def cell(value: float | None) -> str:
+    """A figure of the table: "-" when there is none, "failed" for a percentile that falls
+    on failed requests (no first token)."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if math.isfinite(value) else "failed"
+
+
 def render(
     all_results: dict[str, dict[str, dict[str, Any]]],
     args: argparse.Namespace,
@@ -708,7 +719,9 @@ def render(
         "",
         f"Greedy chat streams of {args.tokens} tokens (conversation turns: {args.turn_tokens}); tokens "
         "counted by this script with the model's tokenizer. Ratio: mlxd / better peer, oriented so "
-        "that >= 1.00 means mlxd is at or above the better peer (for times: peer / mlxd).",
+        "that >= 1.00 means mlxd is at or above the better peer (for times: peer / mlxd). TTFT "
+        "percentiles count a failed request as one that never got its first token (slower than "
+        "any that did; \"failed\" where the percentile falls on one).",
         "",
     ]
     for kind, results in all_results.items():
@@ -721,7 +734,7 @@ def render(
         ]
         for row in rows_of(results, args):
             figs = row[3]
-            cells = [f"{figs[s]:.1f}" if figs.get(s) is not None else "-" for s in servers]
+            cells = [cell(figs.get(s)) for s in servers]
             r = ratio(row)
             lines.append(
                 f"| {row[0]} | {row[1]} | " + " | ".join(cells) + f" | {r:.2f} |"
