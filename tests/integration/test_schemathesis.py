@@ -18,6 +18,7 @@ one event per token and 131072 of them take a minute.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -45,6 +46,10 @@ CHECKS = (
     "unsupported_method",
     "allow_header_conformance",
 )
+#: the normal suite's seed: the same cases on every run, so a gate is not a lottery (random
+#: seeds found the mismatches fixed in 9a23000 in one run out of several); the --stress test
+#: draws a new seed each run, and MLXD_SCHEMATHESIS_SEED (a number, or "random") overrides this
+NORMAL_SEED = 20261202
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
 FEW_TOKENS = 4
 
@@ -94,8 +99,17 @@ class Report:
                 f"phases {dict(self.phases)}, statuses {dict(sorted(self.statuses.items()))}")
 
 
-def run_schemathesis(url: str, max_examples: int) -> Report:
+def normal_seed() -> int | None:
+    given = os.environ.get("MLXD_SCHEMATHESIS_SEED", "")
+    if given == "random":
+        return None
+    return int(given) if given else NORMAL_SEED
+
+
+def run_schemathesis(url: str, max_examples: int, seed: int | None = None) -> Report:
+    """``seed``: None draws a new one (printed with the report, to replay a failure)."""
     config = schemathesis.Config.from_dict({
+        **({"seed": seed} if seed is not None else {}),
         "cache": {"enabled": False},  # no .schemathesis/ folder in the repository
         "request-timeout": 30,
         "generation": {"mode": "all", "max-examples": max_examples},
@@ -159,7 +173,8 @@ def check(report: Report, url: str, *, minimum_cases: int) -> None:
 
 def test_openapi_document_holds_against_the_live_daemon(live_url: str) -> None:
     """Every generated request, valid or not, gets a documented non-5xx answer that matches the document."""
-    check(run_schemathesis(live_url, max_examples=50), live_url, minimum_cases=500)
+    check(run_schemathesis(live_url, max_examples=50, seed=normal_seed()), live_url,
+          minimum_cases=500)
 
 
 @pytest.mark.stress
