@@ -103,6 +103,8 @@ def normal_seed() -> int | None:
     given = os.environ.get("MLXD_SCHEMATHESIS_SEED", "")
     if given == "random":
         return None
+    if given and not given.isdigit():
+        pytest.fail(f"MLXD_SCHEMATHESIS_SEED={given!r}: expected a number or 'random'", pytrace=False)
     return int(given) if given else NORMAL_SEED
 
 
