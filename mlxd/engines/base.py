@@ -172,6 +172,9 @@ class Finished:
     cached_tokens: int = 0
     #: the stop string that ended the output (finish_reason "stop"), if one did
     stop_sequence: str | None = None
+    #: ``time.monotonic()`` when the engine took the generation off its queue (the access
+    #: log's ``queue_ms``); None when the engine does not say
+    started_at: float | None = None
 
 
 GenerationEvent = TextDelta | ToolCallDelta | Finished

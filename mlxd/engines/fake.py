@@ -11,6 +11,7 @@ and a call log. Each load makes a fresh :class:`FakeEngine` (one residency).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field, replace
 
@@ -277,6 +278,7 @@ class FakeEngine:
             async with self._lock:
                 self._check_alive()
                 m.generations += 1
+                started = time.monotonic()  # one at a time: it leaves the queue here
                 m.record("generate start")
                 await m._at("generate")
                 words = itertools.cycle(m.reply.split(" ") if m.reply else ["x"])
@@ -309,6 +311,7 @@ class FakeEngine:
                     prompt_tokens=_count_words(request),
                     completion_tokens=produced,
                     stop_sequence=matched,
+                    started_at=started,
                 )
         finally:
             self._queued -= 1

@@ -181,7 +181,7 @@ class Output:
 
     def finished(
         self, reason: Literal["stop", "length"], prompt_tokens: int, completion_tokens: int,
-        cached_tokens: int, *, hit_stop: bool,
+        cached_tokens: int, *, hit_stop: bool, started_at: float | None = None,
     ) -> Finished:
         """The last event: ``tool_calls`` when calls were made; ``length`` when constrained
         output had to be closed early for want of tokens (its processor's budget guard)."""
@@ -193,7 +193,7 @@ class Output:
             final = "length"
         return Finished(
             final, prompt_tokens, completion_tokens, cached_tokens,
-            stop_sequence=self.stops.matched if hit_stop else None,
+            stop_sequence=self.stops.matched if hit_stop else None, started_at=started_at,
         )
 
     def _split(self, piece: str, *, final: bool) -> tuple[str, list[ToolCallDelta]]:
@@ -258,7 +258,9 @@ def deliver_token(
     if not (hit or finish_reason is not None):
         return False
     reason: Literal["stop", "length"] = "stop" if hit or eos else "length"
-    fin = out.finished(reason, st.prompt_tokens, n_tokens, cached_tokens, hit_stop=hit)
+    fin = out.finished(
+        reason, st.prompt_tokens, n_tokens, cached_tokens, hit_stop=hit, started_at=st.started_at
+    )
     st.outcome = fin.finish_reason
     job.emit(fin)
     return True

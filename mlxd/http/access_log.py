@@ -4,9 +4,13 @@
 the whole response is sent, a stream included (or when the client left):
 ``time`` (when the request arrived, UTC), ``method``, ``route`` (the matched
 route pattern, ``-`` if none), ``path``, ``model``, ``status``,
-``duration_ms``, ``lease`` (its id), ``outcome`` (the lease's), ``client``
-(the API key's name), ``prompt_tokens`` and ``completion_tokens``. Fields a
-request does not have are left out.
+``duration_ms``, ``ttft_ms`` (arrival to the first token handed to the
+response), ``queue_ms`` (arrival to the engine taking the generation off its
+queue: waiting for the model, a lease and a place in the batch), ``lease``
+(its id), ``request_id`` (the client's ``X-Request-Id``, or the one mlxd
+made and sent back), ``outcome`` (the lease's), ``client`` (the API key's
+name), ``prompt_tokens`` and ``completion_tokens``. Fields a request does not
+have are left out.
 
 Routes fill in what they know through :func:`note` (the model, the lease);
 the auth guard sets the route and the client. The entry of the request in
@@ -46,6 +50,12 @@ class Entry:
     path: str
     at: float
     started: float
+    #: ``time.monotonic()`` at arrival, the clock of the engines' timestamps
+    arrived: float = 0.0
+    #: ``time.monotonic()`` when the first token reached the response, and when the engine
+    #: took the generation off its queue (mlxd.engines.base.Finished.started_at)
+    first_token: float | None = None
+    engine_started: float | None = None
     route: str = "-"
     model: str | None = None
     status: int | None = None
@@ -64,13 +74,19 @@ class Entry:
             "model": self.model or (lease.model if lease is not None else None),
             "status": self.status,
             "duration_ms": round(duration_s * 1000, 1),
+            "ttft_ms": self._since_arrival(self.first_token),
+            "queue_ms": self._since_arrival(self.engine_started),
             "lease": lease.id if lease is not None else None,
+            "request_id": lease.request_id if lease is not None else None,
             "outcome": lease.outcome.value if lease is not None and lease.outcome else None,
             "client": self.client,
             "prompt_tokens": lease.prompt_tokens if lease is not None else None,
             "completion_tokens": lease.completion_tokens if lease is not None else None,
         }
         return {k: v for k, v in out.items() if v is not None}
+
+    def _since_arrival(self, t: float | None) -> float | None:
+        return None if t is None else round(max(0.0, t - self.arrived) * 1000, 1)
 
 
 _current: ContextVar[Entry | None] = ContextVar("mlxd_access_entry", default=None)
@@ -81,8 +97,15 @@ def current() -> Entry | None:
     return _current.get()
 
 
-def note(*, model: str | None = None, lease: Lease | None = None) -> None:
-    """Tell the access log the request's model or lease (its id, outcome and tokens are read at the end)."""
+def note(
+    *,
+    model: str | None = None,
+    lease: Lease | None = None,
+    first_token: bool = False,
+    engine_started: float | None = None,
+) -> None:
+    """Tell the access log the request's model or lease (its id, outcome and tokens are read at
+    the end), that its first token is going out now, or when the engine started it."""
     entry = _current.get()
     if entry is None:
         return
@@ -90,6 +113,10 @@ def note(*, model: str | None = None, lease: Lease | None = None) -> None:
         entry.model = model
     if lease is not None:
         entry.lease = lease
+    if first_token and entry.first_token is None:
+        entry.first_token = time.monotonic()
+    if engine_started is not None:
+        entry.engine_started = engine_started
 
 
 def logfmt(fields: dict[str, Any]) -> str:
@@ -118,7 +145,9 @@ class AccessLog:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        entry = Entry(scope["method"], scope["path"], time.time(), time.perf_counter())
+        entry = Entry(
+            scope["method"], scope["path"], time.time(), time.perf_counter(), time.monotonic()
+        )
 
         async def send_status(message: Any) -> None:
             if message["type"] == "http.response.start":

@@ -260,6 +260,7 @@ async def _whole(lease: Lease, gen: GenerationRequest) -> tuple[Collected, Finis
                         if isinstance(ev, TextDelta):
                             if t_first is None:
                                 t_first = trio.current_time()
+                                access_log.note(first_token=True)
                             out.text.append(ev.text)
                             out.logprobs.extend(ev.logprobs)
                         elif isinstance(ev, ToolCallDelta):
@@ -269,6 +270,7 @@ async def _whole(lease: Lease, gen: GenerationRequest) -> tuple[Collected, Finis
             if fin is None:
                 raise EngineError("the engine ended the generation unexpectedly")
             lease.set_usage(fin.prompt_tokens, fin.completion_tokens)
+            access_log.note(engine_started=fin.started_at)
     except MlxdError:
         raise
     except Exception as e:
@@ -352,6 +354,7 @@ async def _stream_body(
             if isinstance(ev, TextDelta):
                 if t_first is None:
                     t_first = trio.current_time()
+                    access_log.note(first_token=True)
                 if frames := renderer.text(ev):
                     yield b"".join(frames)
                 continue
@@ -360,6 +363,7 @@ async def _stream_body(
                     yield b"".join(frames)
                 continue
             lease.set_usage(ev.prompt_tokens, ev.completion_tokens)
+            access_log.note(engine_started=ev.started_at)
             # the last frames (finish, usage, [DONE] or message_stop) in one write: each
             # body chunk is a socket write, which a short request feels
             yield b"".join(renderer.finish(ev))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -114,6 +115,7 @@ async def test_a_started_generation_runs_before_its_events_are_read(
     request = completion(PROMPTS[2], max_tokens=12, temperature=0.0, logits_processors=(no_eos,))
     expected, _, _ = await collect(batched, request)
     steps_before = batched.batch.steps
+    queued_at = time.monotonic()
     events = await batched.start_generation(request)
     with trio.fail_after(30):
         while batched.batch.steps == steps_before:  # noqa: ASYNC110 (an MLX-thread counter)
@@ -121,6 +123,8 @@ async def test_a_started_generation_runs_before_its_events_are_read(
     got = [ev async for ev in events]
     assert "".join(ev.text for ev in got if isinstance(ev, TextDelta)) == expected
     assert isinstance(got[-1], Finished) and got[-1].completion_tokens == 12
+    started = got[-1].started_at  # when the MLX thread took it (the access log's queue_ms)
+    assert started is not None and queued_at <= started <= time.monotonic()
 
     long = await batched.start_generation(
         completion(PROMPTS[2], max_tokens=400, logits_processors=(no_eos,))

@@ -58,12 +58,14 @@ def access_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 async def test_one_access_line_per_request_with_its_lease_client_and_tokens(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Each request ends in one logfmt line: time, method, route, model, status, duration, lease, client, tokens."""
+    """Each request ends in one logfmt line: time, method, route, model, status, duration, TTFT,
+    queue time, lease, request id, client, tokens."""
     caplog.set_level(logging.INFO, logger="mlxd.access")
     cfg = _config(tmp_path, [fake("a", 0.5, load_seconds=0.0)])
     async with serving(load_config(cfg), tmp_path, config_path=cfg, keys=KEYS) as s, s.client() as c:
         assert (await c.post(CHAT, json=body("a"), headers=LAPTOP)).status_code == 200
-        async with c.stream("POST", CHAT, json=body("a", stream=True), headers=LAPTOP) as r:
+        traced = {**LAPTOP, "X-Request-Id": "trace-7"}
+        async with c.stream("POST", CHAT, json=body("a", stream=True), headers=traced) as r:
             assert r.status_code == 200
             async for _ in r.aiter_bytes():
                 pass
@@ -78,8 +80,12 @@ async def test_one_access_line_per_request_with_its_lease_client_and_tokens(
         assert line["model"] == "a" and line["client"] == "laptop"
         assert line["outcome"] == "completed" and line["completion_tokens"] == "4"
         assert int(line["prompt_tokens"]) > 0 and float(line["duration_ms"]) > 0
+        # arrival -> engine start -> first token -> end, in that order
+        queue, ttft = float(line["queue_ms"]), float(line["ttft_ms"])
+        assert 0 <= queue <= ttft <= float(line["duration_ms"])
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"])
     assert whole["lease"] != streamed["lease"]
+    assert whole["request_id"].startswith("req-") and streamed["request_id"] == "trace-7"
     assert (no_key["status"], no_key["route"]) == ("401", "/admin/status") and "client" not in no_key
     assert (no_scope["status"], no_scope["client"]) == ("403", "laptop")
     conn = sqlite3.connect(tmp_path / "journal.db")
