@@ -52,7 +52,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from mlxd.engines.memory import limit_malloc_arenas
+from mlxd.engines.memory import limit_malloc_arenas, settle_heap
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,7 @@ def _import() -> None:
         import mlx_lm.utils  # noqa: F401
 
         mx.eval(mx.zeros(1))  # makes this thread's MLX state, for the load that runs here next
+        settle_heap()  # the modules last as long as the process: out of full collections
     except Exception as e:  # the load reports it properly
         log.debug("importing mlx-lm ahead of the first load failed: %s", e)
     finally:

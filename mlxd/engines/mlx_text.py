@@ -252,6 +252,7 @@ class MlxTextEngine:
         # active memory is process-global: loads are serialized per engine, but another
         # engine's load or unload at the same moment skews the delta (footprint() checks it)
         self._measured, self.memory_source = memory.footprint(before, after, self._model)
+        memory.settle_heap()  # the model's objects last as long as it does: out of full collections
         report(
             LoadProgress(phase="measuring", bytes_done=self._measured, bytes_total=self._measured)
         )

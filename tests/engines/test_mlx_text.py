@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import shutil
+import weakref
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,34 @@ async def test_load_reports_phases_and_the_measured_footprint(tiny_model_dir: Pa
     finally:
         await eng.stop()
     assert eng.queue_depth() == 0
+
+
+class _Node:
+    """An object in a reference cycle (only a garbage collection frees it)."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+async def test_a_loaded_models_heap_is_out_of_full_collections_until_its_unload(
+    tiny_model_dir: Path,
+) -> None:
+    """After a load every object alive is frozen (``gc.freeze``: full collections skip them);
+    a cycle that was alive then and dropped later is freed by the unload's collection."""
+    gc.unfreeze()
+    node = _Node()
+    gone = weakref.ref(node)
+    eng = MlxTextEngine(tiny_config(tiny_model_dir))
+    await eng.load(lambda _p: None)
+    try:
+        assert gc.get_freeze_count() > 10_000  # mlx-lm, transformers, the model's modules
+        del node
+        gc.collect()
+        assert gone() is not None  # frozen with the model: no collection looks at it
+    finally:
+        await eng.stop()
+    assert gone() is None and gc.get_freeze_count() > 0  # collected, and what is left refrozen
+    gc.unfreeze()
 
 
 async def test_chat_stream_counts_match_the_tokenizer(engine: MlxTextEngine, hf_tokenizer) -> None:  # type: ignore[no-untyped-def]
