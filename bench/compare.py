@@ -50,6 +50,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import itertools
 import json
 import math
 import os
@@ -71,6 +72,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(REPO))
+sys.path.append(str(HERE))  # after the installed modules: a script here never shadows one
+
+import timeline  # bench/timeline.py, beside this script
 
 WORK = HERE / "work"
 PEERS = HERE / "peers"
@@ -89,6 +93,8 @@ QUESTIONS = [
 DECODE_FACTOR = 4
 #: mlxd's max_batch_size for the bench's models (the 32 clients of the largest row share one batch)
 MLXD_MAX_BATCH = 32
+#: the X-Request-Id of each request, unique in a run (mlxd's access log names it)
+REQUEST_IDS = itertools.count(1)
 #: ``{"isolation": ...}`` for mlxd's models when ``--isolation`` is given (else mlxd's default)
 ISOLATION: dict[str, str] = {}
 
@@ -216,7 +222,8 @@ def make_server(
         }
         path = tmp / "mlxd.yaml"
         path.write_text(json.dumps(cfg))  # JSON is YAML
-        argv = [sys.executable, "-m", "mlxd", "serve", "--config", str(path)]
+        argv = [sys.executable, "-m", "mlxd", "serve", "--config", str(path),
+                "--access-log", str(tmp / "access.log"), "--log-format", "json"]  # fmt: skip
         return Server(name, argv, port, ids)
     python = peer_python(name)
     if name == "mlx_lm.server":
@@ -261,6 +268,9 @@ class Result:
     seconds: float = 0.0
     text: str = ""
     error: str | None = None
+    #: the X-Request-Id it was sent with, and when (time.time()): see bench/timeline.py
+    rid: str = ""
+    sent_at: float = 0.0
 
 
 async def chat(
@@ -273,11 +283,14 @@ async def chat(
         "temperature": 0.0,
         "stream": True,
     }
+    rid = f"bench-{next(REQUEST_IDS)}"
+    sent_at = time.time()
     t0 = time.perf_counter()
     ttft: float | None = None
     parts: list[str] = []
+    url = server.url + "/v1/chat/completions"
     try:
-        async with client.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+        async with client.stream("POST", url, json=body, headers={"X-Request-Id": rid}) as r:
             if r.status_code != 200:
                 return Result(
                     False, error=f"HTTP {r.status_code}", seconds=time.perf_counter() - t0
@@ -295,7 +308,7 @@ async def chat(
                         parts.append(piece)
     except Exception as e:  # counted as an error of the row
         return Result(False, error=type(e).__name__, seconds=time.perf_counter() - t0)
-    return Result(True, ttft, time.perf_counter() - t0, "".join(parts))
+    return Result(True, ttft, time.perf_counter() - t0, "".join(parts), rid=rid, sent_at=sent_at)
 
 
 async def wait_ready(server: Server, model: str, limit_s: float = 600) -> float:
@@ -368,6 +381,7 @@ async def run_concurrent(
         "ttfts": ttfts,
         "seconds": [r.seconds for r in ok],
         "tokens": [float(count(r.text)) for r in ok],
+        "traces": [(r.ttft, r.rid, r.sent_at) for r in ok if r.ttft is not None],
     }
 
 
@@ -443,6 +457,7 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_p50": pct([t for p in parts for t in p["tokens"]], 0.5),
         "errors": sum(p["errors"] for p in parts),
         "requests": sum(p["requests"] for p in parts),
+        "traces": [t for p in parts for t in p["traces"]],
     }
 
 
@@ -505,6 +520,7 @@ def measure_kind(
                     for name in order:
                         paused.only(name)
                         raw[name][phase].append(run_phase(servers[name], rnd))
+            access = timeline.read_access_log(Path(tmp) / "mlxd" / "access.log")
         finally:
             paused.resume_all()
             for server in servers.values():
@@ -519,6 +535,12 @@ def measure_kind(
         single["decode_tok_s"] = decode_rate(merge(r["long"]), single)
         out[name]["single"] = single
         out[name]["clients"] = {n: merge(r[f"clients {n}"]) for n in args.clients}
+        if name == "mlxd":
+            rows = out[name]["clients"]
+            out[name]["slowest"] = {n: timeline.slowest(rows[n]["traces"], access, 3) for n in rows}
+            out[name]["median"] = {
+                n: m for n in rows if (m := timeline.median_spans(rows[n]["traces"], access))
+            }
         conversations = [c for rnd in r["turns"] for c in rnd]
         out[name]["turns"] = [median_of(takes) for takes in zip(*conversations, strict=True)]
         if name != "mlx_lm.server" and args.swap_rounds > 0:
@@ -755,6 +777,8 @@ def render(
                 f"mlxd 8 clients / 1 client aggregate: {own[8]['tok_s'] / own[1]['tok_s']:.2f}x"
             )
             lines.append("")
+        if results.get("mlxd", {}).get("slowest"):
+            lines += timeline.render(results["mlxd"]["slowest"], results["mlxd"]["median"])
     return "\n".join(lines)
 
 
