@@ -9,7 +9,9 @@ first token, a slow first token splits into four spans:
 
 * **to mlxd**: the client's send to mlxd's arrival (connect, the request's
   bytes; the access log's ``time`` has millisecond resolution);
-* **queue**: waiting for the lease and for a place in the running batch;
+* **queue**: reading and checking the request, its prompt's tokens (the
+  Trio thread, one request after the other), waiting for the lease and for a
+  place in the running batch;
 * **engine**: the engine's start to the first token reaching the response
   (prefill, the batch step it shares, the hand-over to the Trio thread);
 * **to client**: the first token leaving the response to the client reading it.

@@ -6,7 +6,8 @@ the whole response is sent, a stream included (or when the client left):
 route pattern, ``-`` if none), ``path``, ``model``, ``status``,
 ``duration_ms``, ``ttft_ms`` (arrival to the first token handed to the
 response), ``queue_ms`` (arrival to the engine taking the generation off its
-queue: waiting for the model, a lease and a place in the batch), ``lease``
+queue: reading and checking the request, its prompt's tokens, waiting for the
+model, a lease and a place in the batch), ``lease``
 (its id), ``request_id`` (the client's ``X-Request-Id``, or the one mlxd
 made and sent back), ``outcome`` (the lease's), ``client`` (the API key's
 name), ``prompt_tokens`` and ``completion_tokens``. Fields a request does not
