@@ -513,9 +513,10 @@ def measure_kind(
                 asyncio.run(run_concurrent(servers[name], kind, 1, 1, args.tokens, count))
             phases = rows_to_measure(kind, count, args)
             raw: dict[str, dict[str, list[Any]]] = {n: {p: [] for p in phases} for n in names}
-            for rnd in range(args.rounds):
+            rounds = args.rounds[kind]
+            for rnd in range(rounds):
                 order = names[rnd % len(names) :] + names[: rnd % len(names)]
-                print(f"{kind}: round {rnd + 1} of {args.rounds}", file=sys.stderr)
+                print(f"{kind}: round {rnd + 1} of {rounds}", file=sys.stderr)
                 for phase, run_phase in phases.items():
                     for name in order:
                         paused.only(name)
@@ -737,7 +738,7 @@ def render(
         f"{args.single_requests} requests; {clients} concurrent clients, {args.per_client} "
         f"request(s) each; {args.conversations} {args.turns}-turn conversation(s) a round; "
         f"{args.swap_rounds} swap requests. "
-        f"Each row measured {args.rounds} times on every server, interleaved (the others paused).",
+        f"Each row measured {rounds_text(args)} on every server, interleaved (the others paused).",
         "",
         f"Greedy chat streams of {args.tokens} tokens (conversation turns: {args.turn_tokens}); tokens "
         "counted by this script with the model's tokenizer. Ratio: mlxd / better peer, oriented so "
@@ -818,19 +819,46 @@ SCALES: dict[str, dict[str, Any]] = {
     # the issue's full table (quiet machine, about an hour on 2 cores)
     "full": dict(
         models="tiny,small", clients="1,4,8,16,32", tokens=64, per_client=1,
-        single_requests=3, turns=10, turn_tokens=32, swap_rounds=6, rounds=3, conversations=2,
+        single_requests=3, turns=10, turn_tokens=32, swap_rounds=6, rounds="tiny=10,small=3",
+        conversations=2,
     ),
     # every row of the full table, with fewer and shorter requests (~30 min)
     "reduced": dict(
         models="tiny,small", clients="1,4,8,16,32", tokens=32, per_client=1,
-        single_requests=3, turns=5, turn_tokens=16, swap_rounds=4, rounds=3, conversations=3,
+        single_requests=3, turns=5, turn_tokens=16, swap_rounds=4, rounds="tiny=15,small=5",
+        conversations=3,
     ),
     # a smoke pass of every row kind on the tiny model (a couple of minutes)
     "quick": dict(
         models="tiny", clients="1,4", tokens=16, per_client=1,
-        single_requests=2, turns=3, turn_tokens=8, swap_rounds=2, rounds=1, conversations=1,
+        single_requests=2, turns=3, turn_tokens=8, swap_rounds=2, rounds="1", conversations=1,
     ),
 }  # fmt: skip
+
+
+def parse_rounds(ap: argparse.ArgumentParser, text: str, kinds: list[str]) -> dict[str, int]:
+    """``--rounds``: ``N`` for every model, or ``kind=N,...`` (a model not named gets 3)."""
+    try:
+        if "=" in text:
+            given = {k.strip(): int(n) for k, n in (part.split("=") for part in text.split(","))}
+        else:
+            given = dict.fromkeys(kinds, int(text))
+    except ValueError:
+        ap.error(f"--rounds {text!r}: give a number, or kind=number pairs (tiny=15,small=5)")
+    unknown = set(given) - set(kinds)
+    if unknown:
+        ap.error(f"--rounds names {', '.join(sorted(unknown))}, not among --models {','.join(kinds)}")
+    if any(n < 1 for n in given.values()):
+        ap.error(f"--rounds {text!r}: every model needs at least one round")
+    return {k: given.get(k, 3) for k in kinds}
+
+
+def rounds_text(args: argparse.Namespace) -> str:
+    """``5 times``, or ``15 times (tiny), 5 times (small)``."""
+    counts = set(args.rounds.values())
+    if len(counts) == 1:
+        return f"{counts.pop()} times"
+    return ", ".join(f"{n} times ({kind})" for kind, n in args.rounds.items())
 
 
 def parse_args() -> argparse.Namespace:
@@ -856,8 +884,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--swap-rounds", type=int, help="0: no swap rows")
     ap.add_argument(
         "--rounds",
-        type=int,
-        help="times each row is measured on every server, interleaved (figures pool the rounds)",
+        help="times each row is measured on every server, interleaved (figures pool the "
+        "rounds): N for every model, or per model (tiny=15,small=5: the tiny model's rows "
+        "take seconds and its figures are the noisier)",
     )
     ap.add_argument(
         "--out",
@@ -878,6 +907,7 @@ def parse_args() -> argparse.Namespace:
     if args.out is None and args.scale != "quick":
         args.out = str(HERE / "RESULTS.md")
     args.clients = [int(c) for c in args.clients.split(",")]
+    args.rounds = parse_rounds(ap, args.rounds, args.models.split(","))
     return args
 
 
