@@ -264,6 +264,7 @@ async def _whole(lease: Lease, gen: GenerationRequest) -> tuple[Collected, Finis
                             out.text.append(ev.text)
                             out.logprobs.extend(ev.logprobs)
                         elif isinstance(ev, ToolCallDelta):
+                            access_log.note(first_token=True)  # a reply that is all calls
                             out.calls.append(ev)
                         else:
                             fin = ev
@@ -359,6 +360,7 @@ async def _stream_body(
                     yield b"".join(frames)
                 continue
             if isinstance(ev, ToolCallDelta):
+                access_log.note(first_token=True)  # a reply that is all calls
                 if frames := renderer.call(ev):
                     yield b"".join(frames)
                 continue
