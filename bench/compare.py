@@ -836,8 +836,12 @@ SCALES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def parse_rounds(ap: argparse.ArgumentParser, text: str, kinds: list[str]) -> dict[str, int]:
-    """``--rounds``: ``N`` for every model, or ``kind=N,...`` (a model not named gets 3)."""
+def parse_rounds(
+    ap: argparse.ArgumentParser, text: str, kinds: list[str], *, strict: bool
+) -> dict[str, int]:
+    """``--rounds``: ``N`` for every model, or ``kind=N,...`` (a model not named gets 3).
+    ``strict``: the user wrote it, so a model it names must be among ``--models`` (a
+    preset's names models that ``--models`` may have left out)."""
     try:
         if "=" in text:
             given = {k.strip(): int(n) for k, n in (part.split("=") for part in text.split(","))}
@@ -846,7 +850,7 @@ def parse_rounds(ap: argparse.ArgumentParser, text: str, kinds: list[str]) -> di
     except ValueError:
         ap.error(f"--rounds {text!r}: give a number, or kind=number pairs (tiny=15,small=5)")
     unknown = set(given) - set(kinds)
-    if unknown:
+    if unknown and strict:
         ap.error(f"--rounds names {', '.join(sorted(unknown))}, not among --models {','.join(kinds)}")
     if any(n < 1 for n in given.values()):
         ap.error(f"--rounds {text!r}: every model needs at least one round")
@@ -901,13 +905,14 @@ def parse_args() -> argparse.Namespace:
     args = ap.parse_args()
     if args.quick:
         args.scale = "quick"
+    rounds_given = args.rounds is not None
     for key, value in SCALES[args.scale].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.out is None and args.scale != "quick":
         args.out = str(HERE / "RESULTS.md")
     args.clients = [int(c) for c in args.clients.split(",")]
-    args.rounds = parse_rounds(ap, args.rounds, args.models.split(","))
+    args.rounds = parse_rounds(ap, args.rounds, args.models.split(","), strict=rounds_given)
     return args
 
 
