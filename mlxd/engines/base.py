@@ -173,8 +173,9 @@ class Finished:
     #: the stop string that ended the output (finish_reason "stop"), if one did
     stop_sequence: str | None = None
     #: ``time.monotonic()`` when the engine took the generation off its queue (the access
-    #: log's ``queue_ms``); None when the engine does not say
-    started_at: float | None = None
+    #: log's ``queue_ms``); None when the engine does not say. A timing, not part of the
+    #: result: two generations that ended alike compare equal
+    started_at: float | None = field(default=None, compare=False)
 
 
 GenerationEvent = TextDelta | ToolCallDelta | Finished
