@@ -14,7 +14,7 @@ from quart import Blueprint, Response, request
 
 from mlxd import __version__
 from mlxd.config import Config
-from mlxd.errors import ConfigError, InvalidRequest, ModelNotFound
+from mlxd.errors import ConfigError, InvalidRequest, JournalError, ModelNotFound
 from mlxd.faults import crash_point
 from mlxd.http import access_log, sse
 from mlxd.http.context import AppState, state
@@ -138,6 +138,21 @@ async def admin_plan() -> Any:
 
 #: what /admin/history lists: journal rows, or where retention's pruning left each model
 HISTORY_KINDS = ("transitions", "leases", "checkpoints")
+#: how long /admin/history waits for the rows recorded before it to be written; past that (a
+#: stalled writer, which /health reports) it answers with the rows the file holds
+HISTORY_WAIT_S = 2.0
+
+
+async def _written_so_far(st: AppState) -> None:
+    """What happened before the request is in its answer: the journal writes in batches a few
+    milliseconds apart, and a transition just made (a load a request waited for) may still be
+    on its way to the file."""
+    assert st.journal is not None
+    with trio.move_on_after(HISTORY_WAIT_S):
+        try:
+            await st.journal.wait_committed()
+        except JournalError:  # a write failed or the journal closed: the file's rows are the answer
+            pass
 
 
 @bp.get("/admin/history")
@@ -162,6 +177,7 @@ async def admin_history() -> Any:
     if kind not in HISTORY_KINDS:
         raise InvalidRequest(f"kind: must be one of {', '.join(HISTORY_KINDS)}", param="kind")
     journal = st.journal
+    await _written_so_far(st)
     if kind == "transitions":
         rows = await trio.to_thread.run_sync(lambda: journal.history(model, since, limit))
     elif kind == "leases":

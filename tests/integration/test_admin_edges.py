@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
 
+import mlxd.daemon
+from mlxd.journal.journal import Journal
 from mlxd.residency.events import TransitionEvent
 from tests.integration.conftest import config_of, fake
 from tests.support.daemon import MLXD, REPO, serving
@@ -35,6 +39,26 @@ async def test_history_errors_name_query_parameters(tmp_path: Path) -> None:
         err = r.json()["error"]
         assert err["param"] == "since" and err["message"].startswith("since:"), err
         assert "--" not in err["message"]
+
+
+async def test_history_shows_the_load_a_request_just_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/admin/history read right after a request that loaded its model holds that load, though the journal writes its rows in batches (here 30 s apart: the read has them written at once)."""
+    monkeypatch.setattr(mlxd.daemon, "Journal", partial(Journal, flush_interval=30.0))
+    config = config_of({"manager": {"memory_budget_gb": 1}, "models": [fake("a", 0.1)]}, tmp_path)
+    async with serving(config, tmp_path) as s, s.client() as c:
+        chat = {"model": "a", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        assert (await c.post("/v1/chat/completions", json=chat)).status_code == 200
+        t0 = time.monotonic()
+        rows = (await c.get("/admin/history", params={"model": "a"})).json()
+        assert time.monotonic() - t0 < 5  # written on demand, not at the next batch
+        assert [(r["from_state"], r["to_state"], r["reason"]) for r in rows][-2:] == [
+            ("unloaded", "loading", "request"),
+            ("loading", "loaded", "request"),
+        ], rows
+        leases = (await c.get("/admin/history", params={"model": "a", "kind": "leases"})).json()
+        assert len(leases) == 1, leases
 
 
 async def test_admin_load_answers_with_the_state_it_reached(tmp_path: Path) -> None:
