@@ -485,6 +485,29 @@ class Paused:
                     os.killpg(server.proc.pid, signal.SIGCONT)
 
 
+def start_all(
+    servers: dict[str, Server], names: list[str], kind: str, models: dict[str, Path],
+    tmp: Path, count: Counter, tokens: int,
+) -> dict[str, float]:
+    """Start ``names`` on ``kind`` into ``servers`` (the caller stops them), one cold start at
+    a time with the others paused; each server's seconds to its first token."""
+    paused = Paused(servers)
+    cold: dict[str, float] = {}
+    for name in names:
+        home = tmp / name
+        home.mkdir()
+        servers[name] = make_server(name, models, [kind], home, 8.0)
+        paused.only("")
+        servers[name].start(home / "server.log")
+        cold[name] = asyncio.run(wait_ready(servers[name], kind))
+        # one untimed request of the workload's shape, so that every server's prompt cache
+        # holds the system prompt as on a server in use: otherwise the single-stream median
+        # of a few requests is the one that prefilled it (2.6 s against 0.3 s for 16 tokens
+        # on the small model, where prefill costs as much per token as decode)
+        asyncio.run(run_concurrent(servers[name], kind, 1, 1, tokens, count))
+    return cold
+
+
 def measure_kind(
     kind: str, names: list[str], models: dict[str, Path], args: argparse.Namespace
 ) -> dict[str, dict[str, Any]]:
@@ -498,19 +521,9 @@ def measure_kind(
     paused = Paused(servers)
     with tempfile.TemporaryDirectory(prefix="mlxd-compare-") as tmp:
         try:
-            for name in names:  # cold starts one at a time, the others paused
-                home = Path(tmp) / name
-                home.mkdir()
-                servers[name] = make_server(name, models, [kind], home, 8.0)
-                paused.only("")
-                servers[name].start(home / "server.log")
-                out[name]["cold_start_s"] = asyncio.run(wait_ready(servers[name], kind))
-                # one untimed request of the workload's shape, so that every server's prompt
-                # cache holds the system prompt as on a server in use: otherwise the single-
-                # stream median of a few requests is the one that prefilled it (2.6 s against
-                # 0.3 s for 16 tokens on the small model, where prefill costs as much per
-                # token as decode)
-                asyncio.run(run_concurrent(servers[name], kind, 1, 1, args.tokens, count))
+            cold = start_all(servers, names, kind, models, Path(tmp), count, args.tokens)
+            for name in names:
+                out[name]["cold_start_s"] = cold[name]
             phases = rows_to_measure(kind, count, args)
             raw: dict[str, dict[str, list[Any]]] = {n: {p: [] for p in phases} for n in names}
             rounds = args.rounds[kind]

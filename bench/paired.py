@@ -53,16 +53,7 @@ def measure(args: argparse.Namespace, names: list[str]) -> Figures:
     rates: Figures = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="mlxd-paired-") as tmp:
         try:
-            for name in names:  # cold starts one at a time, the others paused
-                home = Path(tmp) / name
-                home.mkdir()
-                servers[name] = compare.make_server(name, models, [args.model], home, 8.0)
-                paused.only("")
-                servers[name].start(home / "server.log")
-                asyncio.run(compare.wait_ready(servers[name], args.model))
-                asyncio.run(  # as compare.py does: the system prompt in every prompt cache
-                    compare.run_concurrent(servers[name], args.model, 1, 1, args.tokens, count)
-                )
+            compare.start_all(servers, names, args.model, models, Path(tmp), count, args.tokens)
             for rnd in range(args.rounds):
                 order = names[rnd % len(names) :] + names[: rnd % len(names)]
                 for name in order:
@@ -137,6 +128,9 @@ def render(args: argparse.Namespace, rates: Figures, elapsed_s: float) -> str:
             "TTFT p50": [b[1] / a[1] for a, b in zip(mine, theirs, strict=True) if a[1] > 0],
         }
         for figure, pairs in paired.items():
+            if not pairs:  # the peer failed every round (mlx_lm.server does at 32 clients)
+                lines.append(f"| {peer} | {figure} | - | - | the peer failed every round |")
+                continue
             q1, q2, q3 = quartiles(pairs)
             ahead = sum(p > 1 for p in pairs) / len(pairs)
             lines.append(f"| {peer} | {figure} | {q2:.3f} | {q1:.3f} - {q3:.3f} | {ahead:.0%} |")
