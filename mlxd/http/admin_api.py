@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from quart import Blueprint, Response, request
@@ -24,6 +24,9 @@ from mlxd.http.preferences import parse_contention
 from mlxd.residency import views
 from mlxd.residency.plan import plan
 from mlxd.residency.states import Reason
+
+if TYPE_CHECKING:
+    from mlxd.journal.journal import Journal
 
 log = logging.getLogger("mlxd.http")
 
@@ -143,14 +146,13 @@ HISTORY_KINDS = ("transitions", "leases", "checkpoints")
 HISTORY_WAIT_S = 2.0
 
 
-async def _written_so_far(st: AppState) -> None:
+async def _written_so_far(journal: Journal) -> None:
     """What happened before the request is in its answer: the journal writes in batches a few
     milliseconds apart, and a transition just made (a load a request waited for) may still be
     on its way to the file."""
-    assert st.journal is not None
     with trio.move_on_after(HISTORY_WAIT_S):
         try:
-            await st.journal.wait_committed()
+            await journal.wait_committed()
         except JournalError:  # a write failed or the journal closed: the file's rows are the answer
             pass
 
@@ -177,7 +179,7 @@ async def admin_history() -> Any:
     if kind not in HISTORY_KINDS:
         raise InvalidRequest(f"kind: must be one of {', '.join(HISTORY_KINDS)}", param="kind")
     journal = st.journal
-    await _written_so_far(st)
+    await _written_so_far(journal)
     if kind == "transitions":
         rows = await trio.to_thread.run_sync(lambda: journal.history(model, since, limit))
     elif kind == "leases":
