@@ -28,6 +28,14 @@ runs as one job on the MLX thread and repeats one *step*:
    1, or end of sequence) leaves the generator there, so that forward pass is
    never run for it; its prompt's KV goes to the prompt cache.
 
+A busy period starts with the requests that are already on their way: the
+Trio side says when a request has its lease and is being checked and
+tokenized (:meth:`BatchLoop.expecting`), and the loop, finding its first job
+with others on their way, waits for them (:data:`GATHER_S` at most) so that
+they all prefill in one step, instead of the first prefilling alone and the
+others one step later, after it (a burst of clients gets its first tokens
+together, sooner for all but the first).
+
 A job that arrives while the loop has nothing else to do, and that has no
 logits processors, runs alone (:mod:`mlxd.engines.solo`): plain per-layer KV
 caches and one forward pass per token, without the generator's batch
@@ -43,11 +51,11 @@ batch with it and drops the generator; the next job starts a fresh one.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +63,7 @@ from mlxd.engines import memory
 from mlxd.engines.base import GenerationRequest
 from mlxd.engines.mlx_thread import Job, Outbox, PrefillProgress
 from mlxd.engines.prompt_cache import PromptCache
+from mlxd.engines.sampling import make_sampler
 from mlxd.engines.solo import Resume, SoloRun, runs_alone
 from mlxd.engines.streaming import Output, deliver_token
 
@@ -68,6 +77,10 @@ PREFILL_CHUNK_S = 0.05
 PREFILL_CHUNK_MAX = 2048
 #: a step that prefilled fewer tokens than this says little about the rate
 _RATE_MIN_TOKENS = 16
+
+#: the longest the loop waits, at the start of a busy period, for requests on their way
+#: (BatchLoop.expecting): about what checking and tokenizing a few requests takes
+GATHER_S = 0.005
 
 #: done(job, error or None): called on the MLX thread when a job has left the batch
 DoneCallback = Callable[[Job, BaseException | None], None]
@@ -95,31 +108,6 @@ class _Seq:
     #: its first token went out early (:meth:`BatchLoop._deliver_first`): the generator's
     #: response for that same token, one step later, is skipped
     first_sent: bool = False
-
-
-def make_sampler(temperature: float, top_p: float, seed: int | None) -> Any:
-    """The request's sampler; None for greedy (the batch then samples all greedy rows at once).
-
-    A sampled request keeps its own PRNG key (from its seed, or fresh entropy),
-    split once per token, so a seeded request gives the same tokens whoever
-    shares the batch with it.
-    """
-    if temperature <= 0.0:
-        return None
-    import mlx.core as mx
-    from mlx_lm.sample_utils import apply_top_p
-
-    key = [mx.random.key(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))]
-    scale = 1.0 / temperature
-    nucleus = 0.0 < top_p < 1.0
-
-    def sampler(logprobs: Any) -> Any:
-        if nucleus:
-            logprobs = apply_top_p(logprobs, top_p)
-        key[0], sub = mx.random.split(key[0])
-        return mx.random.categorical(logprobs * scale, key=sub)
-
-    return sampler
 
 
 class BatchLoop:
@@ -152,6 +140,8 @@ class BatchLoop:
         self._outbox = outbox
         self._output = output
         self._lock = threading.Lock()
+        self._arrival = threading.Condition(self._lock)  # a job added, or one on its way less
+        self._expected = 0  # requests on their way (expecting), under _lock
         # invariant: _running is True exactly while run() is queued on or running on the thread
         self._inbox: collections.deque[Job] = collections.deque()
         self._running = False
@@ -177,10 +167,23 @@ class BatchLoop:
         """Hand an admitted job to the loop (starts the loop on the MLX thread if idle)."""
         with self._lock:
             self._inbox.append(job)
+            self._arrival.notify_all()
             if self._running:
                 return
             self._running = True
         self._submit(self.run)
+
+    @contextlib.contextmanager
+    def expecting(self) -> Iterator[None]:
+        """While this runs, a request is on its way to :meth:`add` (module docstring)."""
+        with self._arrival:
+            self._expected += 1
+        try:
+            yield
+        finally:
+            with self._arrival:
+                self._expected -= 1
+                self._arrival.notify_all()
 
     @property
     def busy(self) -> bool:
@@ -333,10 +336,22 @@ class BatchLoop:
         """The inbox's only job when nothing else runs and it can start alone, taken out."""
         if self._seqs:
             return None
+        self._gather()
         with self._lock:
             if len(self._inbox) != 1 or not runs_alone(self._inbox[0].request):
                 return None
             return self._inbox.popleft()
+
+    def _gather(self) -> None:
+        """Before the first job of a busy period starts: wait for the requests on their way
+        (:meth:`expecting`), :data:`GATHER_S` at most, while the batch has room for them."""
+        deadline = time.monotonic() + GATHER_S
+        with self._arrival:
+            while self._inbox and self._expected > 0 and len(self._inbox) < self.max_batch:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._arrival.wait(left)
 
     def _run_alone(self, job: Job) -> None:
         """Run ``job`` alone until it ends or another job arrives (then it joins the generator)."""

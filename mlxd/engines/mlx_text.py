@@ -36,7 +36,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
-from contextlib import aclosing
+from contextlib import AbstractContextManager, aclosing, nullcontext
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -468,6 +468,12 @@ class MlxTextEngine:
         scheduler.submit(job)
         self.history.append(job.stats)
         return JobEvents(job, scheduler.withdraw, self._observe, self.name)
+
+    def expecting(self) -> AbstractContextManager[None]:
+        """While this runs, a request is on its way to :meth:`start_generation` (a batched
+        model prefills the requests on their way together: mlxd.engines.batch_loop)."""
+        s = self._scheduler
+        return s.loop.expecting() if isinstance(s, BatchScheduler) else nullcontext()
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         async with aclosing(await self.start_generation(request)) as events:

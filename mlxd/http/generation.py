@@ -27,7 +27,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from contextlib import AbstractContextManager, aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -183,30 +183,42 @@ async def run(
     t_request = trio.current_time()
     access_log.note(model=model)
     ticket = st.manager.enqueue(model, **_asked(gen.request_id, prefs or Preferences()))
-    try:
-        await (ticket.moved if stream else ticket.done).wait()
-    except BaseException as e:
-        ticket.cancel(e)
-        raise
+    # A resident model's lease comes with the ticket: from here until the job is queued
+    # (for a whole response: its checks are done), the engine expects it.
+    with _on_its_way(ticket.lease):
+        try:
+            await (ticket.moved if stream else ticket.done).wait()
+        except BaseException as e:
+            ticket.cancel(e)
+            raise
+        if not stream:
+            lease = _lease_of(ticket)
+            gen = await _checked(st, lease, gen, prepare)
+        elif ticket.done.is_set():  # served or refused at once: a refusal keeps its status code
+            lease = _lease_of(ticket)
+            gen = await _checked(st, lease, gen, prepare)
+            body = _stream_body(st, lease, gen, renderer, t_request, Connections.key_of(request.scope))
+        else:  # the model is loading: stream its progress as SSE comments until the lease comes
+            body = _stream_after_load(st, ticket, gen, renderer, t_request,
+                                      Connections.key_of(request.scope), prepare)
+        # A stream's body starts now, up to its first chunk (its job queued): a started
+        # generator always runs its ``finally`` (Quart closes it, or Trio's finalizer does
+        # when it is dropped), so the lease is released even if the client leaves before
+        # the body is sent.
+        first = await body.__anext__() if stream else b""
     headers = {"X-Request-Id": gen.request_id or ""}
     if not stream:
-        lease = _lease_of(ticket)
-        gen = await _checked(st, lease, gen, prepare)
         out, fin, t_first = await _whole(lease, gen)
         _observe(st, model, t_request, t_first, fin)
         return Response(json.dumps(renderer.whole(out, fin)), mimetype="application/json", headers=headers)
-    connection = Connections.key_of(request.scope)
-    if ticket.done.is_set():  # served or refused at once: a refusal keeps its status code
-        lease = _lease_of(ticket)
-        gen = await _checked(st, lease, gen, prepare)
-        body = _stream_body(st, lease, gen, renderer, t_request, connection)
-    else:  # the model is loading: stream its progress as SSE comments until the lease comes
-        body = _stream_after_load(st, ticket, gen, renderer, t_request, connection, prepare)
-    # Start the body now, up to its first chunk: a started generator always runs
-    # its ``finally`` (Quart closes it, or Trio's finalizer does when it is dropped),
-    # so the lease is released even if the client leaves before the body is sent.
-    first = await body.__anext__()
     return sse.response(_prepend(first, body), headers)
+
+
+def _on_its_way(lease: Lease | None) -> AbstractContextManager[None]:
+    """Tells a batched engine that this request is on its way to its queue, so that the
+    requests of a burst prefill together (``expecting``: mlxd.engines.batch_loop)."""
+    expecting = getattr(lease.engine, "expecting", None) if lease is not None else None
+    return expecting() if expecting is not None else contextlib.nullcontext()
 
 
 async def _stream_after_load(

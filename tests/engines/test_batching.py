@@ -413,3 +413,33 @@ async def test_a_fast_models_prefill_chunks_grow_to_the_time_target(
         assert fixed.batch.prefill_rate is not None and fixed.batch.prefill_chunk == 64
     finally:
         await fixed.stop()
+
+
+async def test_requests_on_their_way_prefill_together_with_the_first(
+    batched: MlxTextEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst: the first job of a busy period waits for the requests its engine expects
+    (``expecting``: leased, being checked), so that they all start in one step instead of
+    the first running alone; one that leaves without a job (refused) ends the wait too."""
+    from mlxd.engines import batch_loop
+
+    monkeypatch.setattr(batch_loop, "GATHER_S", 60.0)  # only the requests themselves end it
+    loop = batched.batch
+    assert loop is not None
+    alone = loop.alone
+    requests = [completion(p, max_tokens=6, temperature=0.0) for p in PROMPTS[:3]]
+    on_the_way = [batched.expecting() for _ in range(4)]
+    for w in on_the_way:
+        w.__enter__()
+    started = []
+    for i, request in enumerate(requests):
+        started.append(await batched.start_generation(request))
+        on_the_way[i].__exit__(None, None, None)
+        await trio.sleep(0.05)  # room for the loop to start without the others
+    released_at = time.monotonic()
+    on_the_way[3].__exit__(None, None, None)  # the fourth was refused before its job
+    with trio.fail_after(30):
+        finished = [[ev async for ev in events][-1] for events in started]
+    assert [f.completion_tokens for f in finished] == [6, 6, 6]
+    assert all(f.started_at is not None and f.started_at >= released_at for f in finished)
+    assert loop.alone == alone and loop._expected == 0
