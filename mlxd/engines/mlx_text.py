@@ -428,7 +428,7 @@ class MlxTextEngine:
                     param="prompt",
                 )
         elif prompt_limits.prompt_chars(request) <= INLINE_TOKENIZE_CHARS:
-            ids = encode_prompt(self._tokenizer, request)  # about a millisecond: not worth a thread
+            ids = encode_prompt(self._tokenizer, request, in_place=True)  # not worth a thread
         else:
             prompt_limits.check_prompt_chars(self.name, request, self.limits)
             # the tokenizer is read-only once loaded; the work is bounded by the check above

@@ -10,7 +10,9 @@ constrained decoding can enforce.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import weakref
 from typing import Any
 
 from mlxd.engines.base import ChatMessage, GenerationRequest
@@ -81,8 +83,60 @@ def template_message(m: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def encode_prompt(tokenizer: Any, request: GenerationRequest) -> list[int]:
-    """The prompt token ids, exactly as ``mlx_lm.stream_generate`` encodes a string prompt."""
+#: per tokenizer, the Rust core that encodes a short text in its place, or None (in_place_core)
+_CORES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def in_place_core(tokenizer: Any) -> Any:
+    """The fast tokenizer's Rust core (``tokenizers.Tokenizer``) that :func:`encode_prompt`
+    uses for a short prompt on the Trio thread, if it gives the same ids as the tokenizer's
+    own ``encode`` on probe texts (its special tokens included); else None.
+
+    transformers encodes one text as a batch of one (``encode_batch``), which lets go of
+    the GIL; the Trio thread then waits to take it back from the MLX thread, mid-step:
+    measured here, 5.2 ms a call while another thread runs Python, against 80 us for the
+    core's ``encode``, which keeps the GIL (a long prompt goes to a worker thread, where
+    letting go is right, and keeps the tokenizer's own ``encode``).
+    """
+    with contextlib.suppress(KeyError, TypeError):
+        return _CORES[tokenizer]
+    import tokenizers  # with the model's tokenizer, not with the CLI
+
+    core: Any = tokenizer
+    for _ in range(3):  # mlx-lm's wrapper holds transformers' tokenizer, which holds the core
+        if core is None or isinstance(core, tokenizers.Tokenizer):
+            break
+        core = getattr(core, "_tokenizer", None)
+    if not isinstance(core, tokenizers.Tokenizer):
+        core = None
+    else:
+        special = " ".join(str(t) for t in getattr(tokenizer, "all_special_tokens", ()) or ())
+        probes = ("Hello, world!\n", f"{special} a {special}b\t\n  c", "é 🙂 数字 123 ", "")
+        try:
+            same = all(
+                _core_encode(core, t, a) == _own_encode(tokenizer, t, a)
+                for t in probes
+                for a in (True, False)
+            )
+        except Exception:  # a tokenizer that fails on a probe: its own encode, as before
+            same = False
+        core = core if same else None
+    with contextlib.suppress(TypeError):  # not weakly referenceable: decided again next time
+        _CORES[tokenizer] = core  # the core does not refer back to the tokenizer's wrapper
+    return core
+
+
+def _own_encode(tokenizer: Any, text: str, add_special: bool) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=add_special))
+
+
+def _core_encode(core: Any, text: str, add_special: bool) -> list[int]:
+    return list(core.encode(text, add_special_tokens=add_special).ids)
+
+
+def encode_prompt(tokenizer: Any, request: GenerationRequest, *, in_place: bool = False) -> list[int]:
+    """The prompt token ids, exactly as ``mlx_lm.stream_generate`` encodes a string prompt;
+    ``in_place``: a short prompt, encoded on the Trio thread (:func:`in_place_core`)."""
     if request.kind == "chat":
         messages = [template_message(m) for m in request.messages]
         extra: dict[str, Any] = {}
@@ -99,7 +153,11 @@ def encode_prompt(tokenizer: Any, request: GenerationRequest) -> list[int]:
     else:
         prompt = request.prompt or ""
     add_special = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
-    ids = list(tokenizer.encode(prompt, add_special_tokens=add_special))
+    core = in_place_core(tokenizer) if in_place else None
+    if core is not None:
+        ids = _core_encode(core, prompt, add_special)
+    else:
+        ids = _own_encode(tokenizer, prompt, add_special)
     if not ids:
         raise InvalidRequest(
             "the prompt is empty",

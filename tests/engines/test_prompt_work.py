@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 
 from mlxd.engines.mlx_text import MlxTextEngine
-from tests.engines.mlx_helpers import collect, completion
+from tests.engines.mlx_helpers import chat, collect, completion
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,3 +81,43 @@ def test_memory_of_a_large_request_is_given_back(tiny_model_dir: Path) -> None:
     (active_before, _), (active_after, cache_after) = got["before"], got["after"]
     assert cache_after == 0, got
     assert active_after == active_before, got
+
+
+async def test_a_short_prompt_is_encoded_by_the_tokenizers_core_with_the_same_ids(
+    engine: MlxTextEngine,
+) -> None:
+    """On the Trio thread a short prompt is encoded by the fast tokenizer's Rust core, which
+    keeps the GIL (transformers' batch-of-one encode lets go of it): the same ids as the
+    tokenizer's own encode on chats and completions; a core that disagrees on the probes is
+    not used."""
+    import tokenizers
+
+    from mlxd.engines import prompts
+    from mlxd.engines.base import ChatMessage, GenerationRequest
+
+    tok = engine._tokenizer
+    assert isinstance(prompts.in_place_core(tok), tokenizers.Tokenizer)
+    special = " ".join(tok.all_special_tokens)
+    texts = ["hello", f"{special} x{special}", "  é 🙂\t数字\n\n123 ", "a" * 3000]
+    requests = [completion(t) for t in texts] + [chat(t) for t in texts] + [
+        GenerationRequest(kind="chat", messages=(
+            ChatMessage("system", "You are terse."), ChatMessage("user", t),
+            ChatMessage("assistant", "ok"), ChatMessage("user", "again: " + t)))
+        for t in texts
+    ]
+    for r in requests:
+        ids = prompts.encode_prompt(tok, r, in_place=True)
+        assert ids == prompts.encode_prompt(tok, r) and ids
+
+    class Disagrees:  # a wrapper whose own encode adds a token its core does not
+        def __init__(self) -> None:
+            self._tokenizer = tok._tokenizer
+            self.all_special_tokens = tok.all_special_tokens
+            self.bos_token = tok.bos_token
+
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            return [0, *tok.encode(text, add_special_tokens=add_special_tokens)]
+
+    odd = Disagrees()
+    assert prompts.in_place_core(odd) is None
+    assert prompts.encode_prompt(odd, completion("hello"), in_place=True)[0] == 0
