@@ -333,7 +333,8 @@ class BatchLoop:
         return False
 
     def _lone_job(self) -> Job | None:
-        """The inbox's only job when nothing else runs and it can start alone, taken out."""
+        """The inbox's only job when nothing else runs and it can start alone, taken out
+        (once the requests on their way have had their wait, :meth:`_gather`)."""
         if self._seqs:
             return None
         self._gather()
