@@ -8,7 +8,8 @@ Two questions about a config, answered in words:
    models leave for the others, and what the contention policy does when a
    model does not fit.
 2. *Does the budget fit the machine?* The seed's reconciliation
-   (:class:`MemoryBudgetReport`): the budget counts model weights only and is
+   (:class:`MemoryBudgetReport`): the budget counts what models commit (their
+   weights and, for batched text models, their KV and prompt caches) and is
    compared with the allocation ceiling MLX works under, the device's
    recommended working set on Metal (scaled by the lowest
    ``gpu_memory_utilization`` of a continuous-batching entry, as vllm-mlx
@@ -45,7 +46,7 @@ _ESTIMATE_SOURCES = {
 class MemoryBudgetReport:
     """Reconciliation of the weight budget with the allocation ceiling (the seed's report).
 
-    The budget counts model weights only; the ceiling (device working set x
+    The budget counts what models commit (weights and caches); the ceiling (device working set x
     utilization) is process-wide. Both are totals over every resident model, so
     a budget above the ceiling is a deterministic conflict: mlxd would keep
     models resident that MLX cannot allocate, and a load would fail with an
@@ -73,7 +74,7 @@ class MemoryBudgetReport:
 
     @property
     def exceeds_ceiling(self) -> bool:
-        """True when the weights budget alone cannot fit under the ceiling."""
+        """True when the budget alone cannot fit under the ceiling."""
         ceiling = self.allocation_ceiling_bytes
         return ceiling is not None and self.budget_bytes > ceiling
 
@@ -194,7 +195,7 @@ def describe_ceiling(report: MemoryBudgetReport) -> list[tuple[int, str]]:
         out.append(
             (
                 logging.INFO,
-                f"Memory budget: {budget} of model weights; no Metal allocation ceiling to "
+                f"Memory budget: {budget} for the models' weights and caches; no Metal allocation ceiling to "
                 "reconcile it with (MLX cannot report a device working set on this host).",
             )
         )
@@ -212,7 +213,8 @@ def describe_ceiling(report: MemoryBudgetReport) -> list[tuple[int, str]]:
         out.append(
             (
                 logging.INFO,
-                f"Memory budget: {budget} of model weights; allocation ceiling {format_bytes(ceiling)} "
+                f"Memory budget: {budget} for the models' weights and caches; allocation ceiling "
+                f"{format_bytes(ceiling)} "
                 f"({origin}).",
             )
         )
@@ -222,19 +224,20 @@ def describe_ceiling(report: MemoryBudgetReport) -> list[tuple[int, str]]:
                 (
                     logging.WARNING,
                     f"The memory budget ({budget}) exceeds the allocation ceiling "
-                    f"({format_bytes(ceiling)}). The budget counts model weights only, so mlxd will keep "
-                    "models resident that MLX cannot allocate, and a load can fail with an "
+                    f"({format_bytes(ceiling)}). The budget counts what models commit (weights and "
+                    "caches), so mlxd will keep models resident that MLX cannot allocate, and a load can fail with an "
                     f"out-of-memory error instead of evicting. Lower the budget below "
-                    f"{format_bytes(ceiling)} (further still, since the KV cache and activations also come "
-                    f"out of the ceiling){raise_hint}.",
+                    f"{format_bytes(ceiling)} (further still, since activations also come out of the "
+                    f"ceiling){raise_hint}.",
                 )
             )
     if not report.exceeds_ceiling:
         out.append(
             (
                 logging.INFO,
-                "The budget covers model weights only; the KV cache and activations are "
-                "additional and are not reserved by it.",
+                "The budget covers each model's weights and, for batched text models, the KV "
+                "of its running generations (kv_cache_gb) and its prompt cache "
+                "(prompt_cache_gb); activations are additional and are not reserved by it.",
             )
         )
     if report.host_memory_bytes is not None:

@@ -335,7 +335,7 @@ def test_ceiling_is_lowest_utilization_of_batching_entries() -> None:
     assert not report.exceeds_ceiling
     text = sentences(describe_ceiling(report))
     assert "allocation ceiling 10.00 GiB (50% of the 20.00 GiB device working set" in text
-    assert "The budget covers model weights only" in text
+    assert "The budget covers each model's weights and, for batched text models, the KV" in text
 
 
 def test_budget_above_ceiling_warns_with_the_seed_advice() -> None:
@@ -351,7 +351,7 @@ def test_budget_above_ceiling_warns_with_the_seed_advice() -> None:
         "The memory budget (12.00 GiB) exceeds the allocation ceiling (10.00 GiB)."
     )
     assert "Lower the budget below 10.00 GiB" in warnings[0]
-    assert "The budget covers model weights only" not in sentences(describe_ceiling(report))
+    assert "The budget covers each model's weights and, for batched text models, the KV" not in sentences(describe_ceiling(report))
 
 
 def test_report_dataclass_properties() -> None:
