@@ -177,6 +177,12 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is None and args.command == "serve":
+        # From the command line only (a test calling main() in-process keeps its process):
+        # re-execute once with a fast BLAS preloaded when the system has one (mlxd.blas).
+        from mlxd.blas import reexec_with_fast_blas
+
+        reexec_with_fast_blas(sys.argv[1:])
     if not getattr(args, "handler", None):
         parser.print_help()
         return EXIT_USAGE

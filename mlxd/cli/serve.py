@@ -95,6 +95,7 @@ def cmd_serve(args: argparse.Namespace, *, engines: EngineFactory | None = None)
     from mlxd.config.budget import log_memory_budget_report
 
     log_memory_budget_report(config, logger=log)  # budget findings and config warnings
+    _log_blas()
     config.journal.path.parent.mkdir(parents=True, exist_ok=True)
     daemon = Daemon(
         config,
@@ -115,6 +116,14 @@ def cmd_serve(args: argparse.Namespace, *, engines: EngineFactory | None = None)
         log.error("cannot serve: %s", e)
         return 1
     return 0
+
+
+def _log_blas() -> None:
+    """Say once at start-up what MLX's CPU backend runs on (Linux; see :mod:`mlxd.blas`)."""
+    from mlxd.blas import startup_report
+
+    warning, sentence = startup_report()
+    (log.warning if warning else log.info)("%s", sentence)
 
 
 def _first_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
