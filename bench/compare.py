@@ -76,6 +76,8 @@ sys.path.append(str(HERE))  # after the installed modules: a script here never s
 
 import timeline  # bench/timeline.py, beside this script
 
+from mlxd import blas  # every server runs MLX on the same BLAS
+
 WORK = HERE / "work"
 PEERS = HERE / "peers"
 SERVERS = ("mlxd", "mlx_lm.server", "vllm-mlx")
@@ -163,7 +165,8 @@ class Server:
             self.argv,
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
-            env={**os.environ, **self.env},
+            # every server, mlxd and its peers alike, runs MLX on the same BLAS (mlxd.blas)
+            env=blas.environment(blas.choose(), {**os.environ, **self.env}),
             start_new_session=True,
         )
 
