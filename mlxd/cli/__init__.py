@@ -89,6 +89,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
     p = sub.add_parser("check-config", help="validate a config and print the memory budget report")
     p.add_argument("path", help="YAML config to check")
+    p.add_argument("--allow-unfit", action="store_true",
+                   help="a model larger than the whole budget is a warning, not an error")
     p.set_defaults(handler="mlxd.cli.check_config:cmd_check_config")
 
 
@@ -192,8 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         handler = getattr(importlib.import_module(module_name), func_name)
         return int(handler(args) or 0)
-    except ConfigError as e:
-        print(f"mlxd: {e.message}", file=sys.stderr)
+    except ConfigError as e:  # one line per error (check-config reports them all)
+        for line in e.message.splitlines():
+            print(f"mlxd: {line}", file=sys.stderr)
         return EXIT_USAGE
     except DaemonUnreachable as e:
         print(f"mlxd: daemon unreachable: {e}", file=sys.stderr)

@@ -90,7 +90,7 @@ def load_config(
     """
     file = Path(path)
     data, lines = read_yaml(file, str(path))
-    source = Source(str(path), lines, file.absolute().parent)
+    source = Source(str(path), lines, file.absolute().parent, problems=[])
     return Parser(source, measured, missing_ok=missing_ok).config(data, file.absolute())
 
 
@@ -102,7 +102,7 @@ def parse_config(
 ) -> Config:
     """Validate an already-parsed config object; relative paths resolve against ``path``'s folder."""
     base = path.absolute().parent if path is not None else Path.cwd()
-    source = Source(str(path) if path is not None else None, {}, base)
+    source = Source(str(path) if path is not None else None, {}, base, problems=[])
     return Parser(source, measured).config(raw, path.absolute() if path is not None else None)
 
 

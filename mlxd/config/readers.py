@@ -14,19 +14,24 @@ machinery it reads with:
 
 Every failure is a :class:`mlxd.errors.ConfigError` whose message is one line
 starting with the key path: ``models[2].estimated_memory_gb: must be a
-positive number (got -1)``. Only the first error is reported.
+positive number (got -1)``. A :class:`Source` made with ``problems=[]``
+collects instead of stopping: each reader that meets a bad value records its
+error and goes on with the key's default, and a mapping with unknown keys
+records one error per key and reads the rest, so one run reports every mistake
+(:class:`mlxd.config.rules.Parser` raises them together at the end).
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import os
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 
@@ -81,6 +86,16 @@ class Source:
     lines: Mapping[str, int] = field(default_factory=dict)
     #: relative local paths are resolved against this directory
     base_dir: Path = field(default_factory=Path.cwd)
+    #: None: the first error raises; a list: errors are collected here and reading goes on
+    problems: list[ConfigError] | None = None
+
+    def recorded(self, error: ConfigError) -> bool:
+        """Keep ``error`` if this source collects (True), else tell the caller to raise it."""
+        if self.problems is None:
+            return False
+        if all(p.message != error.message for p in self.problems):
+            self.problems.append(error)
+        return True
 
     def line_of(self, where: str) -> int | None:
         """The line of ``where``, or of its nearest ancestor that has one."""
@@ -176,12 +191,40 @@ def _collect_lines(
             _collect_lines(item, path, out, source, visited, depth + 1)
 
 
+def _recovering(fallback: Callable[..., object]) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """A :class:`Table` reader that, on a collecting source, records its error and returns
+    ``fallback(*args, **kwargs)`` (the key's default) instead of raising."""
+
+    def wrap(reader: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(reader)
+        def read(self: Table, *args: Any, **kwargs: Any) -> T:
+            try:
+                return reader(self, *args, **kwargs)
+            except ConfigError as e:
+                if not self.source.recorded(e):
+                    raise
+                return fallback(*args, **kwargs)  # type: ignore[return-value]
+
+        return read
+
+    return wrap
+
+
+def _default(_key: str, default: object, *_a: object, **_k: object) -> object:
+    return default
+
+
+def _none(*_a: object, **_k: object) -> None:
+    return None
+
+
 class Table:
     """One mapping of the config, read key by key with strict types.
 
     Construction rejects a non-mapping, non-string keys and unknown keys (with a
-    ``did you mean`` hint). Each reader returns the default when the key is
-    absent; ``null`` is accepted only where a reader says ``nullable``.
+    ``did you mean`` hint; on a collecting source each is recorded and the other
+    keys are read). Each reader returns the default when the key is absent;
+    ``null`` is accepted only where a reader says ``nullable``.
     """
 
     def __init__(
@@ -195,16 +238,22 @@ class Table:
     ) -> None:
         if not isinstance(raw, dict):
             raise source.error(where, f"must be {what} (got {show(raw)})")
-        for key in raw:
+        kept: dict[str, object] = {}
+        for key, value in raw.items():
             if not isinstance(key, str):
-                raise source.error(where, f"keys must be strings (got {show(key)})")
-            if key not in known:
+                error = source.error(where, f"keys must be strings (got {show(key)})")
+            elif key not in known:
                 hint = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
                 suffix = f" (did you mean '{hint[0]}'?)" if hint else ""
-                raise source.error(join(where, key), f"unknown key{suffix}")
+                error = source.error(join(where, key), f"unknown key{suffix}")
+            else:
+                kept[key] = value
+                continue
+            if not source.recorded(error):
+                raise error
         self.source = source
         self.where = where
-        self.raw: dict[str, object] = raw
+        self.raw: dict[str, object] = kept
 
     def path(self, key: str) -> str:
         return join(self.where, key)
@@ -219,7 +268,12 @@ class Table:
     def table(self, key: str, known: Collection[str]) -> Table:
         """The mapping under ``key`` (absent or null: an empty one)."""
         value = self.raw.get(key)
-        return Table(self.source, self.path(key), {} if value is None else value, known)
+        try:
+            return Table(self.source, self.path(key), {} if value is None else value, known)
+        except ConfigError as e:
+            if not self.source.recorded(e):
+                raise
+            return Table(self.source, self.path(key), {}, known)
 
     def _get(self, key: str, default: T, nullable: bool, kind: str) -> object:
         if key not in self.raw:
@@ -229,18 +283,21 @@ class Table:
             raise self.error(key, f"must be {kind} (got null)")
         return value
 
+    @_recovering(_default)
     def boolean(self, key: str, default: bool) -> bool:
         value = self._get(key, default, False, "true or false")
         if not isinstance(value, bool):
             raise self.error(key, f"must be true or false (got {show(value)})")
         return value
 
+    @_recovering(_none)
     def optional_boolean(self, key: str) -> bool | None:
         value = self._get(key, None, True, "true or false")
         if value is not None and not isinstance(value, bool):
             raise self.error(key, f"must be true or false (got {show(value)})")
         return value
 
+    @_recovering(_default)
     def string(
         self,
         key: str,
@@ -251,6 +308,7 @@ class Table:
         value = self._get(key, default, False, "a string")
         return self._check_string(key, value, choices)
 
+    @_recovering(_none)
     def optional_string(self, key: str, *, choices: Collection[str] | None = None) -> str | None:
         value = self._get(key, None, True, "a string")
         return None if value is None else self._check_string(key, value, choices)
@@ -267,6 +325,7 @@ class Table:
             raise self.error(key, "must not be empty")
         return value
 
+    @_recovering(_default)
     def number(
         self,
         key: str,
@@ -279,6 +338,7 @@ class Table:
         value = self._get(key, default, False, "a number")
         return check_number(self.source, self.path(key), value, positive=positive, at_most=at_most)
 
+    @_recovering(_none)
     def optional_number(
         self,
         key: str,
@@ -291,16 +351,19 @@ class Table:
             return None
         return check_number(self.source, self.path(key), value, positive=positive, at_most=at_most)
 
+    @_recovering(_default)
     def integer(self, key: str, default: int, *, minimum: int, maximum: int | None = None) -> int:
         value = self._get(key, default, False, "an integer")
         return check_integer(self.source, self.path(key), value, minimum=minimum, maximum=maximum)
 
+    @_recovering(_none)
     def optional_integer(self, key: str, *, minimum: int) -> int | None:
         value = self._get(key, None, True, "an integer")
         if value is None:
             return None
         return check_integer(self.source, self.path(key), value, minimum=minimum)
 
+    @_recovering(lambda *_a, **_k: ())
     def int_list(self, key: str, *, minimum: int) -> tuple[int, ...]:
         """A list of integers (absent or null: empty)."""
         value = self.raw.get(key)

@@ -1,8 +1,10 @@
 """The rules of each config section: what :func:`mlxd.config.load_config` checks.
 
 One :class:`Parser` reads one config top-down (server, journal, manager, then
-each model) and stops at the first error, a :class:`mlxd.errors.ConfigError`
-naming the key path. Along the way it collects warnings (one line each) for
+each model) and reports every error it finds in one :class:`mlxd.errors.ConfigError`
+(one line per error, each naming its key path and line): a bad value is recorded
+and its key's default read on, and a section or model entry that cannot be read
+further is recorded and left out, so a user fixes all of them after one run. Along the way it collects warnings (one line each) for
 keys that are accepted but have no effect: the vllm-mlx engine keys, a
 ``preempt_after_s`` that the strategy never uses, an ``image_dir`` on a text
 model. The typed readers it uses are in :mod:`mlxd.config.readers`.
@@ -10,11 +12,12 @@ model. The typed readers it uses are in :mod:`mlxd.config.readers`.
 
 from __future__ import annotations
 
+import functools
 import os
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 from mlxd.config import distributed as distributed_rules
 from mlxd.config.keys import parse_keys
@@ -43,6 +46,7 @@ from mlxd.config.readers import (
     parse_memory_size,
     show,
 )
+from mlxd.errors import ConfigError
 from mlxd.residency.policy import (
     EVICTIONS,
     STRATEGIES,
@@ -52,6 +56,8 @@ from mlxd.residency.policy import (
     Strategy,
 )
 from mlxd.units import GIB
+
+T = TypeVar("T")
 
 TOP_KEYS = ("server", "journal", "manager", "models")
 SERVER_KEYS = ("host", "port", "api_key_env", "shutdown_grace_s", "max_body_mb", "keys")
@@ -132,11 +138,12 @@ _ENGINE_KEY_NOTES = {
 
 _SERVER = ServerConfig()
 _JOURNAL = JournalConfig()
+_MANAGER = ManagerConfig()
 _FAKE = FakeSettings()
 
 
 class Parser:
-    """Reads one config, section by section, stopping at the first error."""
+    """Reads one config, section by section, collecting every error (see the module)."""
 
     def __init__(self, source: Source, measured: Measured, *, missing_ok: bool = False) -> None:
         self.source = source
@@ -153,14 +160,16 @@ class Parser:
             what="a mapping with the sections server, journal, manager, models",
         )
         if not top.has("models"):
-            raise self.source.error("models", "required: a list of models")
-        server = self._server(top.table("server", SERVER_KEYS))
-        journal = self._journal(top.table("journal", JOURNAL_KEYS))
-        manager = self._manager(top.table("manager", MANAGER_KEYS))
+            self._record(self.source.error("models", "required: a list of models"))
+        server = self._part(lambda: self._server(top.table("server", SERVER_KEYS)), _SERVER)
+        journal = self._part(lambda: self._journal(top.table("journal", JOURNAL_KEYS)), _JOURNAL)
+        manager = self._part(lambda: self._manager(top.table("manager", MANAGER_KEYS)), _MANAGER)
         measured = self.measured_arg
         if callable(measured):
             measured = measured(journal)
-        models = self._models(top, measured)
+        no_models: tuple[ModelConfig, ...] = ()
+        models = self._part(lambda: self._models(top, measured), no_models) if top.has("models") else no_models
+        self._raise_collected()
         return Config(
             server=server,
             journal=journal,
@@ -169,6 +178,32 @@ class Parser:
             path=path,
             warnings=tuple(self.warnings),
             measured=dict(measured),
+        )
+
+    # -- collecting errors ----------------------------------------------------------------
+
+    def _record(self, error: ConfigError) -> None:
+        if not self.source.recorded(error):
+            raise error
+
+    def _part(self, read: Callable[[], T], fallback: T) -> T:
+        """``read()``; on an error it could not read past, record it and use ``fallback``."""
+        try:
+            return read()
+        except ConfigError as e:
+            self._record(e)
+            return fallback
+
+    def _raise_collected(self) -> None:
+        """Raise every recorded error at once: one line each, in the file's order."""
+        problems = self.source.problems or []
+        if not problems:
+            return
+        if len(problems) == 1:
+            raise problems[0]
+        lines = [p.message for p in problems]
+        raise ConfigError(
+            f"{len(lines)} errors:\n" + "\n".join(lines), param=problems[0].param
         )
 
     # -- sections -------------------------------------------------------------------------
@@ -260,7 +295,11 @@ class Parser:
         if not raw:
             raise top.error("models", "must list at least one model")
         seen: dict[str, int] = {}
-        return tuple(self._model(i, item, seen, measured) for i, item in enumerate(raw))
+        read = [
+            self._part(functools.partial(self._model, i, item, seen, measured), None)
+            for i, item in enumerate(raw)
+        ]
+        return tuple(model for model in read if model is not None)
 
     # -- one model ------------------------------------------------------------------------
 
