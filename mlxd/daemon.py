@@ -24,6 +24,7 @@ earlier row committed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -124,7 +125,13 @@ class Daemon:
         try:
             sockets = listen(hypercorn_config(self.config.server))
         except OSError as e:  # a port in use: before the journal is touched
-            raise MlxdError(f"cannot serve: {e}") from None
+            server = self.config.server
+            if e.errno == errno.EADDRINUSE:
+                raise MlxdError(
+                    f"cannot serve: {server.host}:{server.port} is already in use (another mlxd, "
+                    "or another server); stop it, or choose another port with --port or server.port"
+                ) from None
+            raise MlxdError(f"cannot serve on {server.host}:{server.port}: {e}") from None
         try:
             async with trio.open_nursery() as root:
                 clean = await self._run(root, sockets, task_status)

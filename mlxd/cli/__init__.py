@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -177,6 +178,9 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # mlxd runs models on MLX, never on PyTorch: transformers' import-time advice that
+    # "PyTorch was not found" is noise to its users (it printed on `demo-model --embedding`)
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     if argv is None and args.command == "serve":

@@ -73,6 +73,8 @@ class Target:
     url: str
     api_key: str | None
     timeout: float
+    #: where the key comes from, for a 401's hint: "--api-key" or the variable's name
+    key_source: str = "MLXD_API_KEY"
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -113,7 +115,7 @@ def target_of(args: argparse.Namespace) -> Target:
     api_key = checked_api_key(args.api_key or os.environ.get(server.api_key_env) or None, source)
     if args.timeout is not None and args.timeout <= 0:
         raise ConfigError(f"--timeout: must be a positive number of seconds (got {args.timeout})")
-    return Target(url, api_key, args.timeout or 600.0)
+    return Target(url, api_key, args.timeout or 600.0, source)
 
 
 def _reason(exc: BaseException) -> str:
@@ -126,8 +128,11 @@ def _unreachable(url: str, exc: BaseException) -> DaemonUnreachable:
     return DaemonUnreachable(f"{url}: {reason}{hint}")
 
 
-def raise_for_error(resp: httpx.Response) -> None:
-    """Turn an error reply (OpenAI envelope or not) into a one-line :class:`RemoteError`."""
+def raise_for_error(resp: httpx.Response, target: Target | None = None) -> None:
+    """Turn an error reply (OpenAI envelope or not) into a one-line :class:`RemoteError`.
+
+    A 401 says how the CLI sends a key (the daemon's own message speaks HTTP headers).
+    """
     if resp.status_code < 400:
         return
     try:
@@ -137,6 +142,14 @@ def raise_for_error(resp: httpx.Response) -> None:
     except (ValueError, KeyError, TypeError):
         message = f"HTTP {resp.status_code} {resp.reason_phrase}".strip()
         code = resp.status_code
+    if resp.status_code == 401 and target is not None:
+        if target.api_key is None:
+            message = (f"the daemon wants an API key: set ${target.key_source} "
+                       "or pass --api-key")
+        elif target.key_source == "--api-key":
+            message = "the daemon does not know the key given with --api-key"
+        else:
+            message = f"the daemon does not know the key in ${target.key_source}"
     raise RemoteError(f"{message} ({code})")
 
 
@@ -153,7 +166,7 @@ def call(target: Target, method: str, path: str, **kw: Any) -> Any:
         raise RemoteError(f"no reply from {target.url} within {target.timeout:g} s") from None
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as e:
         raise ConfigError(f"--url: {_reason(e)}") from None
-    raise_for_error(resp)
+    raise_for_error(resp, target)
     return resp.json()
 
 
@@ -467,8 +480,12 @@ def cmd_events(args: argparse.Namespace) -> int:
         else:
             print(format_event(seq, payload), flush=True)
 
+    def connected() -> None:  # events may be minutes apart: say at once that it listens
+        print(f"following events of {target.url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+
     try:
-        follow_events(target, last_id, emit, window=min(target.timeout, RECONNECT_WINDOW_S))
+        follow_events(target, last_id, emit, window=min(target.timeout, RECONNECT_WINDOW_S),
+                      on_connect=connected)
     except KeyboardInterrupt:
         return 0
     return 0
@@ -480,8 +497,12 @@ def follow_events(
     emit: Callable[[int | None, dict[str, Any]], None],
     *,
     window: float,
+    on_connect: Callable[[], None] = lambda: None,
 ) -> None:
-    """Print events until interrupted, resuming after drops; raises once reconnecting fails."""
+    """Print events until interrupted, resuming after drops; raises once reconnecting fails.
+
+    ``on_connect`` is called once, when the first stream is open.
+    """
     connected = False
     delay = 0.25
     lost_at: float | None = None
@@ -498,7 +519,9 @@ def follow_events(
                     else:
                         if resp.status_code >= 400:
                             resp.read()
-                            raise_for_error(resp)
+                            raise_for_error(resp, target)
+                        if not connected and lost_at is None:
+                            on_connect()
                         connected, lost_at, delay = True, None, 0.25
                         for msg in parse_sse(resp.iter_lines()):
                             if msg.id is not None:

@@ -114,7 +114,8 @@ def verify(conn: sqlite3.Connection, path: str, as_json: bool) -> int:
         for line in problems:
             print(f"{path}: {line}")
     else:
-        print(f"{path}: sound: {transitions} transitions over {runs} runs, every path legal")
+        print(f"{path}: sound: {transitions} transition{'' if transitions == 1 else 's'} over "
+              f"{runs} run{'' if runs == 1 else 's'}, every path legal")
     return EXIT_FAILURE if problems else EXIT_OK
 
 

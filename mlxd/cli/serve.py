@@ -111,7 +111,7 @@ def cmd_serve(args: argparse.Namespace, *, engines: EngineFactory | None = None)
     try:
         trio.run(daemon.run)
     except BaseExceptionGroup as group:
-        raise _first_cause(group) from None
+        raise _first_cause(group, config.server) from None
     except OSError as e:
         log.error("cannot serve: %s", e)
         return 1
@@ -126,12 +126,12 @@ def _log_blas() -> None:
     (log.warning if warning else log.info)("%s", sentence)
 
 
-def _first_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
+def _first_cause(group: BaseExceptionGroup[BaseException], server: ServerConfig) -> BaseException:
     """The error a user should see from a start-up failure inside the root nursery."""
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
-            return _first_cause(exc)
+            return _first_cause(exc, server)
         if isinstance(exc, OSError):
-            return MlxdError(f"cannot serve: {exc}")
+            return MlxdError(f"cannot serve on {server.host}:{server.port}: {exc}")
         return exc
     return group

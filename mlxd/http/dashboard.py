@@ -1,4 +1,4 @@
-"""The live dashboard at ``/ui``: static HTML, CSS and JavaScript shipped in the package.
+"""The live dashboard at ``/ui`` (``/`` redirects there): static HTML, CSS and JavaScript shipped in the package.
 
 The page is part of the public surface but holds no data of its own: it is fed
 only by the public routes (``/admin/status``, ``/admin/events``,
@@ -53,6 +53,14 @@ def _serve(name: str) -> Response:
     resp.headers["X-Content-Type-Options"] = "nosniff"
     resp.headers["Referrer-Policy"] = "no-referrer"
     resp.headers["Cache-Control"] = "no-cache"
+    return resp
+
+
+@bp.get("/")
+async def root() -> Response:
+    """A person who opens the daemon's address in a browser lands on the dashboard."""
+    resp = Response("", status=302)
+    resp.headers["Location"] = "/ui"
     return resp
 
 

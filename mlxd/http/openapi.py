@@ -528,6 +528,8 @@ def _operations_paths() -> dict[str, Any]:
                 "responses": {"200": _json(_WHOAMI), **_errors(401)},
             }
         },
+        "/": {"get": {"summary": "Redirects to the dashboard (/ui)",
+                      "responses": {"302": {"description": "Location: /ui"}}}},
         "/ui": {"get": {"summary": "The dashboard page (no key needed; its data routes keep "
                         "their auth)", "responses": {"200": _HTML}}},
         "/ui/": {"get": {"summary": "The dashboard page", "responses": {"200": _HTML}}},

@@ -226,3 +226,24 @@ def test_the_budget_bar_splits_a_model_by_part(slow_site: Site, page: Any) -> No
     for (_, width), key in zip(segs, ("weights", "kv_cache", "prompt_cache"), strict=True):
         assert width == pytest.approx(100 * memory[key] / budget, abs=0.01)
     slow_site.unload_all()
+
+
+def test_the_timeline_draws_nothing_before_the_daemon_ran(site: Site, page: Any) -> None:
+    """On an hour-long timeline of a daemon started minutes ago, no lane has a span before its start."""
+    _open(site, page)
+    page.wait_for_selector('#timeline .lane[data-model="a"] rect.span')
+    xs = page.eval_on_selector_all("#timeline rect.span", "els => els.map(e => +e.getAttribute('x'))")
+    width = page.eval_on_selector("#timeline svg", "e => e.viewBox.baseVal.width")
+    uptime = site.get("/admin/status")["uptime_s"]
+    assert uptime < 1200  # the hour's left half is before this daemon ran
+    assert xs and min(xs) > width / 2, (xs, width)
+
+
+def test_the_address_alone_leads_to_the_dashboard(site: Site, page: Any) -> None:
+    """Opening the daemon's bare address shows the dashboard, which says it is connecting until its stream is up."""
+    resp = site.raw("/")
+    assert resp.status_code == 302 and resp.headers["location"] == "/ui"
+    assert ">connecting…</span>" in site.raw("/ui").text
+    page.goto(site.url + "/")
+    page.wait_for_selector("#stream:text-is('live')")
+    assert page.url == site.url + "/ui"

@@ -304,10 +304,13 @@
     for (const l of leases) view.leases.set(l.id, { model: l.model, acquired_at: l.acquired_at });
   }
 
-  function spansOf(model, rows, t0, t1, current) {
+  // The lanes draw only what the journal knows: from the start of this run (now - uptime), or
+  // from the window's first transition when it is older (an earlier run's); before that, nothing
+  // (the daemon may not have been running: that time is not "unloaded").
+  function spansOf(model, rows, t0, t1, current, runStart) {
     const spans = [];
     let state = rows.length ? rows[0].from_state : current;
-    let start = t0;
+    let start = Math.max(t0, rows.length ? Math.min(rows[0].at, runStart) : runStart);
     for (const r of rows) {
       const at = Math.max(t0, r.at);
       if (at > start) spans.push({ state, from: start, to: at });
@@ -347,7 +350,7 @@
       const y = 18 + i * laneH;
       const lane = svg("g", { "data-model": name, class: "lane" });
       lane.append(svg("text", { class: "lane-label", x: 0, y: y + LANE_H * 0.68 }, name));
-      for (const s of spansOf(name, byModel.get(name), t0, t1, status.models[name].state)) {
+      for (const s of spansOf(name, byModel.get(name), t0, t1, status.models[name].state, t1 - status.uptime_s)) {
         const rect = svg("rect", { class: "span " + s.state, "data-state": s.state, x: x(s.from), y,
           width: Math.max(0.5, x(s.to) - x(s.from)), height: LANE_H });
         rect.append(svg("title", {}, `${name}: ${s.state} ${clock(s.from, true)}–${clock(s.to, true)}`));
