@@ -5,23 +5,33 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.serve-installed
 
 .PHONY: serve test stress venv lint typecheck clean blas
 
-$(STAMP): pyproject.toml
+# What serving needs, and nothing of the test toolchain, with pip's progress shown: mlxd and
+# its runtime extras. The image and embedding extras (mlx-vlm, mlx-embeddings) are tried on
+# their own: if they cannot install here, text models still serve and one line says so.
+$(SERVE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	# The vision extra (mlx-vlm) and the embeddings extra (mlx-embeddings, which rides on it)
-	# are part of the suite: if they do not install, this fails, unless MLXD_SKIP_VISION=1
-	# (then mlxd installs without them and the vision and embedding tests skip).
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e .
+	$(BIN)/pip install -e '.[vlm,embeddings]' || \
+	  echo "mlxd: mlx-vlm/mlx-embeddings did not install: text models serve; image (mllm: true) and embedding models will not load"
+	# byte-compile mlxd as installing a wheel would (an editable install does not, and with
+	# PYTHONDONTWRITEBYTECODE set every start recompiled it: ~0.3 s of the daemon's cold start)
+	$(BIN)/python -m compileall -q mlxd
+	touch $(SERVE_STAMP)
+
+# The tests need the test toolchain too. The vision extra (mlx-vlm) and the embeddings extra
+# (mlx-embeddings, which rides on it) are part of the suite: if they do not install, this
+# fails, unless MLXD_SKIP_VISION=1 (then the vision and embedding tests skip, saying why).
+$(STAMP): $(SERVE_STAMP)
 	if [ "$$MLXD_SKIP_VISION" = 1 ]; then \
 	  $(BIN)/pip install --quiet -e '.[test,vlm,embeddings]' || $(BIN)/pip install --quiet -e '.[test]'; \
 	else \
 	  $(BIN)/pip install --quiet -e '.[test,vlm,embeddings]'; \
 	fi
-	# byte-compile mlxd as installing a wheel would (an editable install does not, and with
-	# PYTHONDONTWRITEBYTECODE set every start recompiled it: ~0.3 s of the daemon's cold start)
-	$(BIN)/python -m compileall -q mlxd
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -43,7 +53,7 @@ blas:
 # The tests run MLX in the test process too: preload the fast BLAS there (when present).
 FAST_BLAS = $$(ls /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3 2>/dev/null | head -n 1)
 
-serve: $(STAMP) blas
+serve: $(SERVE_STAMP) blas
 	$(BIN)/mlxd serve
 
 test: lint blas
