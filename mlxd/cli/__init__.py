@@ -29,7 +29,7 @@ __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "DaemonU
 def _add_url(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
-        help="daemon base URL (default: from --config, else http://127.0.0.1:8080)",
+        help="daemon base URL (default: from --config, else $MLXD_URL, else http://127.0.0.1:8080)",
     )
     p.add_argument("--config", help="config file to read the daemon's host and port from")
     p.add_argument(

@@ -4,8 +4,8 @@ Each command talks to a running daemon over HTTP with a synchronous ``httpx``
 client. Where it goes:
 
 - base URL: ``--url``, else ``http://<server.host>:<server.port>`` of
-  ``--config`` (a wildcard bind address becomes loopback), else
-  ``http://127.0.0.1:8080``;
+  ``--config`` (a wildcard bind address becomes loopback), else ``$MLXD_URL``,
+  else ``http://127.0.0.1:8080``;
 - API key: ``--api-key``, else the variable named by the config's
   ``server.api_key_env`` (``MLXD_API_KEY``), sent as ``Authorization: Bearer``.
 
@@ -50,6 +50,8 @@ from mlxd.errors import ConfigError, MlxdError
 from mlxd.units import format_bytes
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+#: the daemon's URL when neither --url nor --config says it (one daemon on another port)
+URL_ENV = "MLXD_URL"
 #: the daemon sends a keepalive comment every 15 s; three missed ones mean the stream is dead
 EVENTS_READ_TIMEOUT_S = 45.0
 #: reconnect delays after a dropped event stream: 0.25 s doubling up to this
@@ -110,7 +112,7 @@ def target_of(args: argparse.Namespace) -> Target:
     elif args.config:
         url = f"http://{_url_host(server.host)}:{server.port}"
     else:
-        url = DEFAULT_URL
+        url = _normalize_url(os.environ.get(URL_ENV) or DEFAULT_URL)
     source = "--api-key" if args.api_key else server.api_key_env
     api_key = checked_api_key(args.api_key or os.environ.get(server.api_key_env) or None, source)
     if args.timeout is not None and args.timeout <= 0:
