@@ -106,8 +106,13 @@ async def create_response() -> Any:
     stored = store()
     renderer = ResponsesRenderer(parsed)
     renderer.on_done = lambda response: stored.save(parsed.items, response, renderer.created_at)
-    return await generation.run(parsed.model, gen, renderer, stream=parsed.stream,
-                                prefs=parsed.preferences)
+    try:
+        return await generation.run(parsed.model, gen, renderer, stream=parsed.stream,
+                                    prefs=parsed.preferences)
+    except InvalidRequest as e:  # the engine's checks name the chat field of a grammar
+        if e.param == "response_format":
+            e.param, e.message = "text.format", e.message.replace("response_format", "text.format")
+        raise
 
 
 @bp.get("/v1/responses/<path:response_id>")

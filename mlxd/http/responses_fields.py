@@ -269,9 +269,10 @@ def _allowed_tools(v: dict[str, Any], tools: tuple[Tool, ...]) -> tuple[ToolChoi
 
 
 def _refused(body: dict[str, Any]) -> None:
-    if body.get("background") is True:
+    background = body.get("background")
+    if background is True:
         raise bad("background", "background responses are not supported: stream, or wait for the answer")
-    if body.get("background") not in (None, False):
+    if background is not None and background is not False:
         raise bad("background", "must be a boolean")
     for key, what in (("prompt", "stored prompts are not supported"),
                       ("conversation", "conversations are not supported: use previous_response_id")):
@@ -297,7 +298,9 @@ def parse_responses(
     items = input_items(body["input"], allow_images=allow_images)
     instructions = _string(body, "instructions")
     top_p = _number(body, "top_p", 1.0, 1.0)
-    temperature = 0.0 if top_p == 0.0 else _number(body, "temperature", 2.0, 1.0)
+    temperature = _number(body, "temperature", 2.0, 1.0)
+    if top_p == 0.0:
+        temperature = 0.0  # the nucleus holds only the most likely token: greedy
     max_output = _int(body, "max_output_tokens", 1, MAX_TOKENS_LIMIT)
     seed = _int(body, "seed", -(2**63), 2**64 - 1)
     tools, tools_echo = _tools(body)
