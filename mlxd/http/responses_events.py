@@ -140,17 +140,25 @@ class ResponsesRenderer:
                 self._event("response.content_part.added", item_id=item_id, output_index=index,
                             content_index=0, part=part)]
 
-    def _close_message(self, status: str = "completed") -> list[bytes]:
+    def _take_message(self, status: str) -> dict[str, Any] | None:
+        """The message being streamed, finished with ``status`` and added to the output."""
         if self._open is None:
-            return []
+            return None
         item_id, text, logprobs = self._open
         self._open = None
-        index = len(self._items)
         part = {"type": "output_text", "text": "".join(text), "annotations": [], "logprobs": logprobs}
         item = {"id": item_id, "type": "message", "status": status, "role": "assistant",
                 "content": [part]}
         self._items.append(item)
-        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        return item
+
+    def _close_message(self, status: str = "completed") -> list[bytes]:
+        item = self._take_message(status)
+        if item is None:
+            return []
+        part, index = item["content"][0], len(self._items) - 1
+        logprobs = part["logprobs"]
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
         return [self._event("response.output_text.done", **where, text=part["text"], logprobs=logprobs),
                 self._event("response.content_part.done", **where, part=part),
                 self._event("response.output_item.done", output_index=index, item=item)]
@@ -191,7 +199,7 @@ class ResponsesRenderer:
         return [*out, self._event(f"response.{response['status']}", response=response)]
 
     def error(self, err: MlxdError) -> bytes:
-        self._close_message("incomplete")
+        self._take_message("incomplete")  # in the failed response's output, with no events of its own
         failed = self.response("failed", list(self._items),
                                error={"code": err.code, "message": err.message})
         return self._event("response.failed", response=failed)
