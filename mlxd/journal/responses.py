@@ -130,6 +130,8 @@ def read_chain(
     depth, prev, size = rows[0][0], rows[0][1], rows[0][2]  # the oldest reached
     cut = prev is not None and (depth >= max_depth or size > max_chars)
     missing = prev if prev is not None and not cut else None
+    if cut or missing is not None:
+        return Chain((), missing=missing, cut=cut)  # refused: nothing to parse
     turns = tuple(
         (list(json.loads(items)), list(json.loads(response).get("output", [])))
         for _, _, _, items, response in rows
