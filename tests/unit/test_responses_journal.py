@@ -93,6 +93,10 @@ def test_the_chain_is_read_oldest_first_and_bounded(tmp_path: Path) -> None:
     texts = [(given[0]["content"][0]["text"], out[0]["content"][0]["text"]) for given, out in chain.turns]
     assert texts == [(f"q{i}", f"a{i}") for i in range(50)]
     assert read_chain(conn, "resp_nope", max_depth=100, max_chars=10**9) is None
+    doc = (Path(__file__).parents[2] / "docs" / "journal.md").read_text()
+    query = doc[doc.index("`WITH RECURSIVE") + 1:doc.index("FROM c;`") + 6].replace("\n", " ")
+    walked = conn.execute(query.replace("'resp_...'", "'resp_49'")).fetchall()
+    assert [r[0] for r in walked] == [f"resp_{i}" for i in range(49, -1, -1)]  # docs/journal.md
     cut = read_chain(conn, "resp_49", max_depth=10, max_chars=10**9)
     assert cut is not None and cut.cut
     small = read_chain(conn, "resp_49", max_depth=100, max_chars=1000)
