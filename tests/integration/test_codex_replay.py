@@ -131,11 +131,10 @@ def check_pair(whole: dict[str, Any], completed: dict[str, Any]) -> None:
     for item in whole["output"]:
         check_response_item(item)
     check_usage(whole["usage"])
-    # the same prompt and seed: the same answer, and the stream's prompt came from the cache
+    # the same prompt and seed: the same answer
     assert [o["content"][0]["text"] for o in whole["output"] if o["type"] == "message"] == [
         o["content"][0]["text"] for o in completed["output"] if o["type"] == "message"]
     assert completed["usage"]["input_tokens"] == whole["usage"]["input_tokens"]
-    assert completed["usage"]["input_tokens_details"]["cached_tokens"] > 0
     # the built-in web_search and the namespace tool were left out; the function tools offered
     assert {t["name"] for t in completed["tools"]} == {
         t["name"] for t in recorded()["tools"] if t["type"] == "function"}
@@ -148,6 +147,9 @@ async def test_codex_first_request_is_served_whole_and_streamed(demo_config: Con
     with trio.fail_after(300):
         whole, completed = await replay(demo_config, tmp_path, body)
     check_pair(whole, completed)
+    # the stream's prompt came from the prompt cache the whole request filled (the verbatim
+    # prompt is larger than the demo model's prompt_cache_gb holds)
+    assert completed["usage"]["input_tokens_details"]["cached_tokens"] > 0
 
 
 @pytest.mark.stress
