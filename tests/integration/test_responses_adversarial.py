@@ -181,3 +181,32 @@ async def test_wrong_types_in_stored_ids_and_routes_are_4xx(tmp_path: Path) -> N
         assert 400 <= r.status_code < 500, r.text
         assert isinstance(c, httpx.AsyncClient)
         await assert_no_lease(s)
+
+
+async def test_the_routes_need_the_inference_scope_and_journal_the_key(tmp_path: Path) -> None:
+    """POST, GET and DELETE /v1/responses need a key with the inference scope (401 without one, 403 with another scope); the lease row names the key; metrics count the route and its generation."""
+    from mlxd.config.keys import ResolvedKey
+
+    keys = [ResolvedKey("laptop", "k-inference", frozenset({"inference"})),
+            ResolvedKey("ops", "k-read", frozenset({"read", "admin"}))]
+    async with serving(cfg(tmp_path), tmp_path, keys=keys) as s, s.client() as c:
+        good = {"Authorization": "Bearer k-inference"}
+        r = await c.post(RESPONSES, json=body(), headers=good)
+        assert r.status_code == 200, r.text
+        rid = r.json()["id"]
+        for method, path, payload in (("POST", RESPONSES, body()), ("GET", f"{RESPONSES}/{rid}", None),
+                                      ("DELETE", f"{RESPONSES}/{rid}", None)):
+            assert (await c.request(method, path, json=payload)).status_code == 401
+            wrong = await c.request(method, path, json=payload, headers={"Authorization": "Bearer k-read"})
+            assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "insufficient_scope"
+        assert (await c.get(f"{RESPONSES}/{rid}", headers=good)).status_code == 200
+        metrics = (await c.get("/metrics", headers={"Authorization": "Bearer k-read"})).text
+        assert 'mlxd_http_requests_total{route="/v1/responses",status="200"} 1.0' in metrics
+        assert 'mlxd_time_to_first_token_seconds_count{model="b"} 1.0' in metrics
+        await s.journal.wait_committed()
+        con = sqlite3.connect(s.journal.path)
+        try:
+            assert con.execute("SELECT route, client FROM leases").fetchall() == [("/v1/responses", "laptop")]
+        finally:
+            con.close()
+        await assert_no_lease(s)
