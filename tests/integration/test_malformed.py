@@ -39,8 +39,6 @@ from tests.integration.malformed_clients import (
     MISSING,
     MODEL,
     RESPONSES,
-    RESPONSES_BODY,
-    RESPONSES_MUTATIONS,
 )
 from tests.support.daemon import Served, serving
 
@@ -194,18 +192,6 @@ def field_cases() -> Iterator[Bad]:
         for value in values:
             yield Bad(f"messages {field}={short(value)}", "POST", MESSAGES,
                       dumps(mutate(MESSAGES_BODY, field, value)), status=400, param=field)
-    for field, values in RESPONSES_MUTATIONS.items():
-        for value in values:
-            code = "response_not_found" if value == "resp_missing" else None
-            yield Bad(f"responses {field}={short(value)}", "POST", RESPONSES,
-                      dumps(mutate(RESPONSES_BODY, field, value)), status=404 if code else 400,
-                      code=code, param=field)
-    for method, path in (("GET", RESPONSES + "/resp_nope"), ("DELETE", RESPONSES + "/resp_nope"),
-                         ("GET", RESPONSES + "/" + "r" * 3000), ("DELETE", RESPONSES + "/%00")):
-        yield Bad(f"{method} {path[:40]}", method, path, None, status=404,
-                  code="response_not_found", param="response_id")
-    yield Bad("responses unknown model", "POST", RESPONSES, dumps({**RESPONSES_BODY, "model": UNKNOWN}),
-              status=404, code="model_not_found", param="model")
     for field, values in EMBEDDINGS_MUTATIONS.items():
         for value in values:
             yield Bad(f"embeddings {field}={short(value)}", "POST", EMBEDDINGS,
@@ -602,37 +588,3 @@ async def test_random_json_in_any_field_is_a_4xx_naming_that_field(
     assert len(seen) >= min(examples, 100)
     assert 400 in seen and 404 in seen
 
-
-RESPONSES_FIELDS = sorted(RESPONSES_MUTATIONS)
-
-
-async def test_random_json_in_any_responses_field_is_a_4xx_naming_that_field(
-    tmp_path: Path, stress: bool
-) -> None:
-    """Random JSON in any field of a /v1/responses body is a 400 naming that field or a 404 for the model, and no lease is left."""
-    examples = 2000 if stress else 200
-    seen: list[int] = []
-    async with serving(config(tmp_path), tmp_path, max_body_mb=MAX_BODY_MB) as served, \
-            served.client() as client:
-
-        @settings(max_examples=examples, deadline=None, database=None,
-                  suppress_health_check=[HealthCheck.too_slow])
-        @given(data=st.data())
-        def check(data: st.DataObject) -> None:
-            field = data.draw(st.sampled_from(RESPONSES_FIELDS), label="field")
-            value = data.draw(JSON_VALUES, label="value")
-            body = {**RESPONSES_BODY, "model": UNKNOWN, field: value}
-            response = sync_client.post(RESPONSES, content=dumps(body), headers=dict(JSON_CT))
-            seen.append(response.status_code)
-            case = Bad(f"{RESPONSES} {field}={short(value)}", "POST", RESPONSES)
-            check_envelope(case, response.status_code, response.headers, response.text)
-            err = response.json()["error"]
-            if response.status_code == 400:
-                assert err["param"] is not None and err["param"].startswith(field), (field, err)
-            else:
-                assert response.status_code == 404 and err["code"] == "model_not_found", err
-
-        with httpx.Client(base_url=served.url, timeout=30) as sync_client:
-            await trio.to_thread.run_sync(check)
-        await assert_healthy(served, client)
-    assert 400 in seen and 404 in seen
