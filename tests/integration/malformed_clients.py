@@ -93,6 +93,8 @@ RESPONSES_MUTATIONS: dict[str, list[Any]] = {
               [{"type": "function_call", "call_id": "", "name": "f", "arguments": "{}"}],
               [{"type": "function_call", "call_id": "c", "name": "f g", "arguments": "{}"}],
               [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}],
+              [{"type": "function_call", "call_id": "c", "name": "f",
+                "arguments": "[" * 100_000 + "]" * 100_000}],
               [{"type": "function_call_output", "call_id": "c"}],
               [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image"}]}],
               [{"type": "item_reference", "id": "msg_1"}], [{"type": "message"}],

@@ -150,6 +150,8 @@ MESSAGE_MUTATIONS: list[tuple[Any, str]] = [
     ([{"role": "assistant", "tool_calls": 1}], "messages[0].tool_calls"),
     ([{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{"}}]}],
      "messages[0].tool_calls[0].function.arguments"),
+    ([{"role": "assistant", "tool_calls": [{"id": "c", "function": {
+        "name": "f", "arguments": "[" * 100_000 + "]" * 100_000}}]}], "messages[0].tool_calls[0].function.arguments"),
     ([{"role": "assistant", "tool_calls": [{"id": "", "function": {"name": "f", "arguments": "{}"}}]}],
      "messages[0].tool_calls[0].id"),
     ([{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}],
