@@ -265,7 +265,8 @@ def _allowed_tools(v: dict[str, Any], tools: tuple[Tool, ...]) -> tuple[ToolChoi
     allowed = tuple(t for t in tools if t.name in names)
     if mode == "required" and not allowed:
         raise bad("tool_choice.tools", "mode 'required' needs at least one declared function tool")
-    return mode, None, allowed, {"type": "allowed_tools", "mode": mode, "tools": listed}
+    echoed = [{"type": "function", "name": name} for name in names]  # never the client's raw objects
+    return mode, None, allowed, {"type": "allowed_tools", "mode": mode, "tools": echoed}
 
 
 def _refused(body: dict[str, Any]) -> None:
