@@ -113,6 +113,18 @@ class ModelNotFound(NotFound):
         self.model = model
 
 
+class ResponseNotFound(NotFound):
+    """A stored response (``/v1/responses/{id}``, ``previous_response_id``) that is not there:
+    never stored, ``store: false``, deleted, or pruned by the journal's retention."""
+
+    code = "response_not_found"
+
+    def __init__(self, response_id: str, *, param: str | None = None, why: str = "") -> None:
+        shown = response_id if len(response_id) <= 80 else response_id[:80] + "..."
+        super().__init__(f"Response with id '{shown}' not found{why}", param=param)
+        self.response_id = response_id
+
+
 class MethodNotAllowed(MlxdError):
     http_status = 405
     type = "invalid_request_error"

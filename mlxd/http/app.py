@@ -37,6 +37,7 @@ from mlxd.http import (
     dashboard,
     embeddings_api,
     openai_api,
+    responses_api,
 )
 from mlxd.http.access_log import AccessLog
 from mlxd.http.anthropic_api import is_anthropic_route
@@ -86,6 +87,7 @@ def create_app(app_state: AppState) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     app.register_blueprint(openai_api.bp)
     app.register_blueprint(anthropic_api.bp)
+    app.register_blueprint(responses_api.bp)
     app.register_blueprint(embeddings_api.bp)
     app.register_blueprint(admin_api.bp)
     app.register_blueprint(dashboard.bp)

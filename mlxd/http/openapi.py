@@ -35,6 +35,7 @@ from mlxd.http.openapi_clients import (
     TEXT_LOGPROBS,
 )
 from mlxd.http.openapi_embeddings import embeddings_path
+from mlxd.http.openapi_responses import responses_paths, responses_request
 from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
 from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT
 from mlxd.residency.plan import ACTIONS
@@ -569,6 +570,8 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
         "paths": {
             **_openai_paths(config, model_id),
             **anthropic_paths(engine_groups(config)),
+            **responses_paths(responses_request(engine_groups(config), _sampling), _errors,
+                              _PREFERENCE_HEADERS, _GUARDED),
             **embeddings_path([m.name for m in (config.models if config else ()) if m.embedding],
                               [m.name for m in (config.models if config else ()) if not m.embedding],
                               _errors(400, 404, 413, 415, 502, *_GUARDED)),

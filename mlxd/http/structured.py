@@ -245,6 +245,8 @@ def arguments_text(v: object, param: str) -> str:
             v = json.loads(v)
         except ValueError:
             raise bad(param, "must be JSON text of an object") from None
+        except RecursionError:
+            raise bad(param, "is nested too deeply") from None
     if not isinstance(v, dict):
         raise bad(param, "must be an object (or JSON text of one)")
     return json.dumps(v)

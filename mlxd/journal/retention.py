@@ -38,6 +38,8 @@ watermark ``retention.pruned_through`` (P), up to C, in journal order:
 * every 32nd slice, ``measurements`` and ``kv_peaks`` older than C's time,
   except each model's latest (the memory estimate reads the measurement,
   ``check-config`` the peak);
+* the stored ``responses`` created before C's time (schema v5: a response
+  goes with the events of its time, :mod:`mlxd.journal.responses`);
 * then ``pruned_through = C`` and the totals.
 
 ``runs`` rows are never pruned (one per start). By age, C stops before the
@@ -80,6 +82,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mlxd.faults import crash_point
+from mlxd.journal.responses import PRUNE_RESPONSES
 from mlxd.units import MIB, format_bytes
 
 #: an older journal up to this size is converted to incremental vacuum when the daemon starts
@@ -155,6 +158,7 @@ class Pruned:
     measurements: int
     kv_peaks: int
     vacuumed_pages: int
+    responses: int = 0
 
 
 # ---- reading the file's state -----------------------------------------------------------------
@@ -227,7 +231,8 @@ ADVANCE = (
     "UPDATE retention SET pruned_through = :c, pruned_at = :now,"
     " events_pruned = events_pruned + :events, transitions_pruned = transitions_pruned + :transitions,"
     " leases_pruned = leases_pruned + :leases, measurements_pruned = measurements_pruned + :measurements,"
-    " kv_peaks_pruned = kv_peaks_pruned + :kv_peaks WHERE id = 1"
+    " kv_peaks_pruned = kv_peaks_pruned + :kv_peaks, responses_pruned = responses_pruned + :responses"
+    " WHERE id = 1"
 )
 
 
@@ -243,10 +248,11 @@ def prune_range(
     events = conn.execute(PRUNE_EVENTS, args).rowcount
     gone = conn.execute(PRUNE_MEASUREMENTS, {"at": c_at}).rowcount if measurements else 0
     peaks = conn.execute(PRUNE_KV_PEAKS, {"at": c_at}).rowcount if measurements else 0
+    stored = conn.execute(PRUNE_RESPONSES, {"at": c_at}).rowcount
     counts = {"events": events, "transitions": transitions, "leases": leases,
-              "measurements": gone, "kv_peaks": peaks}  # fmt: skip
+              "measurements": gone, "kv_peaks": peaks, "responses": stored}  # fmt: skip
     conn.execute(ADVANCE, {**args, "now": now, **counts})
-    return Pruned(c, events, transitions, leases, gone, peaks, 0)
+    return Pruned(c, events, transitions, leases, gone, peaks, 0, stored)
 
 
 class Pruner:

@@ -36,6 +36,8 @@ from json.encoder import (  # type: ignore[attr-defined]
 from typing import Any, NamedTuple
 
 from mlxd.faults import crash_point
+from mlxd.journal import responses
+from mlxd.journal.responses import ResponseDeleted, ResponseStored
 from mlxd.residency.events import (
     KvPeakEvent,
     LeaseAcquired,
@@ -92,12 +94,15 @@ RELEASED = LeaseReleased.kind
 MEASUREMENT = MeasurementEvent.kind
 KV_PEAK = KvPeakEvent.kind
 END = EndRun.kind
+STORED = responses.STORED
+DELETED = responses.DELETED
 
 #: the rows without an ``events`` row (no seq in the file): how to tell that one is written
 #: already, by its ``(model, at)`` (a record replayed after a writer died, see the writer)
 WRITTEN_ALREADY: dict[str, str] = {
     MEASUREMENT: "SELECT 1 FROM measurements WHERE model = ? AND at = ? LIMIT 1",
     KV_PEAK: "SELECT 1 FROM kv_peaks WHERE model = ? AND at = ? LIMIT 1",
+    STORED: responses.STORED_ALREADY,  # by (id, created_at)
 }
 
 #: a wire record: (kind, *fields); enum fields stay enum members (pickle memoizes them)
@@ -106,16 +111,21 @@ Wire = tuple[Any, ...]
 #: per record type: one C-level getter of its kind and all its fields, in order
 ENCODERS: dict[type, Callable[[Any], Wire]] = {
     cls: operator.attrgetter("kind", *(f.name for f in fields(cls)))
-    for cls in (TransitionEvent, LeaseAcquired, LeaseReleased, MeasurementEvent, KvPeakEvent, EndRun)
+    for cls in (TransitionEvent, LeaseAcquired, LeaseReleased, MeasurementEvent, KvPeakEvent, EndRun,
+                ResponseStored, ResponseDeleted)
 }
 
 
-def encode(event: ManagerEvent | EndRun) -> Wire:
+#: a record the journal writes: a manager event, the end of a run, a stored response's change
+Record = ManagerEvent | EndRun | ResponseStored | ResponseDeleted
+
+
+def encode(event: Record) -> Wire:
     """The wire record of ``event`` (raises KeyError for anything else)."""
     return ENCODERS[type(event)](event)
 
 
-def decode(w: Wire) -> ManagerEvent | EndRun:
+def decode(w: Wire) -> Record:
     """The event a wire record stands for: ``decode(encode(e)) == e``."""
     code = w[0]
     if code == TRANSITION:
@@ -130,6 +140,10 @@ def decode(w: Wire) -> ManagerEvent | EndRun:
         return KvPeakEvent(*w[1:])
     if code == END:
         return EndRun(*w[1:])
+    if code == STORED:
+        return ResponseStored(*w[1:])
+    if code == DELETED:
+        return ResponseDeleted(*w[1:])
     raise ValueError(f"not a journal wire record: {w!r}")
 
 
@@ -236,6 +250,10 @@ def prepare(item: Item) -> tuple[Op, ...]:
         return ((INSERT_MEASUREMENT, w[1:5], False), (INSERT_MEASUREMENT_WEIGHTS, _weights_row(w), False))
     if code == KV_PEAK:
         return ((INSERT_KV_PEAK, _kv_peak_row(run_id, w), False),)
+    if code == STORED:
+        return ((responses.INSERT_RESPONSE, responses.stored_row(run_id, w), False),)
+    if code == DELETED:
+        return ((responses.DELETE_RESPONSE, responses.deleted_row(w), False),)
     event_op: Op = (INSERT_EVENT, event_row(seq, run_id, w), False)
     if code == TRANSITION:
         return (event_op, (INSERT_TRANSITION, _transition_row(seq, run_id, w), False))
@@ -262,6 +280,7 @@ def plan(items: list[Item]) -> Plan:
     weights: list[tuple[Any, ...]] = []
     kv_peaks: list[tuple[Any, ...]] = []
     ends: list[tuple[Any, ...]] = []
+    stored: list[tuple[Any, ...]] = []
     for seq, run_id, w in items:
         code = w[0]
         if code == ACQUIRED:
@@ -287,6 +306,11 @@ def plan(items: list[Item]) -> Plan:
         elif code == END:
             ends.append((w[1], 1 if w[2] else 0, run_id))
             continue
+        elif code == STORED:
+            stored.append(responses.stored_row(run_id, w))
+            continue
+        elif code == DELETED:  # rare (a DELETE request), and may change no row: record by record
+            raise Rejected("a stored response's deletion is written record by record")
         else:
             raise Rejected(f"not a journal wire record: {w!r}")
         events.append(event_row(seq, run_id, w))
@@ -297,6 +321,7 @@ def plan(items: list[Item]) -> Plan:
         (INSERT_MEASUREMENT, measurements),
         (INSERT_MEASUREMENT_WEIGHTS, weights),
         (INSERT_KV_PEAK, kv_peaks),
+        (responses.INSERT_RESPONSE, stored),
     ]
     updates = [(RELEASE_LEASE, releases), (END_RUN, ends)]
     return Plan(

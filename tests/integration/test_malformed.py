@@ -38,6 +38,7 @@ from tests.integration.malformed_clients import (
     MESSAGES_MUTATIONS,
     MISSING,
     MODEL,
+    RESPONSES,
 )
 from tests.support.daemon import Served, serving
 
@@ -149,6 +150,8 @@ MESSAGE_MUTATIONS: list[tuple[Any, str]] = [
     ([{"role": "assistant", "tool_calls": 1}], "messages[0].tool_calls"),
     ([{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{"}}]}],
      "messages[0].tool_calls[0].function.arguments"),
+    ([{"role": "assistant", "tool_calls": [{"id": "c", "function": {
+        "name": "f", "arguments": "[" * 100_000 + "]" * 100_000}}]}], "messages[0].tool_calls[0].function.arguments"),
     ([{"role": "assistant", "tool_calls": [{"id": "", "function": {"name": "f", "arguments": "{}"}}]}],
      "messages[0].tool_calls[0].id"),
     ([{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}],
@@ -283,7 +286,7 @@ def content_type_cases() -> Iterator[Bad]:
         (("Content-Type", "json"),), (("Content-Type", ""),), (("Content-Type", "application/jsonx"),),
         (("Content-Type", "image/png"),),
     ]
-    for path in GENERATION:
+    for path in (*GENERATION, RESPONSES):
         for headers in types:
             label = headers[0][1] if headers else "none"
             yield Bad(f"{path} content-type {label!r}", "POST", path, body, headers=headers,
@@ -307,6 +310,8 @@ def oversize_cases() -> Iterator[Bad]:
 def method_and_route_cases() -> Iterator[Bad]:
     wrong = [
         (CHAT, ("GET", "PUT", "DELETE", "PATCH")),
+        (RESPONSES, ("GET", "PUT", "DELETE")),
+        (RESPONSES + "/resp_1", ("POST", "PUT", "PATCH")),
         (COMPLETIONS, ("GET", "PUT", "DELETE", "PATCH")),
         (f"/v1/models/{MODEL}", ("POST", "PUT", "DELETE")),
         ("/v1/models", ("POST", "DELETE")),
@@ -498,7 +503,7 @@ async def test_generated_malformed_requests_get_typed_4xx_and_leave_the_daemon_h
     unexpected = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert unexpected == [], unexpected
     assert sum(counts.values()) >= 300
-    for path in (CHAT, COMPLETIONS, f"/v1/models/{UNKNOWN}", "/admin/history", "/admin/events"):
+    for path in (CHAT, COMPLETIONS, RESPONSES, f"/v1/models/{UNKNOWN}", "/admin/history", "/admin/events"):
         assert counts.get(path, 0) > 0, (path, counts)
     assert any(p.startswith("/admin/models/") and p.endswith("/load") for p in counts)
     assert any(p.startswith("/admin/models/") and p.endswith("/unload") for p in counts)
@@ -584,3 +589,4 @@ async def test_random_json_in_any_field_is_a_4xx_naming_that_field(
         await assert_healthy(served, client)
     assert len(seen) >= min(examples, 100)
     assert 400 in seen and 404 in seen
+

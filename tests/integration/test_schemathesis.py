@@ -50,7 +50,7 @@ CHECKS = (
 #: seeds found the mismatches fixed in 9a23000 in one run out of several); the --stress test
 #: draws a new seed each run, and MLXD_SCHEMATHESIS_SEED (a number, or "random") overrides this
 NORMAL_SEED = 20261202
-GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 FEW_TOKENS = 4
 
 
@@ -69,7 +69,8 @@ def few_tokens(case: schemathesis.Case) -> schemathesis.Case:
     if case.path not in GENERATION_ROUTES or not isinstance(case.body, dict):
         return case
     present = False
-    for key in ("max_tokens", "max_completion_tokens"):
+    keys = ("max_output_tokens",) if case.path == "/v1/responses" else ("max_tokens", "max_completion_tokens")
+    for key in keys:
         value = case.body.get(key)
         if value is None:
             continue
@@ -79,7 +80,7 @@ def few_tokens(case: schemathesis.Case) -> schemathesis.Case:
                 and 1 <= value <= MAX_TOKENS_LIMIT:
             case.body[key] = min(int(value), FEW_TOKENS)
     if not present and case.path != "/v1/messages":  # required there: its absence is the test
-        case.body["max_tokens"] = FEW_TOKENS
+        case.body[keys[0]] = FEW_TOKENS
     return case
 
 

@@ -93,7 +93,8 @@ async def _status(c: httpx.AsyncClient, method: str, path: str, headers: dict[st
     body = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     kw: dict[str, Any] = {"headers": headers}
     if method == "POST" and path.startswith("/v1/"):
-        kw["json"] = body if "completions" in path else {"model": "a", "input": "hi"}
+        kw["json"] = body if "completions" in path else {"model": "a", "input": "hi",
+                                                          "max_output_tokens": 2}
         if path.endswith("/completions") and "chat" not in path:
             kw["json"] = {"model": "a", "prompt": "hi", "max_tokens": 2}
     async with c.stream(method, path, **kw) as r:  # /admin/events never ends: headers suffice

@@ -22,6 +22,7 @@ TABLE: dict[type[MlxdError], tuple[int, str, str | None, str | None]] = {
     errors.InsufficientScope: (403, "permission_error", "insufficient_scope", None),
     errors.NotFound: (404, "invalid_request_error", "not_found", None),
     errors.ModelNotFound: (404, "invalid_request_error", "model_not_found", None),
+    errors.ResponseNotFound: (404, "invalid_request_error", "response_not_found", None),
     errors.MethodNotAllowed: (405, "invalid_request_error", "method_not_allowed", None),
     errors.Conflict: (409, "invalid_request_error", "conflict", None),
     errors.BodyTooLarge: (413, "invalid_request_error", "request_too_large", None),
@@ -45,6 +46,8 @@ def make(cls: type[MlxdError]) -> MlxdError:
     """One instance of ``cls`` (two classes take other arguments than a message)."""
     if cls is errors.ModelNotFound:
         return errors.ModelNotFound("qwen")
+    if cls is errors.ResponseNotFound:
+        return errors.ResponseNotFound("resp_0")
     if cls is errors.ClientError:
         return errors.ClientError("request header fields too large", 431)
     return cls("something went wrong")

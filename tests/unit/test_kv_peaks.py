@@ -69,19 +69,22 @@ def test_0004_keeps_every_row_of_a_v3_journal(
     before = _tables(conn)
     conn.close()
     assert cli.main(["migrate", "--journal", str(path)]) == 0
-    assert "migrated from v3 to v4" in capsys.readouterr().out
+    latest = len(discover())  # 0004 and any migration after it
+    assert f"migrated from v3 to v{latest}" in capsys.readouterr().out
     conn = open_readonly(path)
     try:
         after = _tables(conn)
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == latest
         assert check_journal(conn) == []
     finally:
         conn.close()
-    assert set(after) == {*before, "kv_peaks"} and after["kv_peaks"] == []
+    assert set(after) >= {*before, "kv_peaks"} and after["kv_peaks"] == []
+    assert all(after[t] == [] for t in set(after) - set(before))  # later migrations only add
     assert sum(len(rows) for rows in before.values()) > 5_000
     for table, rows in before.items():
-        if table == "retention":  # one column added at the end, 0 so far
-            assert [r[:-1] for r in after[table]] == rows and after[table][0][-1] == 0
+        if table == "retention":  # counters added at the end, 0 so far
+            width = len(rows[0])
+            assert [r[:width] for r in after[table]] == rows and set(after[table][0][width:]) == {0}
         else:
             assert after[table] == rows, table
 

@@ -1,0 +1,219 @@
+"""The Responses API's shapes of one generation: the response object, and its streamed events.
+
+A :class:`ResponsesRenderer` is the :class:`~mlxd.http.generation.Renderer`
+of ``POST /v1/responses``. Streamed, every event is an SSE frame ``event:
+<type>`` / ``data: {...}`` with a ``sequence_number`` counting from 0:
+
+- ``response.created``, ``response.in_progress`` (the response, ``in_progress``,
+  no output yet);
+- per text message: ``response.output_item.added``,
+  ``response.content_part.added``, ``response.output_text.delta``...,
+  ``response.output_text.done``, ``response.content_part.done``,
+  ``response.output_item.done``;
+- per function call: ``response.output_item.added``,
+  ``response.function_call_arguments.delta`` (the whole arguments: the
+  engine parses a call once it is complete), ``.done``,
+  ``response.output_item.done``;
+- last: ``response.completed``, or ``response.incomplete`` when
+  ``max_output_tokens`` cut the output, each carrying the whole response with
+  its ``usage``; an error once the stream has begun (preemption, shutdown, an
+  engine failure) ends it with ``response.failed`` whose ``error.code`` is
+  mlxd's (``preempted``, ...).
+
+Whole, the response object is the one ``response.completed`` carries. A reply
+with no text and no call still has its (empty) message, as OpenAI's does.
+``on_done(response)`` is called with every finished response (the route
+stores it there), before its last event is written.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from mlxd.engines.base import Finished, TextDelta, TokenLogprob, ToolCall, ToolCallDelta
+from mlxd.errors import MlxdError
+from mlxd.http import sse
+from mlxd.http.generation import Collected
+from mlxd.http.responses_fields import ParsedResponses
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _logprob(e: TokenLogprob) -> dict[str, Any]:
+    return {"token": e.token, "bytes": list(e.bytes), "logprob": e.logprob,
+            "top_logprobs": [{"token": t.token, "bytes": list(t.bytes), "logprob": t.logprob}
+                             for t in e.top]}
+
+
+def usage(fin: Finished) -> dict[str, Any]:
+    return {
+        "input_tokens": fin.prompt_tokens,
+        # prompt tokens whose KV came from the model's prompt cache
+        "input_tokens_details": {"cached_tokens": fin.cached_tokens},
+        "output_tokens": fin.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+    }
+
+
+def _call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
+    arguments = call.arguments if status == "completed" else ""
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id,
+            "name": call.name, "arguments": arguments}
+
+
+class ResponsesRenderer:
+    """One response's object and events (see the module docstring)."""
+
+    def __init__(
+        self, parsed: ParsedResponses, on_done: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
+        self.model = parsed.model
+        self.id = new_id("resp")
+        self.created_at = time.time()
+        self._echo = parsed.echo
+        #: called with each finished response, before its last event (the route stores it)
+        self.on_done = on_done
+        self._seq = 0
+        #: output items finished so far, in order
+        self._items: list[dict[str, Any]] = []
+        #: the message being streamed: its id, text and logprobs so far
+        self._open: tuple[str, list[str], list[dict[str, Any]]] | None = None
+
+    # ---- the response object -----------------------------------------------------------------
+
+    def response(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        *,
+        fin: Finished | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        done = status in ("completed", "incomplete")
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": int(self.created_at),
+            "status": status,
+            "completed_at": int(time.time()) if status == "completed" else None,
+            "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "model": self.model,
+            "output": output,
+            "usage": usage(fin) if fin is not None and done else None,
+            **self._echo,
+        }
+
+    def _finished(self, fin: Finished, output: list[dict[str, Any]]) -> dict[str, Any]:
+        status = "incomplete" if fin.finish_reason == "length" else "completed"
+        response = self.response(status, output, fin=fin)
+        if self.on_done is not None:
+            self.on_done(response)
+        return response
+
+    # ---- events ---------------------------------------------------------------------------------
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        frame = sse.event({"type": kind, **fields, "sequence_number": self._seq}, name=kind)
+        self._seq += 1
+        return frame
+
+    def first(self) -> bytes:
+        snapshot = self.response("in_progress", [])
+        return (self._event("response.created", response=snapshot)
+                + self._event("response.in_progress", response=snapshot))
+
+    def _open_message(self) -> list[bytes]:
+        item_id = new_id("msg")
+        self._open = (item_id, [], [])
+        index = len(self._items)
+        item = {"id": item_id, "type": "message", "status": "in_progress", "role": "assistant",
+                "content": []}
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return [self._event("response.output_item.added", output_index=index, item=item),
+                self._event("response.content_part.added", item_id=item_id, output_index=index,
+                            content_index=0, part=part)]
+
+    def _take_message(self, status: str) -> dict[str, Any] | None:
+        """The message being streamed, finished with ``status`` and added to the output."""
+        if self._open is None:
+            return None
+        item_id, text, logprobs = self._open
+        self._open = None
+        part = {"type": "output_text", "text": "".join(text), "annotations": [], "logprobs": logprobs}
+        item = {"id": item_id, "type": "message", "status": status, "role": "assistant",
+                "content": [part]}
+        self._items.append(item)
+        return item
+
+    def _close_message(self, status: str = "completed") -> list[bytes]:
+        item = self._take_message(status)
+        if item is None:
+            return []
+        part, index = item["content"][0], len(self._items) - 1
+        logprobs = part["logprobs"]
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        return [self._event("response.output_text.done", **where, text=part["text"], logprobs=logprobs),
+                self._event("response.content_part.done", **where, part=part),
+                self._event("response.output_item.done", output_index=index, item=item)]
+
+    def text(self, ev: TextDelta) -> list[bytes]:
+        if not ev.text and not ev.logprobs:
+            return []
+        out = self._open_message() if self._open is None else []
+        assert self._open is not None
+        item_id, text, logprobs = self._open
+        lp = [_logprob(e) for e in ev.logprobs]
+        text.append(ev.text)
+        logprobs.extend(lp)
+        out.append(self._event("response.output_text.delta", item_id=item_id,
+                               output_index=len(self._items), content_index=0, delta=ev.text,
+                               logprobs=lp))
+        return out
+
+    def call(self, ev: ToolCallDelta) -> list[bytes]:
+        out = self._close_message()
+        item_id, index = new_id("fc"), len(self._items)
+        done = _call_item(item_id, ev.call, "completed")
+        self._items.append(done)
+        where = {"item_id": item_id, "output_index": index}
+        return [*out,
+                self._event("response.output_item.added", output_index=index,
+                            item=_call_item(item_id, ev.call, "in_progress")),
+                self._event("response.function_call_arguments.delta", **where, delta=ev.call.arguments),
+                self._event("response.function_call_arguments.done", **where, name=ev.call.name,
+                            arguments=ev.call.arguments),
+                self._event("response.output_item.done", output_index=index, item=done)]
+
+    def finish(self, fin: Finished) -> list[bytes]:
+        status = "incomplete" if fin.finish_reason == "length" else "completed"
+        out = [] if self._open is not None or self._items else self._open_message()
+        out += self._close_message(status)
+        response = self._finished(fin, list(self._items))
+        return [*out, self._event(f"response.{response['status']}", response=response)]
+
+    def error(self, err: MlxdError) -> bytes:
+        self._take_message("incomplete")  # in the failed response's output, with no events of its own
+        failed = self.response("failed", list(self._items),
+                               error={"code": err.code, "message": err.message})
+        return self._event("response.failed", response=failed)
+
+    # ---- whole ----------------------------------------------------------------------------------
+
+    def whole(self, out: Collected, fin: Finished) -> dict[str, Any]:
+        text = "".join(out.text)
+        output: list[dict[str, Any]] = []
+        if text or not out.calls:
+            status = "incomplete" if fin.finish_reason == "length" else "completed"
+            part = {"type": "output_text", "text": text, "annotations": [],
+                    "logprobs": [_logprob(e) for e in out.logprobs]}
+            output.append({"id": new_id("msg"), "type": "message", "status": status,
+                           "role": "assistant", "content": [part]})
+        output += [_call_item(new_id("fc"), c.call, "completed") for c in out.calls]
+        return self._finished(fin, output)
