@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from mlxd.config.kv import resolve_cache_sizes
+from mlxd.config.kv import DiskTier, resolve_cache_sizes
 from mlxd.config.readers import classify_source
 from mlxd.errors import ConfigError
 from mlxd.residency.policy import ContentionPolicy, ResidencyRules
@@ -94,6 +94,10 @@ class ManagerConfig:
     stop_timeout_s: float = 60.0
     #: eviction, min_resident_s, max_swap_delay_s, max_keep_alive_s
     rules: ResidencyRules = field(default_factory=ResidencyRules)
+    #: the disk tier of prompt caches (``prompt_cache_disk_gb``; see mlxd.config.kv): its
+    #: bound in bytes (0: off, what a config built in code gets) and its directory
+    prompt_cache_disk_bytes: int = 0
+    prompt_cache_dir: Path = field(default_factory=lambda: default_state_dir() / "prompt-cache")
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +213,10 @@ class ModelConfig:
     #: set when the config was read leniently (``mlxd serve``) and the local source was
     #: missing: why the model cannot load now (it starts ``failed`` with this error)
     missing: str | None = None
+    #: where this model's prompt caches outlive its residency (None: nowhere); set by the
+    #: config reader from ``manager.prompt_cache_disk_gb`` (:func:`mlxd.config.kv.disk_tier`).
+    #: Not compared: a reload that changes only it does not replace a loaded model
+    prompt_cache_disk: DiskTier | None = field(default=None, compare=False)
 
     @property
     def is_local(self) -> bool:

@@ -13,11 +13,13 @@ from __future__ import annotations
 import os
 import unicodedata
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from mlxd.config import distributed as distributed_rules
 from mlxd.config.keys import parse_keys
+from mlxd.config.kv import default_disk_bytes, disk_tier
 from mlxd.config.model import (
     DEMO_KINDS,
     Config,
@@ -67,6 +69,7 @@ MANAGER_KEYS = (
     "min_resident_s",
     "max_swap_delay_s",
     "max_keep_alive_s",
+    "prompt_cache_disk_gb",
 )
 POLICY_KEYS = ("strategy", "wait_timeout_s", "preempt_after_s")
 SOURCE_KEYS = ("path", "source", "model")
@@ -160,7 +163,11 @@ class Parser:
         measured = self.measured_arg
         if callable(measured):
             measured = measured(journal)
-        models = self._models(top, measured)
+        models = tuple(
+            replace(m, prompt_cache_disk=disk_tier(
+                m, manager.prompt_cache_dir, manager.prompt_cache_disk_bytes))
+            for m in self._models(top, measured)
+        )
         return Config(
             server=server,
             journal=journal,
@@ -229,7 +236,15 @@ class Parser:
             contention_policy=self._policy(t.table("contention_policy", POLICY_KEYS)),
             stop_timeout_s=t.number("stop_timeout_s", 60.0, positive=True),
             rules=self._rules(t),
+            prompt_cache_disk_bytes=self._disk_tier_bytes(t, default_state_dir() / "prompt-cache"),
+            prompt_cache_dir=default_state_dir() / "prompt-cache",
         )
+
+    def _disk_tier_bytes(self, t: Table, path: Path) -> int:
+        """``prompt_cache_disk_gb`` in bytes (0: off); left out, sized from the free disk."""
+        if "prompt_cache_disk_gb" not in t.raw:
+            return default_disk_bytes(path)
+        return int(t.number("prompt_cache_disk_gb", 0.0) * GIB)
 
     def _rules(self, t: Table) -> ResidencyRules:
         return ResidencyRules(
