@@ -16,8 +16,9 @@ longest prefix: when the disk holds more of the prompt than memory, that entry
 is read (checked), joins the memory cache and serves the prompt; ``fetch`` says
 how many tokens came from disk. Entries of :data:`~mlxd.engines.prompt_disk.LONG_PREFIX_TOKENS`
 tokens or more are queued for the disk when inserted (:meth:`PromptCache.persist_pending`
-writes them once the model is idle), and :meth:`PromptCache.persist_all` writes
-every entry not on disk yet when the residency ends.
+writes them once the model is idle, when they hold that many tokens beyond what the
+disk has of them), and :meth:`PromptCache.persist_all` writes every entry not on
+disk yet when the residency ends.
 
 Everything here holds MLX arrays: it lives on the engine's MLX thread only.
 """
@@ -26,10 +27,9 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from mlxd.engines.prompt_disk import PromptDisk
+from mlxd.engines.prompt_disk import BLOCK, LONG_PREFIX_TOKENS, PromptDisk
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class PromptCache:
         if self.disk is None:
             return None
         best = self.disk.best(ids)
-        if best is None or best[1] <= cached:
+        if best is None or best[1] < cached + BLOCK:  # a read is worth a block of prefill at least
             return None
         read = self.disk.read(best[0])
         if read is None:
@@ -131,19 +131,22 @@ class PromptCache:
         the bound; a long one is also queued for the disk tier (module docstring)."""
         if self.max_bytes <= 0 or not tokens or not cache:
             return
-        from mlxd.engines.prompt_disk import LONG_PREFIX_TOKENS
-
         self._lru.insert_cache(_KEY, list(tokens), cache)
         if self.disk is not None and len(tokens) >= LONG_PREFIX_TOKENS:
             self._pending.append((list(tokens), cache))
 
     def persist_pending(self) -> None:
-        """Write the long entries made since the last call (the model is idle)."""
+        """Write the long entries made since the last call (the model is idle), each one that
+        holds :data:`~mlxd.engines.prompt_disk.LONG_PREFIX_TOKENS` tokens beyond what the disk
+        has of it already: an agent's next turn does not rewrite its whole prefix each time
+        (the residency's end writes the rest)."""
         pending, self._pending = self._pending, []
         if self.disk is None:
             return
         for tokens, cache in pending:
-            self.disk.save(tokens, cache)
+            best = self.disk.best(tokens)
+            if len(tokens) - (best[1] if best is not None else 0) >= LONG_PREFIX_TOKENS:
+                self.disk.save(tokens, cache)
 
     def persist_all(self) -> None:
         """Write every entry not on disk yet and wait for the writes (the residency ends); a

@@ -3,10 +3,11 @@
 Theory of operation. A batched model's :class:`~mlxd.engines.prompt_cache.PromptCache`
 writes its entries here when its residency ends (eviction, idle unload, admin
 unload, a preemption's drain, shutdown: every end goes through the engine's
-unload) and, for prompts of :data:`LONG_PREFIX_TOKENS` or more, as soon as the
-model is idle after making them. The next load of the same weights finds them:
-a prompt whose longest cached prefix is on disk and longer than what memory
-holds reads it from here instead of prefilling it.
+unload) and, for long prefixes (:data:`LONG_PREFIX_TOKENS` tokens beyond what the
+disk holds of them), as soon as the model is idle after making them. The next
+load of the same weights finds them: a prompt whose longest cached prefix is on
+disk, and a block (:data:`BLOCK`) or more longer than what memory holds, reads it
+from here instead of prefilling it.
 
 Layout: ``<tier>/<identity>/<tokens-key>.<checksum>.safetensors``, one file an
 entry, in mlx-lm's prompt-cache format (``save_prompt_cache``: the per-layer
@@ -59,7 +60,8 @@ log = logging.getLogger(__name__)
 
 #: the file format; a file of another format is removed
 FORMAT = "1"
-#: entries of at least this many tokens are written as soon as the model is idle
+#: an entry holding this many tokens beyond what the disk has of it is written as soon as the
+#: model is idle (a crash loses less than this of a conversation); the rest when the residency ends
 LONG_PREFIX_TOKENS = 1024
 #: tokens per hashed block of the index
 BLOCK = 128
@@ -473,8 +475,8 @@ def open_tier(
     memory) or when the tier cannot be used (logged: the load goes on without it)."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    tier = model.prompt_cache_disk
-    if tier is None or not batched or model.max_batch_size <= 1 or memory_bytes <= 0:
+    tier = model.prompt_cache_disk  # set only for a model that keeps a prompt cache (config)
+    if tier is None or not batched or memory_bytes <= 0:
         return None
     try:
         classes = [type(c).__name__ for c in make_prompt_cache(loaded)]

@@ -72,16 +72,23 @@ async def test_entry_written_when_residency_ends_and_read_by_next_load(
     assert cold.cached_tokens == 0 and text == cold_text
 
 
-async def test_long_prefix_written_as_made(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """A prompt of 1,024 tokens or more is on disk once the model is idle, while it stays loaded."""
+async def test_long_prefix_written_as_made_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A prompt of 1,024 tokens or more is on disk once the model is idle, while it stays loaded;
+    the next turn, which adds fewer than 1,024 tokens to it, waits for the residency's end."""
     tier = DiskTier(tmp_path / "tier", 1 << 30)
     async with loaded(tiny_model_dir, tier) as eng:
-        _, fin, _ = await collect(eng, completion(LONG, max_tokens=4))
+        first, fin, _ = await collect(eng, completion(LONG, max_tokens=4))
         await idle(eng)
         assert fin.prompt_tokens >= 1024
         assert eng.disk is not None and eng.disk.written == 1
         (path,) = entries(tier)
         assert path.name.endswith(SUFFIX) and not path.name.startswith(TMP_PREFIX)
+        follow = LONG + first + " and the quick brown fox"
+        _, fin2, _ = await collect(eng, completion(follow, max_tokens=4))
+        await idle(eng)
+        assert eng.disk.written == 1
+    _, fin3 = await turn(tiny_model_dir, tier, follow)  # written when the residency ended
+    assert fin3.cached_from_disk == fin2.prompt_tokens - 1
 
 
 async def test_damaged_and_foreign_files_are_removed_never_loaded(
