@@ -31,9 +31,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.engine import machine  # noqa: E402
-from mlxd.engines.demo_model import write_demo_model  # noqa: E402
-from tests.support.daemon import DaemonProcess, write_config  # noqa: E402
+from bench.engine import machine
+from mlxd.engines.demo_model import write_demo_model
+from tests.support.daemon import DaemonProcess, write_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "prompt_disk.md"
 SENTENCE = "hello world this is a tiny model for testing mlxd "

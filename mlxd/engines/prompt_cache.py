@@ -118,8 +118,10 @@ class PromptCache:
         prefix = min(shared, len(ids) - 1)
         if prefix <= cached:
             return None
-        self._lru.insert_cache(_KEY, tokens, kv)
-        out = copy.deepcopy(kv)
+        out = kv
+        if sum(int(c.nbytes) for c in kv) <= self.max_bytes:  # else it would only evict others
+            self._lru.insert_cache(_KEY, tokens, kv)
+            out = copy.deepcopy(kv)
         cut = len(tokens) - prefix
         trimmed: Any = trim_prompt_cache(out, cut) if cut and can_trim_prompt_cache(out) else 0
         if trimmed != cut:
