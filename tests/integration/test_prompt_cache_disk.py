@@ -19,13 +19,12 @@ SHORT = "hello world this is a tiny model for testing mlxd " * 32
 LONG = "hello world this is a tiny model for testing mlxd " * 100
 
 
-@pytest.fixture
-def cfg(tiny_model: Path, tmp_path: Path) -> Path:
+def write_cfg(tiny_model: Path, tmp_path: Path, isolation: str = "thread") -> Path:
     """Models ``a`` and ``b`` (other weights) of which the budget holds one, and ``a-cold``: a's
     weights without a prompt cache (the reference a cache must not change)."""
     other = tmp_path / "tiny-b"
-    shutil.copytree(tiny_model, other)
-    model = {"estimated_memory_gb": 0.05}
+    shutil.copytree(tiny_model, other, dirs_exist_ok=True)
+    model = {"estimated_memory_gb": 0.05, "isolation": isolation}
     raw = {
         "manager": {"memory_budget_gb": 0.1, "prompt_cache_disk_gb": 1},
         "models": [
@@ -35,6 +34,11 @@ def cfg(tiny_model: Path, tmp_path: Path) -> Path:
         ],
     }
     return write_config(tmp_path / "models.yaml", raw)
+
+
+@pytest.fixture
+def cfg(tiny_model: Path, tmp_path: Path) -> Path:
+    return write_cfg(tiny_model, tmp_path)
 
 
 def chat(url: str, model: str, messages: list[dict[str, str]]) -> dict[str, Any]:
@@ -61,10 +65,11 @@ def check_from_disk(turn: dict[str, Any], previous_prompt: int) -> None:
     assert usage["mlxd_cached_tokens"] == {"memory": 0, "disk": cached}
 
 
-def test_prefix_survives_a_swap(cfg: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_prefix_survives_a_swap(tiny_model: Path, tmp_path: Path, isolation: str) -> None:
     """A evicted for B, then A again: the next turn reads its prefix from disk and generates what
-    a cold run does; /admin/status shows the tier's size."""
-    with DaemonProcess(cfg, tmp_path) as d:
+    a cold run does, in the daemon or in engine processes; /admin/status shows the tier's size."""
+    with DaemonProcess(write_cfg(tiny_model, tmp_path, isolation), tmp_path) as d:
         first = chat(d.url, "a", [{"role": "user", "content": SHORT}])
         assert first["usage"]["prompt_tokens"] < 1024  # so it reaches the disk at the eviction
         chat(d.url, "b", [{"role": "user", "content": "hello"}])  # evicts a: the budget holds one
@@ -75,9 +80,13 @@ def test_prefix_survives_a_swap(cfg: Path, tmp_path: Path) -> None:
         conversation = next_turn(SHORT, text(first))
         second = chat(d.url, "a", conversation)
         check_from_disk(second, first["usage"]["prompt_tokens"])
+        anthropic = httpx.post(d.url + "/v1/messages", timeout=120, json={
+            "model": "a", "messages": conversation, "max_tokens": 8, "temperature": 0}).json()
         cold = chat(d.url, "a-cold", conversation)
     assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert text(second) == text(cold)
+    usage = anthropic["usage"]  # now from memory: the disk's entry joined the memory cache
+    assert usage["cache_read_input_tokens"] == usage["mlxd_cached_tokens"]["memory"] > 0
 
 
 def test_prefix_survives_a_sigterm_restart(cfg: Path, tmp_path: Path) -> None:
