@@ -16,12 +16,11 @@ from mlxd.units import GIB
 HUB = "mlx-community/Qwen2.5-0.5B-Instruct-4bit"
 
 
-@pytest.fixture(autouse=True)
-def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own state directory (not created: the tier is made on first use)."""
-    state = tmp_path / "state"
-    monkeypatch.setenv("MLXD_STATE_DIR", str(state))
-    return state
+def own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point ``$MLXD_STATE_DIR`` at a directory of the test's (not created: the tier is made on
+    first use)."""
+    monkeypatch.setenv("MLXD_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
 
 
 def config(manager: str = "") -> dict[str, object]:
@@ -36,8 +35,11 @@ def config(manager: str = "") -> dict[str, object]:
     return raw
 
 
-def test_default_is_a_tenth_of_the_free_disk_at_most_20_gb(state_dir: Path, tmp_path: Path) -> None:
+def test_default_is_a_tenth_of_the_free_disk_at_most_20_gb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Left out, the tier is 10% of the free disk under the state dir, at most 20 GiB."""
+    state_dir = own_state_dir(tmp_path, monkeypatch)
     st = os.statvfs(tmp_path)
     expected = min(DEFAULT_DISK_MAX_BYTES, st.f_bavail * st.f_frsize // 10)
     m = parse_config(config()).manager
@@ -46,8 +48,11 @@ def test_default_is_a_tenth_of_the_free_disk_at_most_20_gb(state_dir: Path, tmp_
     assert DEFAULT_DISK_MAX_BYTES == 20 * GIB
 
 
-def test_only_models_that_keep_a_prompt_cache_get_the_tier(state_dir: Path) -> None:
+def test_only_models_that_keep_a_prompt_cache_get_the_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A set size reaches the batched MLX models; serial, vision and fake models keep none."""
+    state_dir = own_state_dir(tmp_path, monkeypatch)
     c = parse_config(config("  prompt_cache_disk_gb: 2.5\n"))
     tier = DiskTier(state_dir / "prompt-cache", int(2.5 * GIB))
     assert c.manager.prompt_cache_disk_bytes == tier.max_bytes
