@@ -27,7 +27,7 @@ and removed, never loaded.
 
 The index is in memory, built at load from the files' headers (no array is
 read): per entry its token count and the chained hashes of its first
-:data:`BLOCK`, 2 x :data:`BLOCK`, ... tokens, one 8-byte hash a block, so the
+:data:`BLOCK`, 2 x :data:`BLOCK`, ... tokens, one 64-bit hash a block, so the
 index of a tier of ``D`` bytes holds at most ``D / (BLOCK x KV bytes per token)``
 hashes. A lookup hashes the prompt the same way and takes the entry sharing
 the most blocks; the exact shared prefix comes from the entry's own tokens once

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import trio
 
 from mlxd.config import DiskTier
@@ -94,8 +95,9 @@ async def test_long_prefix_written_as_made_once(tiny_model_dir: Path, tmp_path: 
 async def test_damaged_and_foreign_files_are_removed_never_loaded(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """Truncated, foreign, temporary and stray files go at load; a garbled entry goes when it is
-    looked up; the prompt is then prefilled, with the tokens of a cold run."""
+    """Truncated, foreign (another identity, another format), temporary and stray files go at
+    load; a garbled entry goes when it is looked up; the prompt is then prefilled, with the
+    tokens of a cold run."""
     tier = DiskTier(tmp_path / "tier", 1 << 30)
     first, _ = await turn(tiny_model_dir, tier, SHORT)
     (entry,) = entries(tier)
@@ -104,6 +106,7 @@ async def test_damaged_and_foreign_files_are_removed_never_loaded(
     (ident / f"{'0' * 32}.{'1' * 16}{SUFFIX}").write_bytes(data[: len(data) // 2])  # truncated
     (ident / f"{TMP_PREFIX}crashed{SUFFIX}").write_bytes(data[:100])  # a write cut by a crash
     (ident / "notes.txt").write_text("not an entry")
+    mx.save_safetensors(str(ident / f"{'2' * 32}.{'3' * 16}{SUFFIX}"), {"a": mx.zeros(3)})  # not ours
     foreign = PromptDisk(DiskTier(tmp_path / "other", 1 << 30), "another-model")
     assert foreign.save([5, 6, 7, 8], kv(4))  # an entry of the same shape but another identity
     foreign.close()
@@ -124,7 +127,6 @@ async def test_damaged_and_foreign_files_are_removed_never_loaded(
 
 def kv(n: int) -> list[Any]:
     """Two layers of plain KV for ``n`` tokens (4 heads of 16, fp32): 1 KiB a token."""
-    import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
     out = []
