@@ -229,6 +229,7 @@ class Parser:
                 "required: the memory budget for resident models, in GB "
                 "(or memory_budget: '16gb' | '512mb' | '1000000b')",
             )
+        tier = default_state_dir() / "prompt-cache"
         return ManagerConfig(
             memory_budget_bytes=budget,
             idle_unload_seconds=t.number("idle_unload_seconds", 0.0),
@@ -236,8 +237,8 @@ class Parser:
             contention_policy=self._policy(t.table("contention_policy", POLICY_KEYS)),
             stop_timeout_s=t.number("stop_timeout_s", 60.0, positive=True),
             rules=self._rules(t),
-            prompt_cache_disk_bytes=self._disk_tier_bytes(t, default_state_dir() / "prompt-cache"),
-            prompt_cache_dir=default_state_dir() / "prompt-cache",
+            prompt_cache_disk_bytes=self._disk_tier_bytes(t, tier),
+            prompt_cache_dir=tier,
         )
 
     def _disk_tier_bytes(self, t: Table, path: Path) -> int:
