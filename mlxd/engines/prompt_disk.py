@@ -20,7 +20,8 @@ that changes what a KV entry means changes the directory.
 Writes are atomic: the MLX thread serializes an entry into memory (it holds
 MLX arrays); the tier's writer thread writes a ``.tmp-`` file, fsyncs it,
 renames it to its final name and fsyncs the directory. A crash mid-write
-leaves at most a temporary file, removed by the next scan. The checksum in the
+leaves at most a temporary file, removed by the next scan once the process
+named in it is gone. The checksum in the
 name (BLAKE2b of the whole file) is checked before an entry is loaded: a torn,
 truncated or garbled file, or one of another identity or format, is skipped
 and removed, never loaded.
@@ -177,8 +178,12 @@ class PromptDisk:
         """Build the index from this identity's files; remove temporary, torn and foreign ones."""
         self.dir.mkdir(parents=True, exist_ok=True)
         for f in sorted(self.dir.iterdir()):
-            if f.name.startswith(TMP_PREFIX) or not f.name.endswith(SUFFIX):
-                self._remove(f, "a temporary or foreign file")
+            if f.name.startswith(TMP_PREFIX):
+                if not _writer_alive(f.name):
+                    self._remove(f, "left by a write that never ended")
+                continue
+            if not f.name.endswith(SUFFIX):
+                self._remove(f, "not an entry")
                 continue
             meta = self._header(f)
             tokens = self._tokens(meta) if meta is not None else None
@@ -367,7 +372,7 @@ class PromptDisk:
     def _write(self, key: str, tokens: list[int], data: bytes, trimmable: bool) -> None:
         """Temp file, fsync, rename, fsync the directory (module docstring)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / f"{TMP_PREFIX}{uuid.uuid4().hex}{SUFFIX}"
+        tmp = self.dir / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}"
         final = self.dir / f"{key}.{_checksum(data)}{SUFFIX}"
         try:
             with open(tmp, "wb") as f:
@@ -407,6 +412,21 @@ class PromptDisk:
                 break
             self._unlink(path)
             total -= size
+
+
+def _writer_alive(name: str) -> bool:
+    """Whether the process that is writing temporary file ``name`` (its pid is in the name) is
+    alive: another residency of the same weights may be writing it now."""
+    pid = name.removeprefix(TMP_PREFIX).split("-")[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # alive, another user's
+        return True
+    return True
 
 
 def _checksum(data: bytes) -> str:

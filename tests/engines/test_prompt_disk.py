@@ -95,16 +95,20 @@ async def test_long_prefix_written_as_made_once(tiny_model_dir: Path, tmp_path: 
 async def test_damaged_and_foreign_files_are_removed_never_loaded(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """Truncated, foreign (another identity, another format), temporary and stray files go at
-    load; a garbled entry goes when it is looked up; the prompt is then prefilled, with the
-    tokens of a cold run."""
+    """Truncated, foreign (another identity, another format) and stray files, and those of writes
+    whose process is gone, go at load; a garbled entry goes when it is looked up; the prompt is
+    then prefilled, with the tokens of a cold run."""
     tier = DiskTier(tmp_path / "tier", 1 << 30)
     first, _ = await turn(tiny_model_dir, tier, SHORT)
     (entry,) = entries(tier)
     ident = entry.parent
     data = bytearray(entry.read_bytes())
     (ident / f"{'0' * 32}.{'1' * 16}{SUFFIX}").write_bytes(data[: len(data) // 2])  # truncated
-    (ident / f"{TMP_PREFIX}crashed{SUFFIX}").write_bytes(data[:100])  # a write cut by a crash
+    gone = await trio.lowlevel.open_process(["true"])
+    await gone.wait()
+    (ident / f"{TMP_PREFIX}{gone.pid}-1{SUFFIX}").write_bytes(data[:100])  # cut by a crash
+    writing = ident / f"{TMP_PREFIX}{os.getpid()}-2{SUFFIX}"  # another residency's, in progress
+    writing.write_bytes(data[:100])
     (ident / "notes.txt").write_text("not an entry")
     mx.save_safetensors(str(ident / f"{'2' * 32}.{'3' * 16}{SUFFIX}"), {"a": mx.zeros(3)})  # not ours
     foreign = PromptDisk(DiskTier(tmp_path / "other", 1 << 30), "another-model")
@@ -117,7 +121,7 @@ async def test_damaged_and_foreign_files_are_removed_never_loaded(
 
     follow = SHORT + first + " and the quick brown fox"
     async with loaded(tiny_model_dir, tier) as eng:
-        assert entries(tier) == [entry]  # the scan removed all but the garbled one
+        assert entries(tier) == sorted([entry, writing])  # the scan removed all the others
         text, fin, _ = await collect(eng, completion(follow, max_tokens=8))
         assert eng.disk is not None and eng.disk.loaded == 0
     cold_text, _ = await turn(tiny_model_dir, None, follow)
