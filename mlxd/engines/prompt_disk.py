@@ -21,10 +21,9 @@ Writes are atomic: the MLX thread serializes an entry into memory (it holds
 MLX arrays); the tier's writer thread writes a ``.tmp-`` file, fsyncs it,
 renames it to its final name and fsyncs the directory. A crash mid-write
 leaves at most a temporary file, removed by the next scan once the process
-named in it is gone. The checksum in the
-name (BLAKE2b of the whole file) is checked before an entry is loaded: a torn,
-truncated or garbled file, or one of another identity or format, is skipped
-and removed, never loaded.
+named in it is gone. The checksum in the name (BLAKE2b of the whole file) is
+checked before an entry is loaded: a torn, truncated or garbled file, or one of
+another identity or format, is skipped and removed, never loaded.
 
 The index is in memory, built at load from the files' headers (no array is
 read): per entry its token count and the chained hashes of its first
