@@ -46,7 +46,8 @@ class PromptCache:
         self._lru = LRUPromptCache(max_size=1 << 30, max_bytes=max(0, max_bytes))
         #: the disk tier (None: off; also off when the memory cache is)
         self.disk = disk if max_bytes > 0 else None
-        #: long entries inserted and not written yet: (tokens, cache)
+        #: long entries inserted and not written yet: (tokens, cache); at most ``max_bytes``
+        #: of them, besides the newest
         self._pending: list[tuple[list[int], list[Any]]] = []
         self.hits = 0
         self.misses = 0
@@ -136,6 +137,11 @@ class PromptCache:
         self._lru.insert_cache(_KEY, list(tokens), cache)
         if self.disk is not None and len(tokens) >= LONG_PREFIX_TOKENS:
             self._pending.append((list(tokens), cache))
+            # a model that is never idle must not hold more than its bound for the disk: the
+            # oldest wait for the residency's end (if the memory cache still has them)
+            while len(self._pending) > 1 and sum(
+                    sum(int(c.nbytes) for c in kv) for _t, kv in self._pending) > self.max_bytes:
+                self._pending.pop(0)
 
     def persist_pending(self) -> None:
         """Write the long entries made since the last call (the model is idle), each one that

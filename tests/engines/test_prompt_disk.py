@@ -167,3 +167,21 @@ def test_size_bound_evicts_least_recently_used(tmp_path: Path) -> None:
     longer = write(streams[4] + [7] * 50, 3000)  # extends the newest: it replaces it
     assert longer.exists() and not paths[4].exists()
     disk.close()
+
+
+def test_entries_waiting_for_an_idle_moment_are_bounded(tmp_path: Path) -> None:
+    """A model that is never idle holds at most its prompt cache's bound in long entries waiting
+    for the disk: the oldest are left to the residency's end."""
+    from mlxd.engines.prompt_cache import PromptCache
+
+    one = 1100 * 1024  # KV bytes of an entry of 1,100 tokens
+    disk = PromptDisk(DiskTier(tmp_path, 1 << 30), "model")
+    disk.scan()
+    cache = PromptCache(int(2.5 * one), disk)
+    streams = [[i] * 1100 for i in range(1, 5)]
+    for tokens in streams:
+        cache.insert(tokens, kv(len(tokens)))
+    cache.persist_pending()
+    disk.flush()
+    assert [disk.has(t) for t in streams] == [False, False, True, True]
+    disk.close()
