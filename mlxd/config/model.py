@@ -15,11 +15,11 @@ import hashlib
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from mlxd.config.kv import DiskTier, resolve_cache_sizes
+from mlxd.config.kv import DiskTier, disk_tier, resolve_cache_sizes
 from mlxd.config.readers import classify_source
 from mlxd.errors import ConfigError
 from mlxd.residency.policy import ContentionPolicy, ResidencyRules
@@ -279,6 +279,17 @@ class Config:
 
     def model(self, name: str) -> ModelConfig | None:
         return self._by_name.get(name)
+
+    def with_prompt_cache_disk(self, path: Path | None = None, max_bytes: int | None = None) -> Config:
+        """This config with the prompt cache's disk tier at ``path`` bounded by ``max_bytes``
+        (default: the manager's), handed to each model that keeps a prompt cache
+        (:func:`mlxd.config.kv.disk_tier`)."""
+        m = self.manager
+        m = replace(m, prompt_cache_dir=path or m.prompt_cache_dir,
+                    prompt_cache_disk_bytes=m.prompt_cache_disk_bytes if max_bytes is None else max_bytes)
+        tiers = (disk_tier(x, m.prompt_cache_dir, m.prompt_cache_disk_bytes) for x in self.models)
+        return replace(self, manager=m, models=tuple(
+            replace(x, prompt_cache_disk=t) for x, t in zip(self.models, tiers, strict=True)))
 
     def estimate(
         self, name: str, measured: Mapping[str, Measurement] | None = None

@@ -13,13 +13,12 @@ from __future__ import annotations
 import os
 import unicodedata
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from mlxd.config import distributed as distributed_rules
 from mlxd.config.keys import parse_keys
-from mlxd.config.kv import default_disk_bytes, disk_tier
+from mlxd.config.kv import default_disk_bytes
 from mlxd.config.model import (
     DEMO_KINDS,
     Config,
@@ -163,11 +162,7 @@ class Parser:
         measured = self.measured_arg
         if callable(measured):
             measured = measured(journal)
-        models = tuple(
-            replace(m, prompt_cache_disk=disk_tier(
-                m, manager.prompt_cache_dir, manager.prompt_cache_disk_bytes))
-            for m in self._models(top, measured)
-        )
+        models = self._models(top, measured)
         return Config(
             server=server,
             journal=journal,
@@ -176,7 +171,7 @@ class Parser:
             path=path,
             warnings=tuple(self.warnings),
             measured=dict(measured),
-        )
+        ).with_prompt_cache_disk()
 
     # -- sections -------------------------------------------------------------------------
 

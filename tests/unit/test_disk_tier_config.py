@@ -78,3 +78,14 @@ def test_changing_only_the_tier_does_not_replace_a_model() -> None:
     a = parse_config(config("  prompt_cache_disk_gb: 1\n"))
     b = parse_config(config("  prompt_cache_disk_gb: 0\n"))
     assert a.models == b.models
+
+
+def test_the_tier_can_be_moved_with_every_model(tmp_path: Path) -> None:
+    """``with_prompt_cache_disk`` moves the tier of the manager and of every model keeping one
+    (how a test's daemon gets a tier of its own)."""
+    c = parse_config(config("  prompt_cache_disk_gb: 1\n")).with_prompt_cache_disk(tmp_path / "t")
+    assert c.manager.prompt_cache_dir == tmp_path / "t"
+    batched, serial = c.model("batched"), c.model("serial")
+    assert batched is not None and serial is not None
+    assert batched.prompt_cache_disk == DiskTier(tmp_path / "t", GIB)
+    assert serial.prompt_cache_disk is None
