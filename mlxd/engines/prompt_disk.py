@@ -482,7 +482,12 @@ def _from_arrays(arrays: dict[str, Any], flat: dict[str, str]) -> tuple[list[Any
         else:
             raise ValueError(f"unknown scalar kind {kind!r}")
     states = tree_unflatten(list(arrays.items()))
-    cache = [getattr(cache_module, c).from_state(s) for c, s in zip(classes, states, strict=True)]
+    cache = []
+    for name, state in zip(classes, states, strict=True):
+        cls = getattr(cache_module, str(name), None)
+        if not (isinstance(cls, type) and issubclass(cls, cache_module._BaseCache)):
+            raise ValueError(f"{name!r} is not an mlx-lm cache class")
+        cache.append(cls.from_state(state))  # type: ignore[no-untyped-call]
     return cache, metadata
 
 
