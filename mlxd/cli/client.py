@@ -251,6 +251,11 @@ def render_status(st: dict[str, Any], now: float) -> str:
     share = f" ({100 * committed / budget:.0f}%)" if budget else ""
     out.append(f"memory: {format_bytes(committed)} of {format_bytes(budget)} committed{share}; "
                f"policy {_policy(st['policy'])}")
+    disk = st.get("prompt_cache_disk")
+    if disk:
+        out.append("prompt cache on disk: off" if not disk.get("enabled") else
+                   f"prompt cache on disk: {format_bytes(disk['bytes'])} of "
+                   f"{format_bytes(disk['max_bytes'])} ({disk['entries']} entries) {disk['path']}")
     out.append("")
     rows = [
         [name, _state_cell(m), "yes" if m["pinned"] else "no",

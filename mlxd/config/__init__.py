@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mlxd.config.kv import DiskTier
 from mlxd.config.model import (
     DEMO_KINDS,
     Config,
@@ -51,6 +52,7 @@ __all__ = [
     "STRATEGIES",
     "Config",
     "ContentionPolicy",
+    "DiskTier",
     "FakeSettings",
     "FaultSettings",
     "JournalConfig",

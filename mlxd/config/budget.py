@@ -449,6 +449,7 @@ def render_report(
         f"Journal: {config.journal.path} (synchronous {config.journal.synchronous}).",
         f"Memory budget: {format_bytes(config.manager.memory_budget_bytes)} "
         f"({config.manager.memory_budget_bytes} bytes).",
+        _disk_tier(config),
         "",
         f"Models ({len(config.models)}):",
     ]
@@ -464,6 +465,15 @@ def render_report(
         lines += ["", f"Warnings ({len(config.warnings)}):"]
         lines.extend(f"  - {w}" for w in config.warnings)
     return "\n".join(lines)
+
+
+def _disk_tier(config: Config) -> str:
+    """The prompt cache's disk tier in one line (not part of the budget: it is disk)."""
+    m = config.manager
+    if m.prompt_cache_disk_bytes <= 0:
+        return "Prompt cache on disk: off (manager.prompt_cache_disk_gb: 0)."
+    return (f"Prompt cache on disk: up to {format_bytes(m.prompt_cache_disk_bytes)} under "
+            f"{m.prompt_cache_dir} (least recently used entries go first; docs/prompt-cache.md).")
 
 
 def _sentences(pairs: list[tuple[int, str]]) -> list[str]:

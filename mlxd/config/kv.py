@@ -16,6 +16,12 @@ Defaults when the config leaves ``kv_cache_gb`` / ``prompt_cache_gb`` out:
   serial models (``max_batch_size: 1``, ``mllm: true``, distributed);
 * fake engines: 0 and 0, so their committed bytes stay their configured size.
 
+The prompt cache also has a disk tier (``manager.prompt_cache_disk_gb``,
+docs/prompt-cache.md): a directory under the state dir where a model's prompt
+caches outlive its residency, bounded in bytes. Left out, the bound is
+:func:`default_disk_bytes`: 10% of the free disk there, at most
+:data:`DEFAULT_DISK_MAX_BYTES`. It is not part of the budget (it is disk, not memory).
+
 When ``config.json`` cannot be read yet (a Hugging Face model not downloaded,
 a demo model written on its first load), the KV bytes per token are unknown
 and both defaults are 0 until it can be (the next config read or load);
@@ -25,6 +31,7 @@ and both defaults are 0 until it can be (the next config read or load);
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +44,17 @@ DEFAULT_SEQUENCE_TOKENS = 2048
 #: tokens of earlier prompts that the default ``prompt_cache`` keeps
 DEFAULT_PROMPT_CACHE_TOKENS = 8192
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+#: the default disk tier: this share of the free disk under the state dir, at most the cap
+DEFAULT_DISK_SHARE = 0.10
+DEFAULT_DISK_MAX_BYTES = 20 * 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class DiskTier:
+    """The disk tier of prompt caches: a directory under the state dir, bounded in bytes (LRU)."""
+
+    path: Path
+    max_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,3 +165,24 @@ def residency_cache_sizes(model: ModelConfig, path: Path) -> tuple[int | None, i
         kv if kv is not None else sizes.kv_cache,
         pc if pc is not None else sizes.prompt_cache,
     )
+
+
+def default_disk_bytes(path: Path) -> int:
+    """The disk tier's default bound: :data:`DEFAULT_DISK_SHARE` of the free disk where
+    ``path`` is (or would be created), at most :data:`DEFAULT_DISK_MAX_BYTES`; 0 if unknown."""
+    probe = path.expanduser()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return 0
+    return min(DEFAULT_DISK_MAX_BYTES, int(st.f_bavail * st.f_frsize * DEFAULT_DISK_SHARE))
+
+
+def disk_tier(model: ModelConfig, path: Path, max_bytes: int) -> DiskTier | None:
+    """Where ``model``'s prompt caches go when its residency ends: the tier, for a model that
+    keeps a prompt cache (:func:`keeps_prompt_cache`, the one rule) when the tier is on."""
+    if max_bytes <= 0 or not keeps_prompt_cache(model):
+        return None
+    return DiskTier(path, max_bytes)

@@ -15,11 +15,11 @@ import hashlib
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from mlxd.config.kv import resolve_cache_sizes
+from mlxd.config.kv import DiskTier, disk_tier, resolve_cache_sizes
 from mlxd.config.readers import classify_source
 from mlxd.errors import ConfigError
 from mlxd.residency.policy import ContentionPolicy, ResidencyRules
@@ -94,6 +94,10 @@ class ManagerConfig:
     stop_timeout_s: float = 60.0
     #: eviction, min_resident_s, max_swap_delay_s, max_keep_alive_s
     rules: ResidencyRules = field(default_factory=ResidencyRules)
+    #: the disk tier of prompt caches (``prompt_cache_disk_gb``; see mlxd.config.kv): its
+    #: bound in bytes (0: off, what a config built in code gets) and its directory
+    prompt_cache_disk_bytes: int = 0
+    prompt_cache_dir: Path = field(default_factory=lambda: default_state_dir() / "prompt-cache")
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +213,10 @@ class ModelConfig:
     #: set when the config was read leniently (``mlxd serve``) and the local source was
     #: missing: why the model cannot load now (it starts ``failed`` with this error)
     missing: str | None = None
+    #: where this model's prompt caches outlive its residency (None: nowhere); set by the
+    #: config reader from ``manager.prompt_cache_disk_gb`` (:func:`mlxd.config.kv.disk_tier`).
+    #: Not compared: a reload that changes only it does not replace a loaded model
+    prompt_cache_disk: DiskTier | None = field(default=None, compare=False)
 
     @property
     def is_local(self) -> bool:
@@ -271,6 +279,17 @@ class Config:
 
     def model(self, name: str) -> ModelConfig | None:
         return self._by_name.get(name)
+
+    def with_prompt_cache_disk(self, path: Path | None = None, max_bytes: int | None = None) -> Config:
+        """This config with the prompt cache's disk tier at ``path`` bounded by ``max_bytes``
+        (default: the manager's), handed to each model that keeps a prompt cache
+        (:func:`mlxd.config.kv.disk_tier`)."""
+        m = self.manager
+        m = replace(m, prompt_cache_dir=path or m.prompt_cache_dir,
+                    prompt_cache_disk_bytes=m.prompt_cache_disk_bytes if max_bytes is None else max_bytes)
+        tiers = (disk_tier(x, m.prompt_cache_dir, m.prompt_cache_disk_bytes) for x in self.models)
+        return replace(self, manager=m, models=tuple(
+            replace(x, prompt_cache_disk=t) for x, t in zip(self.models, tiers, strict=True)))
 
     def estimate(
         self, name: str, measured: Mapping[str, Measurement] | None = None

@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from mlxd.config import distributed as distributed_rules
 from mlxd.config.keys import parse_keys
+from mlxd.config.kv import default_disk_bytes
 from mlxd.config.model import (
     DEMO_KINDS,
     Config,
@@ -73,6 +74,7 @@ MANAGER_KEYS = (
     "min_resident_s",
     "max_swap_delay_s",
     "max_keep_alive_s",
+    "prompt_cache_disk_gb",
 )
 POLICY_KEYS = ("strategy", "wait_timeout_s", "preempt_after_s")
 SOURCE_KEYS = ("path", "source", "model")
@@ -178,7 +180,7 @@ class Parser:
             path=path,
             warnings=tuple(self.warnings),
             measured=dict(measured),
-        )
+        ).with_prompt_cache_disk()
 
     # -- collecting errors ----------------------------------------------------------------
 
@@ -257,6 +259,7 @@ class Parser:
                 "required: the memory budget for resident models, in GB "
                 "(or memory_budget: '16gb' | '512mb' | '1000000b')",
             )
+        tier = default_state_dir() / "prompt-cache"
         return ManagerConfig(
             memory_budget_bytes=budget,
             idle_unload_seconds=t.number("idle_unload_seconds", 0.0),
@@ -264,7 +267,15 @@ class Parser:
             contention_policy=self._policy(t.table("contention_policy", POLICY_KEYS)),
             stop_timeout_s=t.number("stop_timeout_s", 60.0, positive=True),
             rules=self._rules(t),
+            prompt_cache_disk_bytes=self._disk_tier_bytes(t, tier),
+            prompt_cache_dir=tier,
         )
+
+    def _disk_tier_bytes(self, t: Table, path: Path) -> int:
+        """``prompt_cache_disk_gb`` in bytes (0: off); left out, sized from the free disk."""
+        if "prompt_cache_disk_gb" not in t.raw:
+            return default_disk_bytes(path)
+        return int(t.number("prompt_cache_disk_gb", 0.0) * GIB)
 
     def _rules(self, t: Table) -> ResidencyRules:
         return ResidencyRules(

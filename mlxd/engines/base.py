@@ -168,7 +168,7 @@ class Finished:
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
-    #: prompt tokens whose KV was reused from the model's prompt cache
+    #: prompt tokens whose KV was reused from the model's prompt cache (memory or disk)
     cached_tokens: int = 0
     #: the stop string that ended the output (finish_reason "stop"), if one did
     stop_sequence: str | None = None
@@ -176,6 +176,12 @@ class Finished:
     #: log's ``queue_ms``); None when the engine does not say. A timing, not part of the
     #: result: two generations that ended alike compare equal
     started_at: float | None = field(default=None, compare=False)
+    #: of ``cached_tokens``, those read from the prompt cache's disk tier (mlxd.engines.prompt_disk)
+    cached_from_disk: int = 0
+
+    def cached_by_tier(self) -> dict[str, int]:
+        """``usage.mlxd_cached_tokens``: the cached prompt tokens by tier (docs/prompt-cache.md)."""
+        return {"memory": self.cached_tokens - self.cached_from_disk, "disk": self.cached_from_disk}
 
 
 GenerationEvent = TextDelta | ToolCallDelta | Finished

@@ -57,7 +57,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxd.engines import memory
 from mlxd.engines.base import GenerationRequest
@@ -66,6 +66,9 @@ from mlxd.engines.prompt_cache import PromptCache
 from mlxd.engines.sampling import make_sampler
 from mlxd.engines.solo import Resume, SoloRun, runs_alone
 from mlxd.engines.streaming import Output, deliver_token
+
+if TYPE_CHECKING:
+    from mlxd.engines.prompt_disk import PromptDisk
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +111,8 @@ class _Seq:
     #: its first token went out early (:meth:`BatchLoop._deliver_first`): the generator's
     #: response for that same token, one step later, is skipped
     first_sent: bool = False
+    #: of the ``cached`` tokens, those read from the disk tier
+    from_disk: int = 0
 
 
 class BatchLoop:
@@ -125,6 +130,7 @@ class BatchLoop:
         outbox: Outbox,
         output: OutputFactory,
         prefill_adapts: bool = False,
+        disk: PromptDisk | None = None,
     ) -> None:
         self._submit = submit  # runs a callable on the engine's MLX thread
         self._model = model  # () -> (model, tokenizer), read on the MLX thread
@@ -136,6 +142,8 @@ class BatchLoop:
         self._prefill_adapts = prefill_adapts
         self.prefill_rate: float | None = None
         self.prompt_cache_bytes = prompt_cache_bytes
+        #: the prompt cache's disk tier (mlxd.engines.prompt_disk), None when off
+        self.disk = disk
         self._on_done = on_done
         self._outbox = outbox
         self._output = output
@@ -238,6 +246,8 @@ class BatchLoop:
                     self._gen = None
                 memory.after_generation(self._largest)
                 self._largest = 0
+                if self._cache is not None and not self._inbox:
+                    self._cache.persist_pending()  # long prefixes go to disk while nothing waits
                 with self._lock:
                     if not self._inbox:
                         self._running = False
@@ -300,14 +310,18 @@ class BatchLoop:
                 prompts.prefill_step_size = self.prefill_chunk
 
     def close(self) -> None:
-        """Drop the generator and the prompt cache (on the MLX thread, before the unload)."""
+        """Write the prompt cache to its disk tier, then drop the generator and the prompt cache
+        (on the MLX thread, before the unload: a residency's end, whatever ends it)."""
         if self._gen is not None:
             self._gen.close()
         self._gen = None
         self._seqs.clear()
         if self._cache is not None:
+            self._cache.persist_all()
             self._cache.clear()
         self._cache = None
+        if self.disk is not None:
+            self.disk.close()
 
     def note_step(self, kv: list[Any]) -> None:
         """A lone job's step is done; ``kv`` is its KV (see mlxd.engines.solo)."""
@@ -320,7 +334,7 @@ class BatchLoop:
 
     def prompt_cache(self) -> PromptCache:
         if self._cache is None:
-            self._cache = PromptCache(self.prompt_cache_bytes)
+            self._cache = PromptCache(self.prompt_cache_bytes, self.disk)
         return self._cache
 
     def _start(self, job: Job) -> bool:
@@ -396,7 +410,8 @@ class BatchLoop:
         )
         eos = frozenset(int(t) for t in tok.eos_token_ids)
         self._seqs[uid] = _Seq(job, uid, r.detok, r.out, r.cached, eos, n_tokens=r.n_tokens,
-                               offset=len(r.tokens_in_kv) if r.n_tokens == 0 else 0)
+                               offset=len(r.tokens_in_kv) if r.n_tokens == 0 else 0,
+                               from_disk=r.from_disk)
 
     def _generator(self) -> Any:
         if self._gen is None:
@@ -410,7 +425,7 @@ class BatchLoop:
                 prefill_step_size=self.prefill_chunk,
             )
         if self._cache is None:
-            self._cache = PromptCache(self.prompt_cache_bytes)
+            self._cache = PromptCache(self.prompt_cache_bytes, self.disk)
         return self._gen
 
     def _take_new(self) -> None:
@@ -436,7 +451,7 @@ class BatchLoop:
         _model, tok = self._model()
         ids: list[int] = list(req.prompt_ids or ())  # the engine's prepare() tokenized it
         st.prompt_tokens = len(ids)
-        cache, rest = self._cache.fetch(ids)
+        cache, rest, from_disk = self._cache.fetch(ids)
         cached = len(ids) - len(rest)
         (uid,) = gen.insert(
             [rest],
@@ -449,7 +464,7 @@ class BatchLoop:
         )
         eos = frozenset(int(t) for t in tok.eos_token_ids)
         self._seqs[uid] = _Seq(job, uid, tok.detokenizer, self._output(req), cached, eos,
-                               offset=cached)
+                               offset=cached, from_disk=from_disk)
 
     def _drop_cancelled(self) -> None:
         gone = [s for s in self._seqs.values() if s.job.cancel.is_set()]
@@ -518,6 +533,7 @@ class BatchLoop:
             seq.n_tokens,
             finish_reason,
             cached_tokens=seq.cached,
+            disk_tokens=seq.from_disk,
         )
 
     def _deliver_first(self, uids: list[int]) -> None:

@@ -28,13 +28,16 @@ bounded by ``max_batch_size`` only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxd.engines.batch_loop import BatchLoop, OutputFactory
 from mlxd.engines.memory import KV_STEP
 from mlxd.engines.mlx_thread import Job, MlxThread, Outbox, SerialScheduler, call_soon
 from mlxd.errors import InvalidRequest
 from mlxd.units import format_bytes
+
+if TYPE_CHECKING:
+    from mlxd.engines.prompt_disk import PromptDisk
 
 
 def batch_kv_bytes(kv_tokens: list[int], bytes_per_token: int) -> int:
@@ -106,6 +109,7 @@ class BatchScheduler(SerialScheduler):
         outbox: Outbox,
         output: OutputFactory,
         prefill_adapts: bool = False,
+        disk: PromptDisk | None = None,
     ) -> BatchScheduler:
         """A scheduler and its :class:`BatchLoop` on ``thread`` (``model() -> (model, tokenizer)``,
         ``output(request)``: what the engine streams for a request)."""
@@ -120,6 +124,7 @@ class BatchScheduler(SerialScheduler):
             outbox=outbox,
             output=output,
             prefill_adapts=prefill_adapts,
+            disk=disk,
         )
         box.append(
             cls(

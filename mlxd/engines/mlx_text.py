@@ -45,7 +45,7 @@ from typing import Any
 import trio
 
 from mlxd.config import ModelConfig
-from mlxd.engines import imports_ahead, memory, prompt_limits, sources
+from mlxd.engines import imports_ahead, memory, prompt_disk, prompt_limits, sources
 from mlxd.engines.base import (
     GenerationEvent,
     GenerationRequest,
@@ -143,6 +143,7 @@ class MlxTextEngine:
         self.kv_bytes_per_token: int | None = None
         self.kv_cache_bytes = 0
         self.prompt_cache_bytes = 0
+        self.disk: prompt_disk.PromptDisk | None = None  # the prompt cache's disk tier (the load's)
         self._ready = False
         #: stop() was called: no new generation, no new load
         self._stopped = False
@@ -211,7 +212,7 @@ class MlxTextEngine:
                     "the model has no memory estimate yet: reload the config (POST /admin/reload)"
                 )
         if self.config.demo:
-            return demo_path(self.config.source)  # written on the MLX thread if missing
+            return sources.demo_path(self.config.source)  # written on the MLX thread if missing
         path = await sources.resolve_source(
             self.config.source,
             progress,
@@ -265,6 +266,8 @@ class MlxTextEngine:
         self.kv_bytes_per_token, self.kv_cache_bytes, self.prompt_cache_bytes = (
             residency_cache_sizes(self.config, path)
         )
+        self.disk = prompt_disk.open_tier(self.config, path, self._model, self.can_batch,
+                                          self.prompt_cache_bytes)
 
     def _cache_batchable(self) -> bool:
         """mlx-lm batches a model whose every per-layer KV cache can be merged into a batch."""
@@ -294,6 +297,7 @@ class MlxTextEngine:
             outbox=outbox,
             output=self._output,
             prefill_adapts=self._prefill_adapts,
+            disk=self.disk,
         )
         self.batch = scheduler.loop
         return scheduler
@@ -574,10 +578,6 @@ def seed_rng(seed: int | None) -> None:
     import mlx.core as mx
 
     mx.random.seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
-
-
-def demo_path(source: str) -> Path:
-    return Path(source).expanduser()
 
 
 def progress_sink(progress: ProgressCallback) -> Callable[[LoadProgress], None]:

@@ -61,6 +61,8 @@ class Resume:
     detok: Any
     out: Output
     cached: int
+    #: of the ``cached`` tokens, those read from the disk tier
+    from_disk: int = 0
 
 
 def compact(kv: list[Any], slack: int = 1) -> list[Any]:
@@ -92,6 +94,8 @@ class SoloRun:
         self.model, tok = loop.model_and_tokenizer()
         self.detok = tok.detokenizer
         self.eos = frozenset(int(t) for t in tok.eos_token_ids)
+        #: prompt tokens read from the disk tier (set by run)
+        self.from_disk = 0
 
     def run(self, interrupted: Callable[[], bool]) -> Resume | None:
         """Generate until the request is over (None) or ``interrupted()`` (a :class:`Resume`)."""
@@ -102,7 +106,7 @@ class SoloRun:
         job, st, loop = self.job, self.job.stats, self.loop
         ids = list(job.request.prompt_ids or ())  # the engine's prepare() tokenized it
         st.prompt_tokens = len(ids)
-        kv, rest = loop.prompt_cache().fetch(ids)
+        kv, rest, self.from_disk = loop.prompt_cache().fetch(ids)
         cached = len(ids) - len(rest)
         if kv is None:
             kv = make_prompt_cache(self.model)
@@ -114,7 +118,8 @@ class SoloRun:
                     st.outcome = "cancelled"
                     return None
                 if interrupted():
-                    return Resume(rest, kv, ids[:fed], 0, self.sampler, self.detok, self.out, cached)
+                    return Resume(rest, kv, ids[:fed], 0, self.sampler, self.detok, self.out, cached,
+                                  self.from_disk)
                 n = min(loop.prefill_chunk, len(rest) - 1)
                 t0 = time.perf_counter()
                 self.model(mx.array(rest[:n])[None], cache=kv)
@@ -160,7 +165,8 @@ class SoloRun:
                     loop.prompt_cache().insert([*in_kv, token] if fed else in_kv, compact(kv))
                 return None
             if last_here:  # a request is waiting (a cancel or max_tokens ended it above)
-                return Resume([token], kv, in_kv, n, self.sampler, self.detok, self.out, cached)
+                return Resume([token], kv, in_kv, n, self.sampler, self.detok, self.out, cached,
+                              self.from_disk)
             if not fed:
                 y_next, lp_next = self._forward(y[:, None], kv)
                 mx.async_eval(y_next, lp_next)  # type: ignore[no-untyped-call]
@@ -184,5 +190,5 @@ class SoloRun:
             self.detok.finalize()
         return deliver_token(
             self.job, self.out, self.detok.last_segment, token, logprobs, n, finish,
-            cached_tokens=cached,
+            cached_tokens=cached, disk_tokens=self.from_disk,
         )

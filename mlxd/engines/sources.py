@@ -302,3 +302,8 @@ def progress_bar_class(report: Callable[[int, int | None], None], cancel: thread
             return out
 
     return ProgressBar
+
+
+def demo_path(source: str) -> Path:
+    """Where a demo model's source is (its files are written on the MLX thread if missing)."""
+    return Path(source).expanduser()

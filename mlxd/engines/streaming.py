@@ -182,6 +182,7 @@ class Output:
     def finished(
         self, reason: Literal["stop", "length"], prompt_tokens: int, completion_tokens: int,
         cached_tokens: int, *, hit_stop: bool, started_at: float | None = None,
+        disk_tokens: int = 0,
     ) -> Finished:
         """The last event: ``tool_calls`` when calls were made; ``length`` when constrained
         output had to be closed early for want of tokens (its processor's budget guard)."""
@@ -194,6 +195,7 @@ class Output:
         return Finished(
             final, prompt_tokens, completion_tokens, cached_tokens,
             stop_sequence=self.stops.matched if hit_stop else None, started_at=started_at,
+            cached_from_disk=disk_tokens,
         )
 
     def _split(self, piece: str, *, final: bool) -> tuple[str, list[ToolCallDelta]]:
@@ -227,6 +229,7 @@ def deliver_token(
     finish_reason: str | None,
     *,
     cached_tokens: int = 0,
+    disk_tokens: int = 0,
     stop_now: Callable[[Job], bool] | None = None,
 ) -> bool:
     """Handle one generated token; True when the generation is over (finished or cancelled).
@@ -259,7 +262,8 @@ def deliver_token(
         return False
     reason: Literal["stop", "length"] = "stop" if hit or eos else "length"
     fin = out.finished(
-        reason, st.prompt_tokens, n_tokens, cached_tokens, hit_stop=hit, started_at=st.started_at
+        reason, st.prompt_tokens, n_tokens, cached_tokens, hit_stop=hit, started_at=st.started_at,
+        disk_tokens=disk_tokens,
     )
     st.outcome = fin.finish_reason
     job.emit(fin)

@@ -14,6 +14,7 @@ from quart import Blueprint, Response, request
 
 from mlxd import __version__
 from mlxd.config import Config
+from mlxd.engines import prompt_disk
 from mlxd.errors import ConfigError, InvalidRequest, JournalError, ModelNotFound
 from mlxd.faults import crash_point
 from mlxd.http import access_log, sse
@@ -91,7 +92,19 @@ async def admin_status() -> Any:
     body["uptime_s"] = round(time.time() - st.started_at, 3)
     body["journal"] = _journal_status(st)
     body["draining"] = st.draining
+    body["prompt_cache_disk"] = await _disk_tier_status(st)
     return body
+
+
+async def _disk_tier_status(st: AppState) -> dict[str, Any]:
+    """The prompt cache's disk tier: where, its bound, and what it holds (a stat walk on a thread)."""
+    m = st.config.manager
+    used, entries = (0, 0)
+    if m.prompt_cache_disk_bytes > 0:
+        used, entries = await trio.to_thread.run_sync(
+            prompt_disk.tier_usage, m.prompt_cache_dir, abandon_on_cancel=True)
+    return {"enabled": m.prompt_cache_disk_bytes > 0, "path": str(m.prompt_cache_dir),
+            "max_bytes": m.prompt_cache_disk_bytes, "bytes": used, "entries": entries}
 
 
 async def _committed() -> None:

@@ -281,8 +281,7 @@ class MessagesRenderer:
         return [*self._close(),
                 self._event({"type": "message_delta",
                              "delta": {"stop_reason": reason, "stop_sequence": stop},
-                             "usage": {"input_tokens": fin.prompt_tokens,
-                                       "output_tokens": fin.completion_tokens}}),
+                             "usage": usage(fin)}),
                 self._event({"type": "message_stop"})]
 
     def error(self, err: MlxdError) -> bytes:
@@ -298,7 +297,15 @@ class MessagesRenderer:
         reason, stop = stop_reason(fin)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
                 "content": content, "stop_reason": reason, "stop_sequence": stop,
-                "usage": {"input_tokens": fin.prompt_tokens, "output_tokens": fin.completion_tokens}}
+                "usage": usage(fin)}
+
+
+def usage(fin: Finished) -> dict[str, Any]:
+    """The final usage: ``input_tokens`` counts the whole prompt (as mlxd always has), of which
+    ``cache_read_input_tokens`` came from the prompt cache (memory or disk: ``mlxd_cached_tokens``)."""
+    return {"input_tokens": fin.prompt_tokens, "output_tokens": fin.completion_tokens,
+            "cache_read_input_tokens": fin.cached_tokens,
+            "mlxd_cached_tokens": fin.cached_by_tier()}
 
 
 def stop_reason(fin: Finished) -> tuple[str, str | None]:

@@ -279,6 +279,7 @@ def usage(fin: Finished) -> dict[str, Any]:
         "total_tokens": fin.prompt_tokens + fin.completion_tokens,
         # prompt tokens whose KV came from the model's prompt cache (OpenAI's field)
         "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+        "mlxd_cached_tokens": fin.cached_by_tier(),
     }
 
 

@@ -218,7 +218,17 @@ _USAGE = {
             "required": ["cached_tokens"],
             "properties": {"cached_tokens": {"type": "integer", "minimum": 0}},
         },
+        "mlxd_cached_tokens": {"$ref": "#/components/schemas/CachedTokens"},
     },
+}
+
+#: mlxd's extension of usage: the cached prompt tokens by tier (docs/prompt-cache.md)
+CACHED_TOKENS = {
+    "type": "object",
+    "description": "prompt tokens read from the prompt cache: from memory, and from its disk tier",
+    "required": ["memory", "disk"],
+    "properties": {"memory": {"type": "integer", "minimum": 0},
+                   "disk": {"type": "integer", "minimum": 0}},
 }
 
 _FINISH = {"enum": ["stop", "length", "tool_calls"]}
@@ -579,5 +589,6 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
             **_admin_journal_paths(),
             **_operations_paths(),
         },
-        "components": {"schemas": {"Error": _ERROR, "AnthropicError": ANTHROPIC_ERROR}},
+        "components": {"schemas": {"Error": _ERROR, "AnthropicError": ANTHROPIC_ERROR,
+                                   "CachedTokens": CACHED_TOKENS}},
     }

@@ -113,7 +113,10 @@ _MESSAGE = {
         "stop_sequence": {"type": ["string", "null"]},
         "usage": {"type": "object", "required": ["input_tokens", "output_tokens"],
                   "properties": {"input_tokens": {"type": "integer", "minimum": 0},
-                                 "output_tokens": {"type": "integer", "minimum": 0}}},
+                                 "output_tokens": {"type": "integer", "minimum": 0},
+                                 "cache_read_input_tokens": {"type": "integer", "minimum": 0},
+                                 "mlxd_cached_tokens": {
+                                     "$ref": "#/components/schemas/CachedTokens"}}},
     },
 }
 _EVENT = {

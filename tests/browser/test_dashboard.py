@@ -41,6 +41,15 @@ def test_the_page_shows_each_models_state(site: Site, page: Any) -> None:
     assert "committed of" in page.inner_text("#budget-text")
 
 
+def test_the_page_shows_the_prompt_cache_disk_tier(site: Site, page: Any) -> None:
+    """The prompt cache's disk tier appears under the budget with the bound /admin/status reports."""
+    _open(site, page)
+    tier = site.get("/admin/status")["prompt_cache_disk"]
+    assert tier["enabled"] and tier["max_bytes"] > 0
+    text = page.inner_text("#disk-tier")
+    assert text.startswith("prompt cache on disk: ") and f"({tier['entries']} entries)" in text
+
+
 def test_a_load_started_from_the_cli_shows_within_a_second(site: Site, page: Any) -> None:
     """`mlxd load` changes the page within 1 s of the command returning, without a reload."""
     _open(site, page)

@@ -307,7 +307,8 @@ def test_parse_sse_skips_comments_and_joins_data_lines() -> None:
 
 
 def test_status_table_shows_loads_waiters_and_leases() -> None:
-    """`mlxd status` renders a load in progress, a draining model, its waiter and its live lease."""
+    """`mlxd status` renders a load in progress, a draining model, its waiter and its live lease,
+    and the prompt cache's disk tier."""
     def model(state: str, **kw: Any) -> dict[str, Any]:
         return {"state": state, "pinned": False, "memory_bytes": 3 * 1024**3 // 5,
                 "memory_source": "measured", "active_leases": 0, "waiters": 0,
@@ -329,6 +330,8 @@ def test_status_table_shows_loads_waiters_and_leases() -> None:
                     "route": "/v1/chat/completions", "held_s": 75.0, "preempted": True}],
         "journal": {"enabled": True, "healthy": False, "last_error": "disk full", "run_id": 4,
                     "last_seq": 12, "committed_seq": 10, "path": "/j.db"},
+        "prompt_cache_disk": {"enabled": True, "path": "/s/prompt-cache", "max_bytes": 1024**3,
+                              "bytes": 48 * 1024**2, "entries": 3},
     }
     text = render_status(status, now=1042.0)
     assert text.splitlines()[:2] == [
@@ -336,6 +339,8 @@ def test_status_table_shows_loads_waiters_and_leases() -> None:
         "memory: 1.20 GiB of 1.00 GiB committed (120%); policy wait_then_preempt "
         "(preempt after 2 s, wait up to 30 s)",
     ]
+    assert text.splitlines()[2] == (
+        "prompt cache on disk: 48.0 MiB of 1.00 GiB (3 entries) /s/prompt-cache")
     assert row_of(text, "a")[1:] == ["draining", "yes", "614.4 MiB (measured)", "1", "0",
                                      "42s ago", "-"]
     assert row_of(text, "b")[1:4] == ["loading (2.5 s, downloading 25% of 1.00 GiB)", "no",

@@ -70,12 +70,13 @@ class Served:
 
 
 def local_config(config: Config, tmp: Path, **server: Any) -> Config:
-    """``config`` bound to 127.0.0.1 port 0 with its journal in ``tmp``."""
+    """``config`` bound to 127.0.0.1 port 0 with its journal and its prompt cache disk tier in
+    ``tmp`` (a test's daemon never reads another test's entries)."""
     return replace(
         config,
         server=replace(config.server or ServerConfig(), host="127.0.0.1", port=0, **server),
         journal=JournalConfig(path=tmp / "journal.db", synchronous="normal"),
-    )
+    ).with_prompt_cache_disk(tmp / "prompt-cache")
 
 
 @asynccontextmanager

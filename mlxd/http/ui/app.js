@@ -180,6 +180,10 @@
     const pct = (100 * status.committed_bytes / budget).toFixed(1);
     $("budget-text").textContent =
       `${formatBytes(status.committed_bytes)} committed of ${formatBytes(status.budget_bytes)} (${pct}%)`;
+    const disk = status.prompt_cache_disk;
+    $("disk-tier").textContent = !disk ? "" : disk.enabled
+      ? `prompt cache on disk: ${formatBytes(disk.bytes)} of ${formatBytes(disk.max_bytes)} (${disk.entries} entries)`
+      : "prompt cache on disk: off";
   }
 
   function swatch(color) {
