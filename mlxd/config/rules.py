@@ -54,7 +54,7 @@ from mlxd.residency.policy import (
 from mlxd.units import GIB
 
 TOP_KEYS = ("server", "journal", "manager", "models")
-SERVER_KEYS = ("host", "port", "api_key_env", "shutdown_grace_s", "max_body_mb", "keys")
+SERVER_KEYS = ("host", "port", "api_key_env", "shutdown_grace_s", "max_body_mb", "keys", "ollama_port")
 JOURNAL_KEYS = ("path", "synchronous", "retain_days", "max_mb")
 MANAGER_KEYS = (
     "memory_budget_gb",
@@ -183,9 +183,16 @@ class Parser:
             raise t.error(
                 "api_key_env", f"must be an environment variable name (got {show(api_key_env)})"
             )
+        ollama_port = t.optional_integer("ollama_port", minimum=0)
+        if ollama_port is not None:
+            if ollama_port > 65535:
+                raise t.error("ollama_port", f"must be a port from 0 to 65535 (got {ollama_port})")
+            if ollama_port == port != 0:
+                raise t.error("ollama_port", f"must differ from server.port ({port})")
         return ServerConfig(
             host=host,
             port=port,
+            ollama_port=ollama_port,
             api_key_env=api_key_env,
             shutdown_grace_s=t.number("shutdown_grace_s", _SERVER.shutdown_grace_s),
             max_body_mb=t.number("max_body_mb", _SERVER.max_body_mb, positive=True),
