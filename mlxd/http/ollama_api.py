@@ -35,12 +35,14 @@ from quart import Blueprint, request
 
 from mlxd.engines.base import GenerationRequest
 from mlxd.engines.prompt_limits import check_prompt_chars, limits_for
+from mlxd.engines.prompts import uses_tools
 from mlxd.errors import (
     ContextLengthExceeded,
     InvalidRequest,
     MlxdError,
     NotImplementedHere,
     ShuttingDown,
+    ToolsNotSupported,
 )
 from mlxd.http import access_log, generation, ollama_catalog
 from mlxd.http.context import AppState, state
@@ -86,9 +88,8 @@ async def _body() -> dict[str, Any]:
 
 
 def _name(st: AppState, body: dict[str, Any]) -> str:
-    """The configured model a body names (``model``, or the older ``name``)."""
-    raw = body.get("model") if body.get("model") is not None else body.get("name")
-    return model_name(raw, st.manager.has_model)
+    """The configured model a body names."""
+    return model_name(body.get("model"), st.manager.has_model)
 
 
 # ---- discovery ----------------------------------------------------------------------------
@@ -137,6 +138,15 @@ async def _load_call(st: AppState, parsed: OllamaRequest, *, chat: bool) -> Any:
     return load_reply(parsed.model, chat=chat, unloaded=False)
 
 
+def _no_grammar(model: str, gen: GenerationRequest) -> None:
+    """What a fake or vision engine refuses when it generates, refused on the load call too
+    (the call is checked as the generation it stands for)."""
+    if uses_tools(gen):
+        raise ToolsNotSupported(f"model '{model}' takes no tools", param="tools")
+    if gen.constraint is not None:
+        raise bad("format", f"model '{model}' has no grammar-constrained decoding")
+
+
 async def _thinking_split(st: AppState, model: str) -> ThinkingSplit:
     mc = st.config.model(model)
     template = await ollama_catalog.template_of(mc) if mc is not None else None
@@ -159,9 +169,11 @@ async def _generate(kind: Literal["chat", "generate"]) -> Any:
     mc = st.config.model(parsed.model)
     if mc is not None and mc.embedding:
         raise bad("model", f"'{mc.name}' is an embedding model: use POST /api/embed")
-    if parsed.generation is None:
-        return await _load_call(st, parsed, chat=kind == "chat")
     gen = parsed.generation
+    if parsed.load_call:
+        if mc is not None and (mc.engine == "fake" or mc.mllm):
+            _no_grammar(mc.name, gen)
+        return await _load_call(st, parsed, chat=kind == "chat")
     if mc is not None:  # before the lease: no model is loaded for a prompt that cannot fit
         check_prompt_chars(parsed.model, gen, limits_for(mc))
         gen = await with_checked_images(mc, gen)
@@ -202,6 +214,8 @@ async def _embed(inputs: list[str], model: str, body: dict[str, Any], t0: float)
     mc = st.config.model(model)
     if mc is None or not mc.embedding:
         raise bad("model", f"'{model}' is not an embedding model (set embedding: true in its config)")
+    if body.get("options") is not None and not isinstance(body["options"], dict):
+        raise bad("options", "must be an object")
     prefs = preferences(body, request.headers)
     lease = await generation.acquire(st, model, request_id(), prefs)
     lease_at = time.monotonic()
@@ -264,7 +278,7 @@ async def _pull_lines(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[by
 async def pull() -> Any:
     st = state()
     body = await _body()
-    repo = repo_of(body.get("model") if body.get("model") is not None else body.get("name"))
+    repo = repo_of(body.get("model"))
     for key in ("insecure", "stream"):
         if body.get(key) is not None and not isinstance(body[key], bool):
             raise bad(key, "must be a boolean")

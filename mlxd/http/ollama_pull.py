@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import threading
 from collections.abc import AsyncIterator
 from functools import partial
@@ -39,15 +40,22 @@ from mlxd.http.structured import bad, is_model_name
 Message = tuple[str, Any, Any]
 
 
+#: one part of a Hugging Face repo id (huggingface_hub's rule, in ASCII): word characters, '.'
+#: and '-', starting and ending with a word character, at most 96
+_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+#: a repo id as /api/pull takes it (a ``:latest`` tag is dropped); also the OpenAPI pattern
+REPO_PATTERN = rf"^{_PART}/{_PART}(?::latest)?$"
+#: what the Hub also refuses in a repo id (the OpenAPI document says ``not`` this)
+REPO_REFUSED = r"--|\.\.|\.git(?::latest)?$"
+
+
 def repo_of(raw: object) -> str:
     """The repo id a pull names (``org/name``; ``:latest`` dropped), or a 400 saying what mlxd pulls."""
     if not is_model_name(raw):
         raise bad("model", "is required: a Hugging Face repo id such as mlx-community/Qwen2.5-0.5B-Instruct-4bit")
-    repo = raw.removesuffix(":latest")
-    owner, slash, name = repo.partition("/")
-    if not slash or not owner or not name or "/" in name or any(c.isspace() for c in repo):
+    if not re.fullmatch(REPO_PATTERN, raw) or re.search(REPO_REFUSED, raw):
         raise bad("model", f"mlxd pulls Hugging Face repo ids (org/name), not Ollama library names (got {raw[:80]!r})")
-    return repo
+    return raw.removesuffix(":latest")
 
 
 def _configured(config: Config, repo: str) -> list[str]:

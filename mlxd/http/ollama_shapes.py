@@ -15,12 +15,12 @@ the field, rendered as Ollama's ``{"error": "..."}``):
   ``context`` are refused (400 naming them): mlxd uses the model's own
   template, has no fill-in-the-middle, and does not hand out token contexts.
 * An empty ``messages`` / ``prompt`` is Ollama's load call, or its unload call
-  with ``keep_alive: 0`` (:attr:`OllamaRequest.generation` is None).
+  with ``keep_alive: 0`` (:attr:`OllamaRequest.load_call`).
 * ``format``: ``"json"`` or a JSON Schema, enforced by the grammar.
 * ``tools``: as OpenAI's (``{"type": "function", "function": {...}}``).
-  Ollama has no ``tool_choice``; mlxd takes one (OpenAI's values) at the top
-  level or in ``options`` (where Ollama's clients pass unknown keys through),
-  so a client can force a call.
+  Ollama has no ``tool_choice``; mlxd takes one (OpenAI's values) in
+  ``options.tool_choice`` (Ollama's clients pass unknown options through), so
+  a client can force a call.
 * ``options``: ``temperature``, ``top_p``, ``seed``, ``num_predict``,
   ``stop``, ``num_ctx`` (a cap on the prompt's tokens); ``top_k: 1`` is greedy
   and other ``top_k`` values are not used; other options are ignored, as
@@ -42,7 +42,6 @@ from mlxd.errors import InvalidRequest, ModelNotFound
 from mlxd.http.preferences import Headers, Preferences, preferences
 from mlxd.http.structured import (
     ToolChoice,
-    arguments_text,
     bad,
     chat_logprobs,
     check_schema,
@@ -71,8 +70,9 @@ class OllamaRequest:
     """A validated ``/api/chat`` or ``/api/generate`` body."""
 
     model: str
-    #: None: Ollama's load call (or unload call, with keep_alive 0): no generation
-    generation: GenerationRequest | None
+    generation: GenerationRequest
+    #: Ollama's load call (or unload call, with keep_alive 0): no messages, no prompt
+    load_call: bool
     stream: bool
     prefs: Preferences
     #: the client asked for the model's thinking apart (``think``)
@@ -183,11 +183,13 @@ def _tools(body: dict[str, Any]) -> tuple[Tool, ...]:
 
 
 def _tool_choice(body: dict[str, Any], tools: tuple[Tool, ...]) -> tuple[ToolChoice, str | None]:
-    choice = body.get("tool_choice")
+    """``options.tool_choice`` (mlxd's extension: Ollama's clients pass ``options`` through)."""
     opts = body.get("options")
-    if choice is None and isinstance(opts, dict):
-        choice = opts.get("tool_choice")
-    return openai_tool_choice({"tool_choice": choice}, tools)
+    choice = opts.get("tool_choice") if isinstance(opts, dict) else None
+    try:
+        return openai_tool_choice({"tool_choice": choice}, tools)
+    except InvalidRequest as e:
+        raise bad("options.tool_choice", e.message.removeprefix("tool_choice: ")) from None
 
 
 def think(v: object) -> bool:
@@ -234,7 +236,10 @@ def _calls(v: object, p: str, i: int) -> tuple[ToolCall, ...]:
         if cid is not None and not isinstance(cid, str):
             raise bad(f"{q}.id", "must be a string")
         name = function_name(fn.get("name"), f"{q}.function.name")
-        args = arguments_text(fn.get("arguments", {}), f"{q}.function.arguments")
+        args = fn.get("arguments", {})
+        if not isinstance(args, dict):
+            raise bad(f"{q}.function.arguments", "must be an object")
+        args = json.dumps(args)
         out.append(ToolCall(cid or f"call_{i}_{j}", name, args))
     return tuple(out)
 
@@ -296,11 +301,11 @@ def _stream(body: dict[str, Any]) -> bool:
 
 def _refused(body: dict[str, Any]) -> None:
     """Generate fields mlxd cannot honour: a 400 naming them, never silently ignored."""
-    if body.get("template"):
-        raise bad("template", "mlxd applies the model's own chat template; send no template")
-    if body.get("suffix"):
-        raise bad("suffix", "fill-in-the-middle is not supported")
-    if body.get("context"):
+    for key, why in (("template", "mlxd applies the model's own chat template; send no template"),
+                     ("suffix", "fill-in-the-middle is not supported")):
+        if body.get(key) is not None and body[key] != "":
+            raise bad(key, why)
+    if body.get("context") is not None and body["context"] != []:
         raise bad("context", "mlxd does not take token contexts; send the history to /api/chat")
 
 
@@ -333,8 +338,6 @@ def parse(
     tools = _tools(body) if kind == "chat" else ()
     choice, name = _tool_choice(body, tools) if kind == "chat" else ("auto", None)
     c = constraint(choice, tools, response_format(body.get("format")), format_param="format")
-    if empty:
-        return OllamaRequest(model, None, stream, prefs, wants_thinking, opts.num_ctx)
     gen = GenerationRequest(
         kind="completion" if prompt is not None else "chat",
         prompt=prompt,
@@ -351,7 +354,7 @@ def parse(
         constraint=c,
         logprobs=chat_logprobs(body),
     )
-    return OllamaRequest(model, gen, stream, prefs, wants_thinking, opts.num_ctx)
+    return OllamaRequest(model, gen, empty, stream, prefs, wants_thinking, opts.num_ctx)
 
 
 def _generate_prompt(body: dict[str, Any], images_ok: bool) -> tuple[str | None, tuple[ChatMessage, ...], bool]:
