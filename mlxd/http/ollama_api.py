@@ -40,6 +40,7 @@ from mlxd.errors import (
     ContextLengthExceeded,
     InvalidRequest,
     MlxdError,
+    ModelNotFound,
     NotImplementedHere,
     ShuttingDown,
     ToolsNotSupported,
@@ -56,7 +57,7 @@ from mlxd.http.ollama_render import (
     ndjson_response,
     ns,
 )
-from mlxd.http.ollama_shapes import OllamaRequest, model_name, parse
+from mlxd.http.ollama_shapes import OllamaRequest, model_name, parse, resolve
 from mlxd.http.openai_api import read_json_body, request_id, with_checked_images
 from mlxd.http.preferences import preferences
 from mlxd.http.structured import bad, is_int
@@ -139,10 +140,11 @@ async def _load_call(st: AppState, parsed: OllamaRequest, *, chat: bool) -> Any:
 
 
 def _no_grammar(model: str, gen: GenerationRequest) -> None:
-    """What a fake or vision engine refuses when it generates, refused on the load call too
-    (the call is checked as the generation it stands for)."""
+    """What a fake or vision engine refuses, refused here in Ollama's field names (and on the
+    load call too: it is checked as the generation it stands for)."""
     if uses_tools(gen):
-        raise ToolsNotSupported(f"model '{model}' takes no tools", param="tools")
+        raise ToolsNotSupported(f"tools: model '{model}' takes no tools (its engine has no tool support)",
+                                param="tools")
     if gen.constraint is not None:
         raise bad("format", f"model '{model}' has no grammar-constrained decoding")
 
@@ -170,9 +172,9 @@ async def _generate(kind: Literal["chat", "generate"]) -> Any:
     if mc is not None and mc.embedding:
         raise bad("model", f"'{mc.name}' is an embedding model: use POST /api/embed")
     gen = parsed.generation
+    if mc is not None and (mc.engine == "fake" or mc.mllm):
+        _no_grammar(mc.name, gen)  # named as Ollama's clients know the fields
     if parsed.load_call:
-        if mc is not None and (mc.engine == "fake" or mc.mllm):
-            _no_grammar(mc.name, gen)
         return await _load_call(st, parsed, chat=kind == "chat")
     if mc is not None:  # before the lease: no model is loaded for a prompt that cannot fit
         check_prompt_chars(parsed.model, gen, limits_for(mc))
@@ -209,21 +211,31 @@ async def generate() -> Any:
 # ---- embeddings ---------------------------------------------------------------------------
 
 
-async def _embed(inputs: list[str], model: str, body: dict[str, Any], t0: float) -> tuple[list[Any], dict[str, Any]]:
+def _found(name: str | None, body: dict[str, Any]) -> str:
+    if name is None:
+        raise ModelNotFound(str(body["model"]))
+    return name
+
+
+async def _embed(inputs: list[str], name: str | None, body: dict[str, Any],
+                 t0: float) -> tuple[str, list[Any], dict[str, Any]]:
+    """The vectors of ``inputs`` under a lease on the model ``name`` resolved to (None: a 404,
+    once the body's other fields are checked)."""
     st = state()
-    mc = st.config.model(model)
-    if mc is None or not mc.embedding:
-        raise bad("model", f"'{model}' is not an embedding model (set embedding: true in its config)")
     if body.get("options") is not None and not isinstance(body["options"], dict):
         raise bad("options", "must be an object")
     prefs = preferences(body, request.headers)
+    model = _found(name, body)
+    mc = st.config.model(model)
+    if mc is None or not mc.embedding:
+        raise bad("model", f"'{model}' is not an embedding model (set embedding: true in its config)")
     lease = await generation.acquire(st, model, request_id(), prefs)
     lease_at = time.monotonic()
     async with lease:  # ends with the one outcome rule (mlxd.residency.lease.outcome_of)
         with lease.scope():
             vectors, tokens = await lease.engine.embed(inputs)  # type: ignore[attr-defined]
         lease.set_usage(tokens, 0)
-    return vectors, {"total_duration": ns(time.monotonic() - t0), "load_duration": ns(lease_at - t0),
+    return model, vectors, {"total_duration": ns(time.monotonic() - t0), "load_duration": ns(lease_at - t0),
                      "prompt_eval_count": tokens}
 
 
@@ -232,7 +244,7 @@ async def embed() -> Any:
     st = state()
     t0 = _arrived()
     body = await _body()
-    model = _name(st, body)
+    name = resolve(body.get("model"), st.manager.has_model)
     raw = body.get("input")
     if not isinstance(raw, str | list) or any(not isinstance(x, str) for x in (raw if isinstance(raw, list) else [])):
         raise bad("input", "must be a string or a list of strings")
@@ -242,7 +254,7 @@ async def embed() -> Any:
     dims = body.get("dimensions")
     if dims is not None and (not is_int(dims) or dims < 1):
         raise bad("dimensions", "must be a positive integer")
-    vectors, counters = await _embed(inputs, model, body, t0)  # type: ignore[arg-type]
+    model, vectors, counters = await _embed(inputs, name, body, t0)  # type: ignore[arg-type]
     if dims is not None and vectors and dims != len(vectors[0]):
         raise bad("dimensions", f"this model's vectors have {len(vectors[0])} dimensions")
     return {"model": model, "embeddings": vectors, **counters}
@@ -254,11 +266,11 @@ async def embeddings() -> Any:
     st = state()
     t0 = _arrived()
     body = await _body()
-    model = _name(st, body)
+    name = resolve(body.get("model"), st.manager.has_model)
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise bad("prompt", "is required: a non-empty string")
-    vectors, _ = await _embed([prompt], model, body, t0)
+    _, vectors, _ = await _embed([prompt], name, body, t0)
     return {"embedding": vectors[0]}
 
 

@@ -81,16 +81,23 @@ class OllamaRequest:
     num_ctx: int | None
 
 
-def model_name(raw: object, known: Callable[[str], bool], param: str = "model") -> str:
-    """The configured model ``raw`` names: itself, or ``name`` for ``name:latest``."""
+def resolve(raw: object, known: Callable[[str], bool], param: str = "model") -> str | None:
+    """The configured model ``raw`` names (itself, or ``name`` for ``name:latest``); None when
+    no model has that name; a 400 when it is not a model name at all."""
     if not is_model_name(raw):
         raise bad(param, "is required: a model name")
     if known(raw):
         return raw
     base, colon, tag = raw.rpartition(":")
-    if colon and tag == "latest" and known(base):
-        return base
-    raise ModelNotFound(raw)
+    return base if colon and tag == "latest" and known(base) else None
+
+
+def model_name(raw: object, known: Callable[[str], bool], param: str = "model") -> str:
+    """The configured model ``raw`` names, or a 404."""
+    name = resolve(raw, known, param)
+    if name is None:
+        raise ModelNotFound(str(raw))
+    return name
 
 
 def _number(opts: dict[str, Any], key: str, lo: float, hi: float) -> float | None:
@@ -322,12 +329,12 @@ def parse(
     ``allow_images``: is it a vision model)."""
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
-    model = model_name(body.get("model"), known)
+    name = resolve(body.get("model"), known)  # every field is checked before an unknown model's 404
     stream = _stream(body)
     prefs = preferences(body, headers)
     wants_thinking = think(body.get("think"))
     opts = options(body)
-    images_ok = allow_images(model)
+    images_ok = name is not None and allow_images(name)
     if kind == "chat":
         msgs = messages(body.get("messages"), allow_images=images_ok)
         prompt: str | None = None
@@ -336,8 +343,11 @@ def parse(
         _refused(body)
         prompt, msgs, empty = _generate_prompt(body, images_ok)
     tools = _tools(body) if kind == "chat" else ()
-    choice, name = _tool_choice(body, tools) if kind == "chat" else ("auto", None)
+    choice, tool = _tool_choice(body, tools) if kind == "chat" else ("auto", None)
     c = constraint(choice, tools, response_format(body.get("format")), format_param="format")
+    logprobs = chat_logprobs(body)
+    if name is None:
+        raise ModelNotFound(str(body["model"]))
     gen = GenerationRequest(
         kind="completion" if prompt is not None else "chat",
         prompt=prompt,
@@ -350,11 +360,11 @@ def parse(
         request_id=request_id,
         tools=tools,
         tool_choice=choice,
-        tool_name=name,
+        tool_name=tool,
         constraint=c,
-        logprobs=chat_logprobs(body),
+        logprobs=logprobs,
     )
-    return OllamaRequest(model, gen, empty, stream, prefs, wants_thinking, opts.num_ctx)
+    return OllamaRequest(name, gen, empty, stream, prefs, wants_thinking, opts.num_ctx)
 
 
 def _generate_prompt(body: dict[str, Any], images_ok: bool) -> tuple[str | None, tuple[ChatMessage, ...], bool]:
