@@ -26,13 +26,21 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# the JavaScript clients the suite drives (the `ollama` npm package), in tests/js/node_modules;
+# without npm this does nothing and their test skips, saying so
+JS_CLIENTS := tests/js/node_modules/.installed
+$(JS_CLIENTS): tests/js/package.json
+	if command -v npm >/dev/null 2>&1; then \
+	  npm install --prefix tests/js --no-audit --no-fund --silent && touch $@; \
+	fi
+
 serve: $(STAMP)
 	$(BIN)/mlxd serve
 
-test: lint
+test: lint $(JS_CLIENTS)
 	$(BIN)/python -m pytest -q
 
-stress: $(STAMP)
+stress: $(STAMP) $(JS_CLIENTS)
 	$(BIN)/python -m pytest -q --stress
 
 # ruff (style, bugs, Trio rules), mypy (strict on residency, journal and config),

@@ -201,6 +201,7 @@ async def test_generate_whole_streamed_raw_and_refused_fields(cfg: Any, tmp_path
 async def test_embed_and_the_older_embeddings_route(cfg: Any, tmp_path: Path) -> None:
     """embed gives one unit vector per input, embeddings the same vector for one prompt; a
     generator model is a 400 naming the model; the lease rows name each route."""
+    pytest.importorskip("mlx_embeddings", reason="the embeddings extra (mlx-embeddings) is not installed")
     async with serving(cfg, tmp_path) as s:
         c = client(s)
         r = await run(lambda: c.embed("bert", ["hello world", "the quick fox"]))
