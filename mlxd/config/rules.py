@@ -183,10 +183,9 @@ class Parser:
             raise t.error(
                 "api_key_env", f"must be an environment variable name (got {show(api_key_env)})"
             )
-        ollama_port = t.optional_integer("ollama_port", minimum=0)
-        if ollama_port is not None:
-            if ollama_port > 65535:
-                raise t.error("ollama_port", f"must be a port from 0 to 65535 (got {ollama_port})")
+        ollama_port = None  # off unless given (null: off)
+        if t.raw.get("ollama_port") is not None:
+            ollama_port = t.integer("ollama_port", 0, minimum=0, maximum=65535)
             if ollama_port == port != 0:
                 raise t.error("ollama_port", f"must differ from server.port ({port})")
         return ServerConfig(
