@@ -60,7 +60,7 @@ from mlxd.http.ollama_render import (
 from mlxd.http.ollama_shapes import OllamaRequest, model_name, parse, resolve
 from mlxd.http.openai_api import read_json_body, request_id, with_checked_images
 from mlxd.http.preferences import preferences
-from mlxd.http.structured import bad, is_int
+from mlxd.http.structured import bad, is_int, is_model_name
 from mlxd.residency.lease import Lease
 
 bp = Blueprint("ollama", __name__)
@@ -88,9 +88,14 @@ async def _body() -> dict[str, Any]:
     return body
 
 
-def _name(st: AppState, body: dict[str, Any]) -> str:
-    """The configured model a body names."""
-    return model_name(body.get("model"), st.manager.has_model)
+def _named(body: dict[str, Any]) -> object:
+    """The model a show or pull body names: ``model``, or the older ``name`` (Continue sends it)
+    when ``model`` is absent; a ``name`` beside ``model`` must still be a model name."""
+    if body.get("model") is None:
+        return body.get("name")
+    if body.get("name") is not None and not is_model_name(body["name"]):
+        raise bad("name", "must be a model name")
+    return body["model"]
 
 
 # ---- discovery ----------------------------------------------------------------------------
@@ -117,7 +122,7 @@ async def show() -> Any:
     body = await _body()
     if body.get("verbose") is not None and not isinstance(body["verbose"], bool):
         raise bad("verbose", "must be a boolean")
-    mc = st.config.model(_name(st, body))
+    mc = st.config.model(model_name(_named(body), st.manager.has_model))
     assert mc is not None  # model_name found it
     return await ollama_catalog.show(st, mc)
 
@@ -290,7 +295,7 @@ async def _pull_lines(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[by
 async def pull() -> Any:
     st = state()
     body = await _body()
-    repo = repo_of(body.get("model"))
+    repo = repo_of(_named(body))
     for key in ("insecure", "stream"):
         if body.get(key) is not None and not isinstance(body[key], bool):
             raise bad(key, "must be a boolean")

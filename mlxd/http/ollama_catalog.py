@@ -135,7 +135,7 @@ async def template_of(mc: ModelConfig) -> TemplateFacts | None:
 
 def _model_info(mc: ModelConfig, facts: FileFacts | None) -> dict[str, Any]:
     arch = (facts.family if facts is not None else "") or ("fake" if mc.engine == "fake" else "unknown")
-    info: dict[str, Any] = {"general.architecture": arch,
+    info: dict[str, Any] = {"general.architecture": arch, "general.basename": mc.name,
                             f"{arch}.context_length": limits_for(mc).max_prompt_tokens}
     if facts is not None:
         if facts.parameter_count:

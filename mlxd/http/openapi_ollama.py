@@ -280,6 +280,13 @@ _NDJSON = {"type": "string", "description": "one JSON object per line: replies w
            "then one with done true (or {\"error\": ...})"}
 
 
+def _model_or_name(named: dict[str, Any]) -> list[dict[str, Any]]:
+    """``model``, or the older ``name`` when ``model`` is absent or null (beside ``model``,
+    ``name`` is any model name and is not used)."""
+    return [{"required": ["model"], "properties": {"model": named, "name": nullable(ANY_MODEL_NAME)}},
+            {"required": ["name"], "properties": {"model": {"type": "null"}, "name": named}}]
+
+
 def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
@@ -319,9 +326,9 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
         "model": embed_model, "prompt": text, "options": nullable({"type": "object"}),
         "keep_alive": _KEEP_ALIVE}, **_OPEN}
     vectors = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
-    pull_request = {"type": "object", "required": ["model"], "properties": {
-        "model": {"type": "string", "pattern": REPO_PATTERN, "not": {"pattern": REPO_REFUSED},
-                  "description": "a Hugging Face repo id (org/name)"},
+    repo = {"type": "string", "pattern": REPO_PATTERN, "not": {"pattern": REPO_REFUSED},
+            "description": "a Hugging Face repo id (org/name)"}
+    pull_request = {"type": "object", "anyOf": _model_or_name(repo), "properties": {
         "insecure": nullable({"type": "boolean"}), "stream": nullable({"type": "boolean"})}, **_OPEN}
     status = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
     return {
@@ -338,9 +345,8 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
                                                         "properties": {"models": {"type": "array", "items": _RUNNING}}}),
                                           **_errors(*_GUARDED)}}},
         "/api/show": _post("A model's details, capabilities, context length and template",
-                           {"type": "object", "required": ["model"],
-                            "properties": {"model": _model(every, []), "verbose": nullable({"type": "boolean"})},
-                            **_OPEN},
+                           {"type": "object", "anyOf": _model_or_name(_model(every, [])),
+                            "properties": {"verbose": nullable({"type": "boolean"})}, **_OPEN},
                            _json({"type": "object", "required": ["capabilities", "details", "model_info"],
                                   "properties": {"capabilities": {"type": "array", "items": {"enum": [
                                       "completion", "tools", "vision", "embedding", "thinking"]}}}}),

@@ -84,7 +84,8 @@ def seconds_from_now(stamp: Any) -> float:
 
 async def test_list_show_and_version_describe_every_configured_model(cfg: Any, tmp_path: Path) -> None:
     """list names every model with size, digest and details; show gives the real capabilities,
-    the context length and the template; ``name:latest`` is the same model."""
+    the context length and the template (also asked with the older ``name``); ``name:latest`` is
+    the same model."""
     async with serving(cfg, tmp_path) as s:
         c = client(s)
         listed = {m.model: m for m in (await run(c.list)).models}
@@ -102,7 +103,10 @@ async def test_list_show_and_version_describe_every_configured_model(cfg: Any, t
         assert (await run(lambda: c.show("fake-a"))).capabilities == ["completion"]
         async with s.client() as h:
             v = (await h.get("/api/version")).json()
+            older = (await h.post("/api/show", json={"name": "tiny"})).json()  # as Continue asks
         assert v["version"] and v["mlxd"]
+        assert older["capabilities"] == ["completion", "tools"]
+        assert older["model_info"]["general.basename"] == "tiny"  # what Copilot names it
         assert s.manager.core.state("tiny").value == "unloaded"  # discovery loads nothing
 
 
