@@ -11,7 +11,8 @@ with the 400 a longer prompt gets. Model names may carry ``:latest``.
 
 Errors are Ollama's ``{"error": "..."}`` (``OllamaError``). The routes mlxd
 does not serve (``/api/delete``, ``/api/copy``, ``/api/create``,
-``/api/push``, ``/api/blobs``: 501) are left out of the document.
+``/api/push``, ``/api/blobs``) are described with their only answer, 501
+(schemathesis leaves them out: a 501 is all they can say).
 """
 
 from __future__ import annotations
@@ -305,6 +306,25 @@ def _post(summary: str, request: dict[str, Any], ok: dict[str, Any], *errors: in
     }}
 
 
+#: the routes mlxd does not serve (501), as (path, method)
+NOT_SERVED = (("/api/delete", "delete"), ("/api/copy", "post"), ("/api/create", "post"),
+              ("/api/push", "post"), ("/api/blobs/{digest}", "post"))
+
+
+def _not_served() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, method in NOT_SERVED:
+        op: dict[str, Any] = {
+            "summary": "Not served: mlxd reads its models from its config",
+            "responses": {"501": {"description": "not served (the message says why)", "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/OllamaError"}}}},
+                **_errors(*_GUARDED)}}
+        if "{digest}" in path:
+            op["parameters"] = [{"name": "digest", "in": "path", "required": True, "schema": {"type": "string"}}]
+        out[path] = {method: op}
+    return out
+
+
 def ollama_paths(config: Config | None) -> dict[str, Any]:
     models = list(config.models) if config is not None else []
     embedding = [m.name for m in models if m.embedding]
@@ -365,4 +385,5 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
                                  502, *_BODY_ERRORS),
         "/api/pull": _post("Download a Hugging Face repo into the local cache (scope admin)", pull_request,
                            _json(status), 400, 413, 415, 502, *_GUARDED, streamed=True, headers=False),
+        **_not_served(),
     }
