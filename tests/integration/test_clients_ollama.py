@@ -20,8 +20,9 @@ import ollama
 import pytest
 import trio
 
-from mlxd.engines.demo_model import BERT_SHAPE, write_demo_model
+from mlxd.engines.demo_model import BERT_SHAPE
 from tests.integration.conftest import config_of, fake
+from tests.integration.test_clients_openai import PERSON
 from tests.support.daemon import Served, serving
 from tests.support.official import run
 
@@ -37,26 +38,8 @@ WEATHER = {
         },
     },
 }
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer", "minimum": 0},
-        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
-        "role": {"enum": ["admin", "user"]},
-    },
-    "required": ["name", "age", "tags", "role"],
-    "additionalProperties": False,
-}
 ASK = [{"role": "user", "content": "what is the weather in Paris?"}]
 GREEDY = {"temperature": 0, "num_predict": 12}
-
-
-@pytest.fixture(scope="session")
-def bert_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("models") / "bert"
-    write_demo_model(path, "embedding")
-    return path
 
 
 @pytest.fixture

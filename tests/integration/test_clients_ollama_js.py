@@ -37,13 +37,10 @@ def ollama_js() -> Path:
 
 
 @pytest.fixture
-def cfg(tiny_model: Path, tmp_path: Path) -> Any:
+def cfg(tiny_model: Path, bert_model: Path, tmp_path: Path) -> Any:
     models: list[dict[str, Any]] = [{"name": "tiny", "path": str(tiny_model), "estimated_memory_gb": 0.05}]
-    if importlib.util.find_spec("mlx_embeddings") is not None:
-        from mlxd.engines.demo_model import write_demo_model
-
-        write_demo_model(tmp_path / "bert", "embedding")
-        models.append({"name": "bert", "path": str(tmp_path / "bert"), "embedding": True,
+    if importlib.util.find_spec("mlx_embeddings") is not None:  # the embeddings extra serves bert
+        models.append({"name": "bert", "path": str(bert_model), "embedding": True,
                        "estimated_memory_gb": 0.01})
     return config_of({"manager": {"memory_budget_gb": 2}, "models": models}, tmp_path)
 
