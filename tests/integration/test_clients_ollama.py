@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import ollama
 import pytest
@@ -23,7 +25,7 @@ import trio
 from mlxd.engines.demo_model import BERT_SHAPE
 from tests.integration.conftest import config_of, fake
 from tests.integration.test_clients_openai import PERSON
-from tests.support.daemon import Served, serving
+from tests.support.daemon import DaemonProcess, Served, fake_models_config, serving, write_config
 from tests.support.official import run
 
 WEATHER = {
@@ -280,3 +282,14 @@ async def test_lease_route_access_log_metrics_and_the_ollama_port(
         with trio.fail_after(10):
             while not any("route=/api/chat" in r.getMessage() for r in caplog.records if r.name == "mlxd.access"):  # noqa: ASYNC110
                 await trio.sleep(0.01)
+
+
+def test_serve_ollama_port_flag_opens_a_second_listener(tmp_path: Path) -> None:
+    """``mlxd serve --ollama-port`` serves the same app on a second port, announced in the log."""
+    cfg_path = write_config(tmp_path / "models.yaml", fake_models_config({"a": 0.1}, budget_gb=1))
+    with DaemonProcess(cfg_path, tmp_path, args=("--ollama-port", "0")) as d:
+        found = re.search(r"Ollama clients: (http://\S+)", d.log())
+        assert found is not None, d.log()[-2000:]
+        assert found.group(1) != d.url
+        tags = httpx.get(found.group(1) + "/api/tags", timeout=10).json()
+    assert [m["name"] for m in tags["models"]] == ["a"]
