@@ -179,12 +179,12 @@ async def _generate(kind: Literal["chat", "generate"]) -> Any:
     gen = parsed.generation
     if mc is not None and (mc.engine == "fake" or mc.mllm):
         _no_grammar(mc.name, gen)  # named as Ollama's clients know the fields
+    split = await _thinking_split(st, parsed.model) if parsed.think else None
     if parsed.load_call:
         return await _load_call(st, parsed, chat=kind == "chat")
     if mc is not None:  # before the lease: no model is loaded for a prompt that cannot fit
         check_prompt_chars(parsed.model, gen, limits_for(mc))
         gen = await with_checked_images(mc, gen)
-    split = await _thinking_split(st, parsed.model) if parsed.think else None
     renderer = OllamaRenderer(parsed.model, kind, split=split, t0=t0)
     num_ctx = parsed.num_ctx
 
