@@ -208,8 +208,10 @@ async def test_embed_and_the_older_embeddings_route(cfg: Any, tmp_path: Path) ->
 async def test_pull_offline_ends_with_a_clear_error(cfg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Offline, a pull of a repo not in the cache ends at once with an error naming the cause
     (streamed and whole); an Ollama library name is a 400 saying what mlxd pulls."""
+    from huggingface_hub import constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))  # an empty cache
     async with serving(cfg, tmp_path) as s:
         c = client(s)
         with trio.fail_after(20):
@@ -293,3 +295,40 @@ def test_serve_ollama_port_flag_opens_a_second_listener(tmp_path: Path) -> None:
         assert found.group(1) != d.url
         tags = httpx.get(found.group(1) + "/api/tags", timeout=10).json()
     assert [m["name"] for m in tags["models"]] == ["a"]
+
+
+def fake_hub_cache(root: Path, repo: str) -> None:
+    """A Hugging Face cache holding ``repo`` (refs/main -> one snapshot with a config.json)."""
+    folder = root / ("models--" + repo.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text("0123456789abcdef0123456789abcdef01234567")
+    snapshot = folder / "snapshots" / "0123456789abcdef0123456789abcdef01234567"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text('{"model_type": "llama"}')
+
+
+async def test_pull_of_a_cached_repo_succeeds_and_says_how_to_serve_it(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pull of a repo the cache holds ends in success; for a repo no model names, a status line
+    says how to add it; for a configured one, success names the model."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))  # read at import otherwise
+    for repo in ("org/cached", "org/served"):
+        fake_hub_cache(tmp_path / "hf", repo)
+    cfg = config_of({"manager": {"memory_budget_gb": 2},
+                     "models": [{"name": "tiny", "path": str(tiny_model), "estimated_memory_gb": 0.05},
+                                {"name": "served", "path": "org/served", "estimated_memory_gb": 0.05}]},
+                    tmp_path)
+    async with serving(cfg, tmp_path) as s:
+        c = client(s)
+        with trio.fail_after(20):
+            lines = await run(lambda: [p.status for p in c.pull("org/cached:latest", stream=True)])
+            assert lines[0] == "pulling manifest" and lines[-1] == "success"
+            assert any("add `- name: <name>` with `path: org/cached`" in (x or "") for x in lines)
+            async with s.client() as h:
+                r = await h.post("/api/pull", json={"model": "org/served", "stream": False})
+        assert r.status_code == 200 and r.json()["status"] == "success"
+        assert r.json()["mlxd"] == {"repo": "org/served", "models": ["served"], "next": None}
