@@ -3,34 +3,21 @@
 from __future__ import annotations
 
 import base64
-import io
 from pathlib import Path
 
 import ollama
 import pytest
 
 from tests.integration.conftest import config_of
+from tests.integration.test_vision_http import png_data_url
 from tests.support.daemon import serving
 from tests.support.official import run
 
 pytestmark = pytest.mark.usefixtures("vision_extra")
 
 
-@pytest.fixture(scope="module")
-def vision_model(vision_extra: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mlxd.engines.demo_model import write_demo_model
-
-    path = tmp_path_factory.mktemp("models") / "llava"
-    write_demo_model(path, "vision")
-    return path
-
-
 def png(color: tuple[int, int, int]) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (28, 28), color).save(buf, format="PNG")
-    return buf.getvalue()
+    return base64.b64decode(png_data_url(color).split(",", 1)[1])
 
 
 async def test_ollama_images_reach_the_vision_model(vision_model: Path, tmp_path: Path) -> None:
