@@ -21,10 +21,9 @@ the field, rendered as Ollama's ``{"error": "..."}``):
   Ollama has no ``tool_choice``; mlxd takes one (OpenAI's values) in
   ``options.tool_choice`` (Ollama's clients pass unknown options through), so
   a client can force a call.
-* ``options``: ``temperature``, ``top_p``, ``seed``, ``num_predict``,
-  ``stop``, ``num_ctx`` (a cap on the prompt's tokens); ``top_k: 1`` is greedy
-  and other ``top_k`` values are not used; other options are ignored, as
-  Ollama does.
+* ``options``: ``temperature``, ``top_p``, ``top_k`` (``1``: greedy; not used
+  by vision models), ``seed``, ``num_predict``, ``stop``, ``num_ctx`` (a cap on
+  the prompt's tokens); other options are ignored, as Ollama does.
 * ``think``: a boolean or a level; a model without thinking markers refuses
   ``true`` (400), as Ollama does.
 * ``keep_alive``: Ollama's forms (:mod:`mlxd.http.preferences`).
@@ -122,6 +121,7 @@ def _int(opts: dict[str, Any], key: str) -> int | None:
 class Options:
     temperature: float
     top_p: float
+    top_k: int
     seed: int | None
     max_tokens: int
     stop: tuple[str, ...]
@@ -164,6 +164,7 @@ def options(body: dict[str, Any]) -> Options:
     return Options(
         temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
+        top_k=top_k or 0,
         seed=None if seed is None else seed % 2**32,
         max_tokens=num_predict if num_predict is not None and num_predict > 0 else DEFAULT_NUM_PREDICT,
         stop=_stop(opts.get("stop")),
@@ -355,6 +356,7 @@ def parse(
         max_tokens=opts.max_tokens,
         temperature=opts.temperature,
         top_p=opts.top_p,
+        top_k=opts.top_k,
         stop=opts.stop,
         seed=opts.seed,
         request_id=request_id,

@@ -106,7 +106,7 @@ def _options(tool_choice: dict[str, Any] | None) -> dict[str, Any]:
         "properties": {
             "temperature": nullable({"type": "number", "minimum": 0, "maximum": 2}),
             "top_p": nullable({"type": "number", "minimum": 0, "maximum": 1}),
-            "top_k": nullable({**_INT64, "minimum": 0, "description": "1: greedy; others not used"}),
+            "top_k": nullable({**_INT64, "minimum": 0, "description": "0: no limit; 1: greedy"}),
             "seed": nullable(_INT64),
             "num_predict": nullable({**_INT64, "maximum": MAX_TOKENS_LIMIT,
                                      "description": "0 or negative: 2048"}),

@@ -126,6 +126,9 @@ async def test_chat_whole_and_streamed_with_ollama_counters(cfg: Any, tmp_path: 
         assert whole.eval_count == 12 and whole.prompt_eval_count and whole.prompt_eval_count > 0
         assert whole.total_duration and whole.eval_duration and whole.load_duration is not None
         assert whole.total_duration >= whole.eval_duration + (whole.prompt_eval_duration or 0)
+        sampled = await run(lambda: c.chat("tiny", ASK, options={"top_k": 3, "temperature": 1.5,
+                                                                   "seed": 3, "num_predict": 6}))
+        assert sampled.eval_count == 6
         parts = await run(lambda: list(c.chat("tiny", ASK, options=GREEDY, stream=True)))
         assert all(not p.done for p in parts[:-1]) and parts[-1].done
         assert "".join(p.message.content or "" for p in parts) == whole.message.content

@@ -34,12 +34,13 @@ def test_model_names_take_latest_and_nothing_else() -> None:
 
 
 def test_options_map_onto_sampling_and_unknown_ones_are_ignored() -> None:
-    """temperature, top_p, seed, num_predict and stop map; top_k 1 and top_p 0 are greedy;
+    """temperature, top_p, top_k, seed, num_predict and stop map; top_k 1 and top_p 0 are greedy;
     num_predict 0 or negative is the default; unknown options are ignored."""
     gen = req({"messages": [{"role": "user", "content": "hi"}],
                "options": {"temperature": 0.7, "top_p": 0.9, "seed": -1, "num_predict": 33,
                            "stop": "END", "mirostat": 2, "num_gpu": 99}}).generation
     assert (gen.temperature, gen.top_p, gen.seed, gen.max_tokens, gen.stop) == (0.7, 0.9, 2**32 - 1, 33, ("END",))
+    assert req({"messages": [], "options": {"top_k": 40}}).generation.top_k == 40
     greedy = req({"messages": [{"role": "user", "content": "hi"}], "options": {"top_k": 1, "num_predict": -1}})
     assert greedy.generation.temperature == 0.0 and greedy.generation.max_tokens == DEFAULT_NUM_PREDICT
     assert req({"messages": [], "options": {"top_p": 0}}).generation.temperature == 0.0
