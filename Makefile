@@ -36,6 +36,14 @@ $(STAMP): $(SERVE_STAMP)
 
 venv: $(STAMP)
 
+# the JavaScript clients the suite drives (the `ollama` npm package), in tests/js/node_modules;
+# without npm this does nothing and their test skips, saying so
+JS_CLIENTS := tests/js/node_modules/.installed
+$(JS_CLIENTS): tests/js/package.json
+	if command -v npm >/dev/null 2>&1; then \
+	  npm install --prefix tests/js --no-audit --no-fund --silent && touch $@; \
+	fi
+
 # MLX's Linux CPU wheel links the reference BLAS; Debian's OpenBLAS makes its prompts prefill
 # about 10x faster (mlxd.blas: `mlxd serve` re-executes itself with it preloaded). Installed when
 # missing and this user may (root, or password-less sudo); otherwise one line says what it costs.
@@ -56,10 +64,10 @@ FAST_BLAS = $$(ls /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3 2>/dev/null
 serve: $(SERVE_STAMP) blas
 	$(BIN)/mlxd serve
 
-test: lint blas
+test: lint blas $(JS_CLIENTS)
 	LD_PRELOAD="$(FAST_BLAS) $$LD_PRELOAD" $(BIN)/python -m pytest -q
 
-stress: $(STAMP) blas
+stress: $(STAMP) blas $(JS_CLIENTS)
 	LD_PRELOAD="$(FAST_BLAS) $$LD_PRELOAD" $(BIN)/python -m pytest -q --stress
 
 # ruff (style, bugs, Trio rules), mypy (strict on residency, journal and config),

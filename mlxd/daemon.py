@@ -346,6 +346,8 @@ class Daemon:
     def _announce(self) -> None:
         assert self.manager is not None
         log.info("mlxd %s listening on %s", __version__, ", ".join(self.urls))
+        if self.config.server.ollama_port is not None and len(self.urls) > 1:
+            log.info("Ollama clients: %s (the same API on a second port)", self.urls[-1])
         log.info("budget %s, policy %s; models: %s",
                  format_bytes(self.manager.core.budget), self.manager.core.policy.strategy,
                  ", ".join(f"{m.name} ({m.engine})" for m in self.config.models))
@@ -358,6 +360,8 @@ def hypercorn_config(server: ServerConfig) -> HypercornConfig:
     hc = HypercornConfig()
     host = server.host if ":" not in server.host else f"[{server.host}]"
     hc.bind = [f"{host}:{server.port}"]
+    if server.ollama_port is not None:  # the same app, for clients that hard-code Ollama's port
+        hc.bind.append(f"{host}:{server.ollama_port}")
     hc.graceful_timeout = HTTP_GRACE_S
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")

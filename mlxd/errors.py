@@ -163,6 +163,15 @@ class UnsupportedMediaType(MlxdError):
 # ---- 5xx: the server cannot do it now ---------------------------------------------------
 
 
+class NotImplementedHere(MlxdError):
+    """A route of another server's API that mlxd does not serve by design (Ollama's
+    ``/api/delete``, ``/api/copy``, ``/api/create``, ``/api/push``: mlxd reads models from its config)."""
+
+    http_status = 501
+    type = "invalid_request_error"
+    code = "not_implemented"
+
+
 class LoadFailed(MlxdError):
     """The engine raised while loading; the model is ``failed`` with ``last_error``."""
 

@@ -58,6 +58,12 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--config", help="YAML config (default: the built-in offline demo config)")
     p.add_argument("--host", help="bind address (overrides server.host)")
     p.add_argument("--port", type=int, help="port, 0 for any free port (overrides server.port)")
+    p.add_argument(
+        "--ollama-port",
+        type=int,
+        help="also serve on this port (Ollama's is 11434) for clients that hard-code it "
+        "(overrides server.ollama_port)",
+    )
     p.add_argument("--journal", help="journal file (overrides journal.path)")
     p.add_argument(
         "--log-level",

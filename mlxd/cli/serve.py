@@ -71,6 +71,13 @@ def load_serve_config(args: argparse.Namespace) -> tuple[Config, Path | None]:
         if not 0 <= args.port <= 65535:
             raise ConfigError(f"--port: must be between 0 and 65535 (got {args.port})")
         server = replace(server, port=args.port)
+    ollama_port = getattr(args, "ollama_port", None)
+    if ollama_port is not None:
+        if not 0 <= ollama_port <= 65535:
+            raise ConfigError(f"--ollama-port: must be between 0 and 65535 (got {ollama_port})")
+        if ollama_port == server.port != 0:
+            raise ConfigError(f"--ollama-port: must differ from the main port ({server.port})")
+        server = replace(server, ollama_port=ollama_port)
     journal = config.journal
     if journal_override is not None:
         journal = replace(journal, path=journal_override)

@@ -67,6 +67,9 @@ class ServerConfig:
     max_body_mb: float = 32.0
     #: scoped keys (``api_key_env`` stays one more key, named ``default``, with every scope)
     keys: tuple[KeyConfig, ...] = ()
+    #: a second port on ``host`` serving the same app, for clients that hard-code Ollama's
+    #: 11434 (None: off; 0: any free port)
+    ollama_port: int | None = None
 
     @property
     def max_body_bytes(self) -> int:

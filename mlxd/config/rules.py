@@ -61,7 +61,7 @@ from mlxd.units import GIB
 T = TypeVar("T")
 
 TOP_KEYS = ("server", "journal", "manager", "models")
-SERVER_KEYS = ("host", "port", "api_key_env", "shutdown_grace_s", "max_body_mb", "keys")
+SERVER_KEYS = ("host", "port", "api_key_env", "shutdown_grace_s", "max_body_mb", "keys", "ollama_port")
 JOURNAL_KEYS = ("path", "synchronous", "retain_days", "max_mb")
 MANAGER_KEYS = (
     "memory_budget_gb",
@@ -220,9 +220,15 @@ class Parser:
             raise t.error(
                 "api_key_env", f"must be an environment variable name (got {show(api_key_env)})"
             )
+        ollama_port = None  # off unless given (null: off)
+        if t.raw.get("ollama_port") is not None:
+            ollama_port = t.integer("ollama_port", 0, minimum=0, maximum=65535)
+            if ollama_port == port != 0:
+                raise t.error("ollama_port", f"must differ from server.port ({port})")
         return ServerConfig(
             host=host,
             port=port,
+            ollama_port=ollama_port,
             api_key_env=api_key_env,
             shutdown_grace_s=t.number("shutdown_grace_s", _SERVER.shutdown_grace_s),
             max_body_mb=t.number("max_body_mb", _SERVER.max_body_mb, positive=True),

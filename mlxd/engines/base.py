@@ -102,6 +102,8 @@ class GenerationRequest:
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
+    #: sample among the k most likely tokens only (0: no such limit; Ollama's ``top_k``)
+    top_k: int = 0
     stop: tuple[str, ...] = ()
     seed: int | None = None
     #: decoded images (PIL images or raw bytes) for ``mllm`` models

@@ -376,7 +376,7 @@ class BatchLoop:
         self._solo = True
         self.alone += 1
         try:
-            run = SoloRun(self, job, make_sampler(req.temperature, req.top_p, req.seed),
+            run = SoloRun(self, job, make_sampler(req.temperature, req.top_p, req.seed, req.top_k),
                           self._output(req))
             resume = run.run(lambda: bool(self._inbox))
             if resume is not None:
@@ -458,7 +458,7 @@ class BatchLoop:
             max_tokens=[req.max_tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[ids[:cached]],
-            samplers=[make_sampler(req.temperature, req.top_p, req.seed)],
+            samplers=[make_sampler(req.temperature, req.top_p, req.seed, req.top_k)],
             logits_processors=[list(req.logits_processors)],
             stop_sequences=[StopSequences([(t,) for t in tok.eos_token_ids])],  # == _Seq.eos
         )

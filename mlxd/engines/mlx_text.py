@@ -520,7 +520,8 @@ class MlxTextEngine:
         st.prompt_tokens = len(ids)
         seed_rng(req.seed)
         top_p = req.top_p if 0.0 < req.top_p < 1.0 else 0.0
-        sampler = make_sampler(temp=max(0.0, req.temperature), top_p=top_p)
+        top_k = req.top_k if 0 < req.top_k < self._vocab_size else 0  # past the vocabulary: no limit
+        sampler = make_sampler(temp=max(0.0, req.temperature), top_p=top_p, top_k=top_k)
 
         def on_prefill(done: int, total: int) -> None:
             st.prefill_done = done

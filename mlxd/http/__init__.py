@@ -1,7 +1,8 @@
 """The HTTP surface: a quart-trio app with the OpenAI routes and the admin routes.
 
 Owns the app and its one error handler (:mod:`.app`), request validation
-(:mod:`.validation`), server-sent events (:mod:`.sse`), the OpenAI routes (:mod:`.openai_api`), the admin and
+(:mod:`.validation`), server-sent events (:mod:`.sse`), the OpenAI routes (:mod:`.openai_api`), Ollama's
+API (:mod:`.ollama_api`, on the same generation path; docs/ollama.md), the admin and
 operations routes (:mod:`.admin_api`), the OpenAPI document (:mod:`.openapi`)
 and the Prometheus metrics (:mod:`.metrics`).
 

@@ -36,6 +36,7 @@ from mlxd.http import (
     auth,
     dashboard,
     embeddings_api,
+    ollama_api,
     openai_api,
     responses_api,
 )
@@ -43,6 +44,7 @@ from mlxd.http.access_log import AccessLog
 from mlxd.http.anthropic_api import is_anthropic_route
 from mlxd.http.anthropic_shapes import error_body as anthropic_error_body
 from mlxd.http.context import AppState, state
+from mlxd.http.ollama_api import is_ollama_route
 from mlxd.http.openapi import openapi_document
 
 log = logging.getLogger("mlxd.http")
@@ -52,13 +54,18 @@ OPEN_WHILE_DRAINING = ("/health", "/metrics", "/admin/status", "/admin/events", 
 
 
 def error_response(err: MlxdError) -> Response:
-    """The one rendering of an error: OpenAI's envelope, or Anthropic's on the Messages routes
-    (same status and ``Retry-After`` either way)."""
+    """The one rendering of an error: OpenAI's envelope, Anthropic's on the Messages routes, or
+    Ollama's ``{"error": "..."}`` on ``/api/`` (same status and ``Retry-After`` every way)."""
     headers = err.headers()
     if err.http_status == 400 and err.code == "model_exceeds_budget":
         headers["x-should-retry"] = "false"  # retrying can never help
-    anthropic = has_request_context() and is_anthropic_route(request.path)
-    body = anthropic_error_body(err) if anthropic else err.body()
+    path = request.path if has_request_context() else ""
+    if is_anthropic_route(path):
+        body = anthropic_error_body(err)
+    elif is_ollama_route(path):
+        body = {"error": err.message}
+    else:
+        body = err.body()
     return Response(
         json.dumps(body), status=err.http_status, headers=headers, mimetype="application/json"
     )
@@ -89,6 +96,7 @@ def create_app(app_state: AppState) -> QuartTrio:
     app.register_blueprint(anthropic_api.bp)
     app.register_blueprint(responses_api.bp)
     app.register_blueprint(embeddings_api.bp)
+    app.register_blueprint(ollama_api.bp)
     app.register_blueprint(admin_api.bp)
     app.register_blueprint(dashboard.bp)
     app.asgi_app = AccessLog(  # type: ignore[method-assign]

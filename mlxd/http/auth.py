@@ -1,7 +1,7 @@
 """Who may call which route: API keys, their scopes, and the client name each request carries.
 
 The routes need one scope each (:func:`required_scope`): ``inference`` for
-``/v1/*``; under ``/admin/``, ``read`` for what only reads (``GET``: status,
+``/v1/*`` and Ollama's ``/api/*`` (but ``admin`` for ``/api/pull``); under ``/admin/``, ``read`` for what only reads (``GET``: status,
 history, events, plan) and ``admin`` for what changes residency or the config
 (``POST``: load, unload, reload); ``read`` for ``/metrics`` when
 ``server.keys`` is configured (with only ``server.api_key_env`` it stays open,
@@ -52,6 +52,8 @@ def required_scope(method: str, path: str, *, scoped_keys: bool) -> str | None:
     """The scope ``method path`` needs (:data:`ANY_KEY`: just a known key), or None when open."""
     if path.startswith("/v1/"):
         return "inference"
+    if path.startswith("/api/"):  # Ollama's API: a pull downloads weights, so it is an admin's
+        return "admin" if path == "/api/pull" else "inference"
     if path == "/admin/whoami":
         return ANY_KEY  # the dashboard asks which scopes its key has: any key may
     if path.startswith("/admin/"):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager, aclosing
@@ -60,6 +61,8 @@ class Collected:
 
     wants_logprobs: bool
     text: list[str] = field(default_factory=list)
+    #: ``time.monotonic()`` of the first token or call (None: the reply had none)
+    first_token_at: float | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     calls: list[ToolCallDelta] = field(default_factory=list)
 
@@ -82,6 +85,18 @@ class Renderer(Protocol):
     def error(self, err: MlxdError) -> bytes: ...
 
     def whole(self, out: Collected, fin: Finished) -> dict[str, Any]: ...
+
+
+def _progress_comments(renderer: Renderer) -> bool:
+    """Whether a stream may start while its model loads, with progress comments (SSE routes);
+    a renderer that says ``progress_comments = False`` (NDJSON) starts once the lease is had."""
+    return bool(getattr(renderer, "progress_comments", True))
+
+
+def _stream_response(renderer: Renderer, body: AsyncIterator[bytes], headers: dict[str, str]) -> Response:
+    """The streamed response: SSE, or the renderer's own (``respond(body, headers)``)."""
+    respond = getattr(renderer, "respond", None)
+    return respond(body, headers) if respond is not None else sse.response(body, headers)
 
 
 def _check_queue(st: AppState, lease: Lease) -> None:
@@ -187,7 +202,7 @@ async def run(
     # (for a whole response: its checks are done), the engine expects it.
     with _on_its_way(ticket.lease):
         try:
-            await (ticket.moved if stream else ticket.done).wait()
+            await (ticket.moved if stream and _progress_comments(renderer) else ticket.done).wait()
         except BaseException as e:
             ticket.cancel(e)
             raise
@@ -211,7 +226,7 @@ async def run(
         out, fin, t_first = await _whole(lease, gen)
         _observe(st, model, t_request, t_first, fin)
         return Response(json.dumps(renderer.whole(out, fin)), mimetype="application/json", headers=headers)
-    return sse.response(_prepend(first, body), headers)
+    return _stream_response(renderer, _prepend(first, body), headers)
 
 
 def _on_its_way(lease: Lease | None) -> AbstractContextManager[None]:
@@ -269,6 +284,8 @@ async def _whole(lease: Lease, gen: GenerationRequest) -> tuple[Collected, Finis
             with lease.scope():
                 async with aclosing(lease.engine.generate(gen)) as events:
                     async for ev in events:
+                        if out.first_token_at is None and not isinstance(ev, Finished):
+                            out.first_token_at = time.monotonic()
                         if isinstance(ev, TextDelta):
                             if t_first is None:
                                 t_first = trio.current_time()

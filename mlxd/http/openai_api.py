@@ -20,7 +20,15 @@ from typing import Any
 import trio
 from quart import Blueprint, request
 
-from mlxd.engines.base import Finished, TextDelta, TokenLogprob, ToolCall, ToolCallDelta
+from mlxd.config import ModelConfig
+from mlxd.engines.base import (
+    Finished,
+    GenerationRequest,
+    TextDelta,
+    TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+)
 from mlxd.engines.prompt_limits import check_chars, check_prompt_chars, limits_for
 from mlxd.errors import InvalidRequest, MlxdError, ModelNotFound, ShuttingDown
 from mlxd.http import bodyscan, generation, sse
@@ -134,16 +142,24 @@ async def parse(kind: str) -> ParsedRequest:
                              param="model")
     if mc is not None:  # before the lease: no model is loaded for a prompt that cannot fit
         check_prompt_chars(parsed.model, parsed.generation, limits_for(mc))
-    if mc is not None and mc.mllm and parsed.generation.kind == "chat":
-        from mlxd.engines.images import check_request_images, image_parts
-
-        if image_parts(parsed.generation.messages):
-            # Headers only: the engine decodes once the request is admitted (holds its lease).
-            images = await trio.to_thread.run_sync(
-                lambda: check_request_images(parsed.generation.messages, image_dir=mc.image_dir)
-            )
-            parsed = replace(parsed, generation=replace(parsed.generation, images=tuple(images)))
+    if mc is not None:
+        parsed = replace(parsed, generation=await with_checked_images(mc, parsed.generation))
     return parsed
+
+
+async def with_checked_images(mc: ModelConfig, gen: GenerationRequest) -> GenerationRequest:
+    """A vision model's chat request with its images checked (sizes, count; headers only:
+    the engine decodes them once the request is admitted and holds its lease)."""
+    if not mc.mllm or gen.kind != "chat":
+        return gen
+    from mlxd.engines.images import check_request_images, image_parts
+
+    if not image_parts(gen.messages):
+        return gen
+    images = await trio.to_thread.run_sync(
+        lambda: check_request_images(gen.messages, image_dir=mc.image_dir)
+    )
+    return replace(gen, images=tuple(images))
 
 
 def request_id() -> str:

@@ -36,6 +36,8 @@ from mlxd.http.openapi_clients import (
 )
 from mlxd.http.openapi_embeddings import embeddings_path
 from mlxd.http.openapi_responses import responses_paths, responses_request
+from mlxd.http.openapi_ollama import ERROR as OLLAMA_ERROR
+from mlxd.http.openapi_ollama import ollama_paths
 from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
 from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT
 from mlxd.residency.plan import ACTIONS
@@ -585,10 +587,12 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
             **embeddings_path([m.name for m in (config.models if config else ()) if m.embedding],
                               [m.name for m in (config.models if config else ()) if not m.embedding],
                               _errors(400, 404, 413, 415, 502, *_GUARDED)),
+            **ollama_paths(config),
             **_admin_paths(model_id),
             **_admin_journal_paths(),
             **_operations_paths(),
         },
         "components": {"schemas": {"Error": _ERROR, "AnthropicError": ANTHROPIC_ERROR,
-                                   "CachedTokens": CACHED_TOKENS}},
+                                   "CachedTokens": CACHED_TOKENS,
+                                   "OllamaError": OLLAMA_ERROR}},
     }

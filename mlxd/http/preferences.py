@@ -78,7 +78,10 @@ def parse_keep_alive(value: object, param: str = "keep_alive") -> float | None:
             raise _bad(param, f'{value[:40]!r} is not a duration such as "5m", "1h30m", "90s" or 300')
         seconds = _seconds(value)
     else:
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer past the float range (10**400)
+            raise _bad(param, "must be finite") from None
     if not math.isfinite(seconds):
         raise _bad(param, "must be finite")
     return -1.0 if seconds < 0 else seconds

@@ -82,6 +82,11 @@ class Registry:
                 times.append(r.retry_at)
         return min(times) if times else None
 
+    def unload_due(self, model: str) -> float | None:
+        """When ``model`` unloads for want of leases if none comes (monotonic seconds); None:
+        not while it stays as it is (in use, pinned, kept until evicted, or not loaded)."""
+        return self._idle_due(self.models[model])
+
     def _idle_due(self, r: ModelRecord) -> float | None:
         """When ``r`` unloads for want of leases: its last lease's keep_alive, else its idle_unload_s."""
         if (

@@ -19,6 +19,22 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def bert_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight BERT (mlx-embeddings) written by the demo-model writer."""
+    path = tmp_path_factory.mktemp("models") / "bert"
+    write_demo_model(path, "embedding")
+    return path
+
+
+@pytest.fixture(scope="session")
+def vision_model(vision_extra: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight LLaVA (mlx-vlm) written by the demo-model writer."""
+    path = tmp_path_factory.mktemp("models") / "llava"
+    write_demo_model(path, "vision")
+    return path
+
+
 def config_of(raw: dict[str, Any], tmp: Path) -> Config:
     """Parse a config dict exactly as a YAML file with these contents would be."""
     return parse_config(raw, path=tmp / "models.yaml")

@@ -10,20 +10,13 @@ from typing import Any
 import openai
 import pytest
 
-from mlxd.engines.demo_model import BERT_SHAPE, write_demo_model
+from mlxd.engines.demo_model import BERT_SHAPE
 from tests.integration.conftest import config_of
 from tests.support.daemon import serving
 from tests.support.official import openai_client as client
 from tests.support.official import run
 
 pytest.importorskip("mlx_embeddings", reason="the embeddings extra (mlx-embeddings) is not installed")
-
-
-@pytest.fixture(scope="session")
-def bert_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("models") / "bert"
-    write_demo_model(path, "embedding")
-    return path
 
 
 @pytest.fixture

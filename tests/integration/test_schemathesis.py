@@ -4,7 +4,8 @@ The daemon runs as a subprocess (:class:`DaemonProcess`) and schemathesis' own
 engine -- the one behind ``st run`` -- drives it over real TCP through all its
 phases (coverage, fuzzing with positive and negative data, stateful chains of
 load/get/unload) for every operation except the endless ``/admin/events``
-stream, which test_malformed.py covers. Every answer must pass the checks in
+stream, which test_malformed.py covers, and Ollama's routes that mlxd does not
+serve (501 by design), which test_malformed_ollama.py covers. Every answer must pass the checks in
 :data:`CHECKS`: no server error, a documented status, content type, headers
 and body, invalid data refused and valid data accepted.
 
@@ -51,6 +52,7 @@ CHECKS = (
 #: draws a new seed each run, and MLXD_SCHEMATHESIS_SEED (a number, or "random") overrides this
 NORMAL_SEED = 20261202
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
+OLLAMA_GENERATION_ROUTES = ("/api/chat", "/api/generate")
 FEW_TOKENS = 4
 
 
@@ -60,12 +62,49 @@ def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     state = tmp_path_factory.mktemp("schemathesis-daemon")
     raw = fake_models_config({"alpha": 0.5, "beta": 0.5, "gamma": 1.0}, budget_gb=8,
                              strategy="fail", load_seconds=0.01, tokens_per_second=100_000)
-    with DaemonProcess(write_config(state / "models.yaml", raw), state) as daemon:
+    # /api/pull reaches no Hub: offline, with an empty cache, every pull ends at once
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(state / "hf")}
+    with DaemonProcess(write_config(state / "models.yaml", raw), state, env=offline) as daemon:
         yield daemon.url
+
+
+def _valid_tokens(value: object) -> bool:
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return numeric and value == value and abs(value) != float("inf") and value == int(value)  # type: ignore[operator, arg-type]
+
+
+def ollama_case(case: schemathesis.Case) -> schemathesis.Case:
+    """Ollama's routes, kept cheap and inside what the document can promise, validity unchanged:
+    a valid ``options.num_predict`` is capped at a few tokens (one is added where there is none),
+    a valid ``options.num_ctx`` is dropped (a longer prompt is a 400 no schema can foresee), and a
+    whole pull (``stream: false``, whose offline failure is a 502) is streamed (a 200 ending in an
+    error line)."""
+    body = case.body
+    if not isinstance(body, dict):
+        return case
+    if case.path == "/api/pull" and body.get("stream") is False:
+        body["stream"] = True
+    if case.path not in OLLAMA_GENERATION_ROUTES:
+        return case
+    options = body.get("options")
+    if options is None:
+        body["options"] = {"num_predict": FEW_TOKENS}
+        return case
+    if not isinstance(options, dict):
+        return case
+    predict = options.get("num_predict")
+    if predict is None or (_valid_tokens(predict) and -(2**63) <= predict <= MAX_TOKENS_LIMIT):  # type: ignore[operator]
+        options["num_predict"] = FEW_TOKENS
+    ctx = options.get("num_ctx")
+    if ctx is not None and _valid_tokens(ctx) and 1 <= ctx < 2**63:  # type: ignore[operator]
+        del options["num_ctx"]
+    return case
 
 
 def few_tokens(case: schemathesis.Case) -> schemathesis.Case:
     """Cap a valid max_tokens at a few tokens; an invalid one is left as generated."""
+    if case.path.startswith("/api/"):
+        return ollama_case(case)
     if case.path not in GENERATION_ROUTES or not isinstance(case.body, dict):
         return case
     present = False
@@ -122,6 +161,8 @@ def run_schemathesis(url: str, max_examples: int, seed: int | None = None) -> Re
     })
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json", config=config)
     schema = schema.exclude(path="/admin/events")
+    # Ollama's routes mlxd does not serve answer 501 by design (test_malformed_ollama.py checks them)
+    schema = schema.exclude(path_regex=r"^/api/(delete|copy|create|push|blobs/)")
 
     @schema.hook
     def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> schemathesis.Case:

@@ -1,7 +1,8 @@
 """Scoped API keys: every route x {no key, unknown key, each scope} gives the documented status.
 
 The documented rule (README "Scoped keys"), written out here on its own so the
-test does not trust the code's table: ``/v1/*`` needs ``inference``; under
+test does not trust the code's table: ``/v1/*`` and Ollama's ``/api/*`` need ``inference``
+(``/api/pull`` needs ``admin``); under
 ``/admin/``, a ``GET`` needs ``read`` and a ``POST`` needs ``admin``, except
 ``/admin/whoami``, which any known key may call; ``/metrics`` needs ``read``
 when ``server.keys`` is configured; everything else is open.
@@ -40,6 +41,8 @@ def documented_scope(method: str, path: str) -> str | None:
     """README's rule: the scope a route needs ('' for any known key), None when open."""
     if path.startswith("/v1/"):
         return "inference"
+    if path.startswith("/api/"):
+        return "admin" if path == "/api/pull" else "inference"
     if path == "/admin/whoami":
         return ""
     if path.startswith("/admin/"):

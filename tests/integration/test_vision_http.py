@@ -15,15 +15,6 @@ from tests.support.daemon import serving
 pytestmark = pytest.mark.usefixtures("vision_extra")
 
 
-@pytest.fixture(scope="module")
-def vision_model(vision_extra: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mlxd.engines.demo_model import write_demo_model
-
-    path = tmp_path_factory.mktemp("models") / "llava"
-    write_demo_model(path, "vision")
-    return path
-
-
 def png_data_url(color: tuple[int, int, int]) -> str:
     from PIL import Image
 

@@ -29,6 +29,7 @@ TABLE: dict[type[MlxdError], tuple[int, str, str | None, str | None]] = {
     errors.UnsupportedMediaType: (415, "invalid_request_error", "unsupported_media_type", None),
     errors.ClientError: (431, "invalid_request_error", "invalid_request", None),
     errors.InternalError: (500, "server_error", "internal_error", None),
+    errors.NotImplementedHere: (501, "invalid_request_error", "not_implemented", None),
     errors.LoadFailed: (502, "server_error", "model_load_failed", None),
     errors.EngineError: (502, "server_error", "engine_error", None),
     errors.EngineDied: (502, "server_error", "engine_died", "1"),

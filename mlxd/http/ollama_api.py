@@ -1,0 +1,321 @@
+"""Ollama's API on mlxd: ``/api/version``, ``/api/tags``, ``/api/show``, ``/api/ps``,
+``/api/chat``, ``/api/generate``, ``/api/embed``, ``/api/embeddings``, ``/api/pull``.
+
+A translation layer, not a second server: a generation runs through
+:func:`mlxd.http.generation.run` (the same residency, leases with the route
+recorded, contention errors with ``Retry-After``, journal, access log and
+metrics as the OpenAI routes) with Ollama's request fields
+(:mod:`.ollama_shapes`) and response shapes (:mod:`.ollama_render`);
+embeddings take a lease as ``/v1/embeddings`` does. Discovery is
+:mod:`.ollama_catalog`, pulls :mod:`.ollama_pull`.
+
+Ollama's load call (``/api/chat`` with no messages, ``/api/generate`` with no
+prompt) takes a lease with no tokens, so the model loads and the call's
+``keep_alive`` applies as any request's; with ``keep_alive: 0`` it is the
+unload call: mlxd's unload (as ``POST /admin/models/{id}/unload``; a model in
+use drains first). ``keep_alive: 0`` on a generation unloads the model when
+it ends (reason ``idle_timeout``), negative keeps it until evicted; without
+one, the model's ``idle_unload_seconds`` applies (not Ollama's 5 minutes:
+mlxd's config decides).
+
+Errors are Ollama's ``{"error": "..."}`` with mlxd's status codes (the app's one
+handler renders them on these paths: :func:`is_ollama_route`). ``/api/delete``,
+``/api/copy``, ``/api/create``, ``/api/push`` and ``/api/blobs``: 501, since
+mlxd reads its models from its config.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any, Literal
+
+from quart import Blueprint, request
+
+from mlxd.engines.base import GenerationRequest
+from mlxd.engines.prompt_limits import check_prompt_chars, limits_for
+from mlxd.engines.prompts import uses_tools
+from mlxd.errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    MlxdError,
+    ModelNotFound,
+    NotImplementedHere,
+    ShuttingDown,
+    ToolsNotSupported,
+)
+from mlxd.http import access_log, generation, ollama_catalog
+from mlxd.http.context import AppState, state
+from mlxd.http.embeddings_api import parse_input
+from mlxd.http.ollama_pull import pull_events, repo_of
+from mlxd.http.ollama_render import (
+    OllamaRenderer,
+    ThinkingSplit,
+    line,
+    load_reply,
+    ndjson_response,
+    ns,
+)
+from mlxd.http.ollama_shapes import OllamaRequest, model_name, parse, resolve
+from mlxd.http.openai_api import read_json_body, request_id, with_checked_images
+from mlxd.http.preferences import preferences
+from mlxd.http.structured import bad, is_int, is_model_name
+from mlxd.residency.lease import Lease
+
+bp = Blueprint("ollama", __name__)
+
+PREFIX = "/api/"
+FROM_CONFIG = ("mlxd reads its models from its config: edit the models: list there and "
+               "POST /admin/reload (or send SIGHUP)")
+
+
+def is_ollama_route(path: str) -> bool:
+    return path.startswith(PREFIX)
+
+
+def _arrived() -> float:
+    entry = access_log.current()
+    return entry.arrived if entry is not None and entry.arrived else time.monotonic()
+
+
+async def _body() -> dict[str, Any]:
+    if state().draining:
+        raise ShuttingDown("mlxd is shutting down")
+    body = await read_json_body()
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return body
+
+
+def _named(body: dict[str, Any]) -> object:
+    """The model a show or pull body names: ``model``, or the older ``name`` (Continue sends it)
+    when ``model`` is absent; a ``name`` beside ``model`` must still be a model name."""
+    if body.get("model") is None:
+        return body.get("name")
+    if body.get("name") is not None and not is_model_name(body["name"]):
+        raise bad("name", "must be a model name")
+    return body["model"]
+
+
+# ---- discovery ----------------------------------------------------------------------------
+
+
+@bp.get("/api/version")
+async def version() -> Any:
+    return ollama_catalog.version()
+
+
+@bp.get("/api/tags")
+async def tags() -> Any:
+    return await ollama_catalog.tags(state())
+
+
+@bp.get("/api/ps")
+async def ps() -> Any:
+    return await ollama_catalog.ps(state())
+
+
+@bp.post("/api/show")
+async def show() -> Any:
+    st = state()
+    body = await _body()
+    if body.get("verbose") is not None and not isinstance(body["verbose"], bool):
+        raise bad("verbose", "must be a boolean")
+    mc = st.config.model(model_name(_named(body), st.manager.has_model))
+    assert mc is not None  # model_name found it
+    return await ollama_catalog.show(st, mc)
+
+
+# ---- generation ---------------------------------------------------------------------------
+
+
+async def _load_call(st: AppState, parsed: OllamaRequest, *, chat: bool) -> Any:
+    """Ollama's load call (a lease with no tokens), or its unload call (keep_alive 0)."""
+    access_log.note(model=parsed.model)
+    if parsed.prefs.keep_alive_s == 0:
+        await st.manager.unload(parsed.model)
+        if st.journal is not None:
+            await st.journal.wait_committed()
+        return load_reply(parsed.model, chat=chat, unloaded=True)
+    lease = await generation.acquire(st, parsed.model, request_id(), parsed.prefs)
+    async with lease:
+        lease.set_usage(0, 0)
+    return load_reply(parsed.model, chat=chat, unloaded=False)
+
+
+def _no_grammar(model: str, gen: GenerationRequest) -> None:
+    """What a fake or vision engine refuses, refused here in Ollama's field names (and on the
+    load call too: it is checked as the generation it stands for)."""
+    if uses_tools(gen):
+        raise ToolsNotSupported(f"tools: model '{model}' takes no tools (its engine has no tool support)",
+                                param="tools")
+    if gen.constraint is not None:
+        raise bad("format", f"model '{model}' has no grammar-constrained decoding")
+
+
+async def _thinking_split(st: AppState, model: str) -> ThinkingSplit:
+    mc = st.config.model(model)
+    template = await ollama_catalog.template_of(mc) if mc is not None else None
+    if template is None or not template.thinking:
+        raise bad("think", f"model '{model}' does not support thinking (its tokenizer has no thinking markers)")
+    return ThinkingSplit(template.think_start, template.think_end)
+
+
+async def _generate(kind: Literal["chat", "generate"]) -> Any:
+    st = state()
+    t0 = _arrived()
+    body = await _body()
+
+    def vision(name: str) -> bool:
+        mc = st.config.model(name)
+        return mc is not None and mc.mllm
+
+    parsed = parse(body, kind, known=st.manager.has_model, allow_images=vision,
+                   request_id=request_id(), headers=request.headers)
+    mc = st.config.model(parsed.model)
+    if mc is not None and mc.embedding:
+        raise bad("model", f"'{mc.name}' is an embedding model: use POST /api/embed")
+    gen = parsed.generation
+    if mc is not None and (mc.engine == "fake" or mc.mllm):
+        _no_grammar(mc.name, gen)  # named as Ollama's clients know the fields
+    split = await _thinking_split(st, parsed.model) if parsed.think else None
+    if parsed.load_call:
+        return await _load_call(st, parsed, chat=kind == "chat")
+    if mc is not None:  # before the lease: no model is loaded for a prompt that cannot fit
+        check_prompt_chars(parsed.model, gen, limits_for(mc))
+        gen = await with_checked_images(mc, gen)
+    renderer = OllamaRenderer(parsed.model, kind, split=split, t0=t0)
+    num_ctx = parsed.num_ctx
+
+    async def prepare(lease: Lease, prepared: GenerationRequest) -> None:
+        renderer.lease_at = time.monotonic()
+        if num_ctx is None:
+            return
+        n = len(prepared.prompt_ids) if prepared.prompt_ids is not None \
+            else await lease.engine.count_tokens(prepared)
+        if n > num_ctx:
+            raise ContextLengthExceeded(
+                f"options.num_ctx: the prompt has {n} tokens, more than num_ctx ({num_ctx})",
+                param="options.num_ctx")
+
+    return await generation.run(parsed.model, gen, renderer, stream=parsed.stream,
+                                prefs=parsed.prefs, prepare=prepare)
+
+
+@bp.post("/api/chat")
+async def chat() -> Any:
+    return await _generate("chat")
+
+
+@bp.post("/api/generate")
+async def generate() -> Any:
+    return await _generate("generate")
+
+
+# ---- embeddings ---------------------------------------------------------------------------
+
+
+def _found(name: str | None, body: dict[str, Any]) -> str:
+    if name is None:
+        raise ModelNotFound(str(body["model"]))
+    return name
+
+
+async def _embed(inputs: list[str], name: str | None, body: dict[str, Any],
+                 t0: float) -> tuple[str, list[Any], dict[str, Any]]:
+    """The vectors of ``inputs`` under a lease on the model ``name`` resolved to (None: a 404,
+    once the body's other fields are checked)."""
+    st = state()
+    if body.get("options") is not None and not isinstance(body["options"], dict):
+        raise bad("options", "must be an object")
+    prefs = preferences(body, request.headers)
+    model = _found(name, body)
+    mc = st.config.model(model)
+    if mc is None or not mc.embedding:
+        raise bad("model", f"'{model}' is not an embedding model (set embedding: true in its config)")
+    lease = await generation.acquire(st, model, request_id(), prefs)
+    lease_at = time.monotonic()
+    async with lease:  # ends with the one outcome rule (mlxd.residency.lease.outcome_of)
+        with lease.scope():
+            vectors, tokens = await lease.engine.embed(inputs)  # type: ignore[attr-defined]
+        lease.set_usage(tokens, 0)
+    return model, vectors, {"total_duration": ns(time.monotonic() - t0), "load_duration": ns(lease_at - t0),
+                     "prompt_eval_count": tokens}
+
+
+@bp.post("/api/embed")
+async def embed() -> Any:
+    st = state()
+    t0 = _arrived()
+    body = await _body()
+    name = resolve(body.get("model"), st.manager.has_model)
+    raw = body.get("input")
+    if not isinstance(raw, str | list) or any(not isinstance(x, str) for x in (raw if isinstance(raw, list) else [])):
+        raise bad("input", "must be a string or a list of strings")
+    inputs = parse_input(raw)
+    if body.get("truncate") is not None and not isinstance(body["truncate"], bool):
+        raise bad("truncate", "must be a boolean")
+    dims = body.get("dimensions")
+    if dims is not None and (not is_int(dims) or dims < 1):
+        raise bad("dimensions", "must be a positive integer")
+    model, vectors, counters = await _embed(inputs, name, body, t0)  # type: ignore[arg-type]
+    if dims is not None and vectors and dims != len(vectors[0]):
+        raise bad("dimensions", f"this model's vectors have {len(vectors[0])} dimensions")
+    return {"model": model, "embeddings": vectors, **counters}
+
+
+@bp.post("/api/embeddings")
+async def embeddings() -> Any:
+    """The older route: one ``prompt``, one ``embedding``."""
+    st = state()
+    t0 = _arrived()
+    body = await _body()
+    name = resolve(body.get("model"), st.manager.has_model)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise bad("prompt", "is required: a non-empty string")
+    _, vectors, _ = await _embed([prompt], name, body, t0)
+    return {"embedding": vectors[0]}
+
+
+# ---- pull, and what mlxd does not do --------------------------------------------------------
+
+
+async def _pull_lines(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    async with aclosing(events) as it:  # type: ignore[type-var]
+        try:
+            async for ev in it:
+                yield line(ev)
+        except MlxdError as e:
+            yield line({"error": e.message})
+
+
+@bp.post("/api/pull")
+async def pull() -> Any:
+    st = state()
+    body = await _body()
+    repo = repo_of(_named(body))
+    for key in ("insecure", "stream"):
+        if body.get(key) is not None and not isinstance(body[key], bool):
+            raise bad(key, "must be a boolean")
+    if body.get("stream", True) is not False:
+        return ndjson_response(_pull_lines(pull_events(st.config, repo)))
+    last: dict[str, Any] = {}
+    async with aclosing(pull_events(st.config, repo)) as events:  # type: ignore[type-var]
+        async for ev in events:
+            last = ev
+    return last
+
+
+@bp.route("/api/delete", methods=["DELETE"])
+@bp.post("/api/copy")
+@bp.post("/api/create")
+@bp.post("/api/push")
+async def not_here() -> Any:
+    raise NotImplementedHere(f"{request.method} {request.path} is not served: {FROM_CONFIG}")
+
+
+@bp.route("/api/blobs/<digest>", methods=["HEAD", "POST"])
+async def blobs(digest: str) -> Any:
+    raise NotImplementedHere(f"{request.method} /api/blobs is not served: {FROM_CONFIG}")

@@ -1,0 +1,389 @@
+"""OpenAPI pieces of Ollama's API (``/api/*``), assembled by :mod:`mlxd.http.openapi`.
+
+The request schemas follow :mod:`mlxd.http.ollama_shapes` rule for rule, per
+engine group as the OpenAI chat variants do (:mod:`mlxd.http.openapi_chat`):
+mlx-lm text models take tools (``options.tool_choice``) and ``format``;
+vision models take ``images``; fake engines take neither. ``think: true``
+and ``options.num_ctx`` depend on the model's tokenizer and on the prompt's
+length, which a schema cannot say: ``think`` is documented as ``false`` (a
+model with thinking markers takes ``true``, see ``/api/show``), ``num_ctx``
+with the 400 a longer prompt gets. Model names may carry ``:latest``.
+
+Errors are Ollama's ``{"error": "..."}`` (``OllamaError``). The routes mlxd
+does not serve (``/api/delete``, ``/api/copy``, ``/api/create``,
+``/api/push``, ``/api/blobs``) are described with their only answer, 501
+(schemathesis leaves them out: a 501 is all they can say).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mlxd.http.embeddings_api import MAX_INPUTS
+from mlxd.http.ollama_pull import REPO_PATTERN, REPO_REFUSED
+from mlxd.http.ollama_shapes import MAX_STOP, ROLES
+from mlxd.http.openapi_clients import ANY_MODEL_NAME, OBJECT_SCHEMA, nullable
+from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
+from mlxd.http.structured import MAX_TOOLS, MAX_TOP_LOGPROBS, NAME_PATTERN
+from mlxd.http.validation import MAX_TOKENS_LIMIT
+
+if TYPE_CHECKING:
+    from mlxd.config import Config
+
+_OPEN = {"additionalProperties": True}
+_NAME = {"type": "string", "pattern": NAME_PATTERN}
+_INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
+_STOP = {"type": "string", "minLength": 1, "maxLength": 256}
+_KEEP_ALIVE_TEXT = {"type": "string", "pattern": KEEP_ALIVE_PATTERN}
+_KEEP_ALIVE = {"anyOf": [{"type": "number"}, _KEEP_ALIVE_TEXT, {"type": "null"}],
+               "description": "seconds or a duration (\"5m\"); 0 unloads after the request, "
+               "negative keeps the model until evicted; absent: the model's idle_unload_seconds"}
+_HEADERS = [
+    {"name": KEEP_ALIVE_HEADER, "in": "header", "required": False, "schema": _KEEP_ALIVE_TEXT},
+    {"name": CONTENTION_HEADER, "in": "header", "required": False,
+     "schema": {"enum": ["fail", "wait", "wait_then_fail", "preempt", "wait_then_preempt"]}},
+]
+
+ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+
+_DESCRIPTIONS = {
+    400: "the request is wrong (the message names the field)",
+    401: "missing or wrong API key",
+    403: "the key lacks the route's scope (inference; admin for /api/pull)",
+    404: "no such model",
+    413: "the body is larger than server.max_body_mb",
+    415: "the body is not sent as application/json",
+    502: "the model failed to load, the engine failed, or the Hugging Face Hub failed (pull)",
+    503: "no room now, preempted, overloaded or shutting down; retry after Retry-After seconds",
+}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for code in codes:
+        response: dict[str, Any] = {
+            "description": _DESCRIPTIONS[code],
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/OllamaError"}}},
+        }
+        if code == 503:
+            response["headers"] = {"Retry-After": {"required": True,
+                                                   "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
+        out[str(code)] = response
+    return out
+
+
+_GUARDED = (401, 403, 503)
+_BODY_ERRORS = (400, 404, 413, 415, *_GUARDED)
+
+
+def _model(names: list[str], others: list[str]) -> dict[str, Any]:
+    """One of ``names`` (or ``name:latest``); without any, any name but ``others`` (404)."""
+    if names:
+        return {"type": "string", "enum": [*names, *(f"{n}:latest" for n in names)]}
+    refused = [*others, *(f"{n}:latest" for n in others)]
+    return {**ANY_MODEL_NAME, "not": {"enum": refused}} if refused else ANY_MODEL_NAME
+
+
+def _tool_choice(tools: bool) -> dict[str, Any]:
+    if not tools:
+        return nullable({"enum": ["auto", "none"]})
+    return {"anyOf": [{"enum": ["auto", "none", "required"]},
+                      {"type": "object", "required": ["type", "function"],
+                       "properties": {"type": {"const": "function"},
+                                      "function": {"type": "object", "required": ["name"],
+                                                   "properties": {"name": _NAME}}}},
+                      {"type": "null"}],
+            "description": "mlxd's extension: 'required' or a named function forces a call "
+            "(needs tools; the name must be declared)"}
+
+
+def _options(tool_choice: dict[str, Any] | None) -> dict[str, Any]:
+    """``options``; ``tool_choice``: its schema (None: not read, as on /api/generate)."""
+    choice = {} if tool_choice is None else {"tool_choice": tool_choice}
+    return nullable({
+        "type": "object",
+        "properties": {
+            "temperature": nullable({"type": "number", "minimum": 0, "maximum": 2}),
+            "top_p": nullable({"type": "number", "minimum": 0, "maximum": 1}),
+            "top_k": nullable({**_INT64, "minimum": 0, "description": "0: no limit; 1: greedy"}),
+            "seed": nullable(_INT64),
+            "num_predict": nullable({**_INT64, "maximum": MAX_TOKENS_LIMIT,
+                                     "description": "0 or negative: 2048"}),
+            "num_ctx": nullable({**_INT64, "minimum": 1,
+                                 "description": "a prompt of more tokens is a 400"}),
+            "stop": {"anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOP},
+                               {"type": "null"}]},
+            **choice,
+        },
+        "description": "other options are ignored, as Ollama does",
+        **_OPEN,
+    })
+
+
+_NO_LIST = nullable({"type": "array", "maxItems": 0})
+_IMAGES = nullable({"type": "array", "items": {"type": "string", "minLength": 1,
+                                               "description": "a base64-encoded image"}})
+_TOOL_CALL = {"type": "object", "required": ["function"],
+              "properties": {"id": {"type": "string"},
+                             "function": {"type": "object", "required": ["name"],
+                                          "properties": {"name": _NAME, "arguments": {"type": "object"}},
+                                          **_OPEN}},
+              **_OPEN}
+_TOOL = {"type": "object", "required": ["function"],
+         "properties": {"type": {"const": "function"},
+                        "function": {"type": "object", "required": ["name"],
+                                     "properties": {"name": _NAME, "description": {"type": "string"},
+                                                    "parameters": nullable(OBJECT_SCHEMA)}, **_OPEN}},
+         **_OPEN}
+
+
+def _messages(*, images: bool) -> dict[str, Any]:
+    message = {
+        "type": "object",
+        "required": ["role"],
+        "properties": {
+            "role": {"enum": list(ROLES)},
+            "content": nullable({"type": "string"}),
+            "images": _IMAGES if images else _NO_LIST,
+            "thinking": nullable({"type": "string"}),
+            "tool_calls": nullable({"type": "array", "items": _TOOL_CALL}),
+            "tool_name": nullable({"type": "string"}),
+            "tool_call_id": nullable({"type": "string"}),
+        },
+        # only an assistant message carries tool calls
+        "if": {"properties": {"role": {"not": {"const": "assistant"}}}},
+        "then": {"properties": {"tool_calls": _NO_LIST}},
+        **_OPEN,
+    }
+    return nullable({"type": "array", "items": message, "description": "empty: the load call"})
+
+
+#: the groups' capabilities: (images, tools and format)
+_GROUPS = {"text": (False, True), "vision": (True, False), "fake": (False, False)}
+_FORCED = {"properties": {"options": {"type": "object", "required": ["tool_choice"],
+                                      "properties": {"tool_choice": {"anyOf": [
+                                          {"const": "required"}, {"type": "object"}]}}}},
+           "required": ["options"]}
+#: a forced call needs tools, and takes no format
+_FORCED_RULE = {"if": _FORCED, "then": {
+    "required": ["tools"],
+    "properties": {"tools": {"type": "array", "minItems": 1}, "format": nullable({"const": ""})}}}
+_TOP_NEEDS_LOGPROBS = {
+    "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+}
+
+
+def _common(names: list[str], others: list[str]) -> dict[str, Any]:
+    return {
+        "model": _model(names, others),
+        "stream": nullable({"type": "boolean", "description": "default true (NDJSON)"}),
+        "keep_alive": _KEEP_ALIVE,
+        "format": {"anyOf": [{"const": ""}, {"type": "null"}, {"const": "json"},
+                             {"type": "object", "description": "a JSON Schema"}]},
+        "think": nullable({"const": False, "description": "true or a level: models with thinking"}),
+        "logprobs": nullable({"type": "boolean"}),
+        "top_logprobs": nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}),
+    }
+
+
+#: what an engine without tools or grammar (fake, vision) refuses, also on the load call
+_NO_GRAMMAR = {"format": nullable({"const": ""})}
+_NO_TOOLS = {**_NO_GRAMMAR, "tools": _NO_LIST,
+             "options": {"properties": {"tool_choice": _tool_choice(False)}},
+             "messages": {"items": {"properties": {"tool_calls": _NO_LIST}}}}
+
+
+def _chat(names: list[str], others: list[str], kind: str) -> dict[str, Any]:
+    images, tools = _GROUPS[kind]
+    rules: list[dict[str, Any]] = [_FORCED_RULE, _TOP_NEEDS_LOGPROBS]
+    if not tools:
+        rules.append({"properties": _NO_TOOLS})
+    return {
+        "type": "object",
+        "required": ["model"],
+        "properties": {
+            **_common(names, others),
+            "options": _options(_tool_choice(True)),
+            "messages": _messages(images=images),
+            "tools": nullable({"type": "array", "items": _TOOL, "maxItems": MAX_TOOLS}),
+        },
+        "allOf": rules,
+        **_OPEN,
+    }
+
+
+def _generate(names: list[str], others: list[str], kind: str) -> dict[str, Any]:
+    images, grammar = _GROUPS[kind]
+    empty = nullable({"const": ""})
+    rules: list[dict[str, Any]] = [
+        _TOP_NEEDS_LOGPROBS,
+        {"if": {"required": ["raw"], "properties": {"raw": {"const": True}}},
+         "then": {"properties": {"system": empty, "images": _NO_LIST}}}]
+    if not grammar:
+        rules.append({"properties": _NO_GRAMMAR})
+    return {
+        "type": "object",
+        "required": ["model"],
+        "properties": {
+            **_common(names, others),
+            "options": _options(None),
+            "prompt": nullable({"type": "string", "description": "empty: the load call"}),
+            "system": nullable({"type": "string"}),
+            "raw": nullable({"type": "boolean"}),
+            "images": _IMAGES if images else _NO_LIST,
+            "template": {**empty, "description": "refused: mlxd uses the model's own template"},
+            "suffix": {**empty, "description": "refused: no fill-in-the-middle"},
+            "context": {**_NO_LIST, "description": "refused: send the history to /api/chat"},
+        },
+        "allOf": rules,
+        **_OPEN,
+    }
+
+
+def _variants(build: Callable[[list[str], list[str], str], dict[str, Any]], groups: dict[str, list[str]], others: list[str]) -> dict[str, Any]:
+    parts = [build(names, others, kind) for kind, names in groups.items() if names]
+    if not parts:
+        return build([], others, "text")
+    return parts[0] if len(parts) == 1 else {"anyOf": parts}
+
+
+_DETAILS = {"type": "object", "properties": {
+    "format": {"type": "string"}, "family": {"type": "string"},
+    "parameter_size": {"type": "string"}, "quantization_level": {"type": "string"}}}
+_TAG_FIELDS: dict[str, Any] = {
+    "name": {"type": "string"}, "model": {"type": "string"}, "modified_at": {"type": "string"},
+    "size": {"type": "integer", "minimum": 0}, "digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+    "details": _DETAILS}
+_TAG = {"type": "object", "required": ["name", "model", "modified_at", "size", "digest", "details"],
+        "properties": _TAG_FIELDS}
+_RUNNING = {"type": "object",
+            "required": ["name", "model", "size", "digest", "details", "expires_at", "size_vram", "mlxd"],
+            "properties": {**_TAG_FIELDS, "expires_at": {"type": "string"},
+                           "size_vram": {"type": "integer", "minimum": 0},
+                           "context_length": {"type": "integer"},
+                           "mlxd": {"type": "object", "required": ["state"],
+                                    "properties": {"state": {"type": "string"}}}}}
+_COUNTERS = {k: {"type": "integer", "minimum": 0} for k in (
+    "total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
+    "eval_count", "eval_duration")}
+_REPLY = {"type": "object", "required": ["model", "created_at", "done"],
+          "properties": {"model": {"type": "string"}, "created_at": {"type": "string"},
+                         "done": {"type": "boolean"},
+                         "done_reason": {"enum": ["stop", "length", "load", "unload"]},
+                         "message": {"type": "object", "required": ["role", "content"],
+                                     "properties": {"role": {"const": "assistant"},
+                                                    "content": {"type": "string"},
+                                                    "tool_calls": {"type": "array", "items": _TOOL_CALL}}},
+                         "response": {"type": "string"}, **_COUNTERS}}
+_NDJSON = {"type": "string", "description": "one JSON object per line: replies with done false, "
+           "then one with done true (or {\"error\": ...})"}
+
+
+def _model_or_name(named: dict[str, Any]) -> list[dict[str, Any]]:
+    """``model``, or the older ``name`` when ``model`` is absent or null (beside ``model``,
+    ``name`` is any model name and is not used)."""
+    return [{"required": ["model"], "properties": {"model": named, "name": nullable(ANY_MODEL_NAME)}},
+            {"required": ["name"], "properties": {"model": {"type": "null"}, "name": named}}]
+
+
+def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _post(summary: str, request: dict[str, Any], ok: dict[str, Any], *errors: int,
+          streamed: bool = False, headers: bool = True) -> dict[str, Any]:
+    """``headers``: the route reads X-Mlxd-Keep-Alive and X-Mlxd-Contention (it takes a lease)."""
+    content = dict(ok["content"])
+    if streamed:
+        content["application/x-ndjson"] = {"schema": _NDJSON}
+    return {"post": {
+        "summary": summary,
+        "parameters": _HEADERS if headers else [],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+        "responses": {"200": {**ok, "content": content}, **_errors(*errors)},
+    }}
+
+
+#: the routes mlxd does not serve (501), as (path, method)
+NOT_SERVED = (("/api/delete", "delete"), ("/api/copy", "post"), ("/api/create", "post"),
+              ("/api/push", "post"), ("/api/blobs/{digest}", "post"))
+
+
+def _not_served() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, method in NOT_SERVED:
+        op: dict[str, Any] = {
+            "summary": "Not served: mlxd reads its models from its config",
+            "responses": {"501": {"description": "not served (the message says why)", "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/OllamaError"}}}},
+                **_errors(*_GUARDED)}}
+        if "{digest}" in path:
+            op["parameters"] = [{"name": "digest", "in": "path", "required": True, "schema": {"type": "string"}}]
+        out[path] = {method: op}
+    return out
+
+
+def ollama_paths(config: Config | None) -> dict[str, Any]:
+    models = list(config.models) if config is not None else []
+    embedding = [m.name for m in models if m.embedding]
+    generators = [m.name for m in models if not m.embedding]
+    groups = {"text": [m.name for m in models if not m.mllm and not m.embedding and m.engine != "fake"],
+              "vision": [m.name for m in models if m.mllm and m.engine != "fake"],
+              "fake": [m.name for m in models if m.engine == "fake"]}
+    every = [m.name for m in models]
+    embed_model = _model(embedding, generators)
+    text = {"type": "string", "minLength": 1}
+    embed_request = {"type": "object", "required": ["model", "input"], "properties": {
+        "model": embed_model,
+        "input": {"anyOf": [text, {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": text}],
+                  "description": "over the model's context: 400"},
+        "truncate": nullable({"type": "boolean"}),
+        "dimensions": nullable({"type": "integer", "minimum": 1, "description": "only the model's own"}),
+        "options": nullable({"type": "object"}), "keep_alive": _KEEP_ALIVE}, **_OPEN}
+    embeddings_request = {"type": "object", "required": ["model", "prompt"], "properties": {
+        "model": embed_model, "prompt": text, "options": nullable({"type": "object"}),
+        "keep_alive": _KEEP_ALIVE}, **_OPEN}
+    vectors = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
+    repo = {"type": "string", "pattern": REPO_PATTERN, "not": {"pattern": REPO_REFUSED},
+            "description": "a Hugging Face repo id (org/name)"}
+    pull_request = {"type": "object", "anyOf": _model_or_name(repo), "properties": {
+        "insecure": nullable({"type": "boolean"}), "stream": nullable({"type": "boolean"})}, **_OPEN}
+    status = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
+    return {
+        "/api/version": {"get": {"summary": "The Ollama API version mlxd speaks (and mlxd's own)",
+                                 "responses": {"200": _json({"type": "object", "required": ["version"],
+                                                             "properties": {"version": {"type": "string"}}}),
+                                               **_errors(*_GUARDED)}}},
+        "/api/tags": {"get": {"summary": "Every configured model, loaded or not",
+                              "responses": {"200": _json({"type": "object", "required": ["models"],
+                                                          "properties": {"models": {"type": "array", "items": _TAG}}}),
+                                            **_errors(*_GUARDED)}}},
+        "/api/ps": {"get": {"summary": "The models holding memory, with expires_at from keep_alive",
+                            "responses": {"200": _json({"type": "object", "required": ["models"],
+                                                        "properties": {"models": {"type": "array", "items": _RUNNING}}}),
+                                          **_errors(*_GUARDED)}}},
+        "/api/show": _post("A model's details, capabilities, context length and template",
+                           {"type": "object", "anyOf": _model_or_name(_model(every, [])),
+                            "properties": {"verbose": nullable({"type": "boolean"})}, **_OPEN},
+                           _json({"type": "object", "required": ["capabilities", "details", "model_info"],
+                                  "properties": {"capabilities": {"type": "array", "items": {"enum": [
+                                      "completion", "tools", "vision", "embedding", "thinking"]}}}}),
+                           *_BODY_ERRORS, headers=False),
+        "/api/chat": _post("Chat (NDJSON stream by default; stream: false for one reply)",
+                           _variants(_chat, groups, embedding), _json(_REPLY), 502, *_BODY_ERRORS, streamed=True),
+        "/api/generate": _post("Generate from a prompt (NDJSON stream by default)",
+                               _variants(_generate, groups, embedding), _json(_REPLY), 502, *_BODY_ERRORS,
+                               streamed=True),
+        "/api/embed": _post("Embeddings of texts (embedding: true models)", embed_request,
+                            _json({"type": "object", "required": ["model", "embeddings"],
+                                   "properties": {"embeddings": vectors}}), 502, *_BODY_ERRORS),
+        "/api/embeddings": _post("One prompt's embedding (the older route)", embeddings_request,
+                                 _json({"type": "object", "required": ["embedding"],
+                                        "properties": {"embedding": {"type": "array", "items": {"type": "number"}}}}),
+                                 502, *_BODY_ERRORS),
+        "/api/pull": _post("Download a Hugging Face repo into the local cache (scope admin)", pull_request,
+                           _json(status), 400, 413, 415, 502, *_GUARDED, streamed=True, headers=False),
+        **_not_served(),
+    }
