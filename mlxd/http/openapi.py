@@ -35,9 +35,9 @@ from mlxd.http.openapi_clients import (
     TEXT_LOGPROBS,
 )
 from mlxd.http.openapi_embeddings import embeddings_path
-from mlxd.http.openapi_responses import responses_paths, responses_request
 from mlxd.http.openapi_ollama import ERROR as OLLAMA_ERROR
 from mlxd.http.openapi_ollama import ollama_paths
+from mlxd.http.openapi_responses import responses_paths, responses_request
 from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
 from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT
 from mlxd.residency.plan import ACTIONS
