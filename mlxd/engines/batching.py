@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxd.engines.batch_loop import BatchLoop, OutputFactory
+from mlxd.engines.faults import Faults
 from mlxd.engines.memory import KV_STEP
 from mlxd.engines.mlx_thread import Job, MlxThread, Outbox, SerialScheduler, call_soon
 from mlxd.errors import InvalidRequest
@@ -106,6 +107,7 @@ class BatchScheduler(SerialScheduler):
         outbox: Outbox,
         output: OutputFactory,
         prefill_adapts: bool = False,
+        faults: Faults | None = None,
     ) -> BatchScheduler:
         """A scheduler and its :class:`BatchLoop` on ``thread`` (``model() -> (model, tokenizer)``,
         ``output(request)``: what the engine streams for a request)."""
@@ -120,6 +122,7 @@ class BatchScheduler(SerialScheduler):
             outbox=outbox,
             output=output,
             prefill_adapts=prefill_adapts,
+            faults=faults,
         )
         box.append(
             cls(

@@ -294,6 +294,7 @@ class MlxTextEngine:
             outbox=outbox,
             output=self._output,
             prefill_adapts=self._prefill_adapts,
+            faults=self.faults,
         )
         self.batch = scheduler.loop
         return scheduler
