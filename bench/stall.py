@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ import httpx
 import trio
 
 from bench.engine import machine
+from bench.soak import start_daemon, wait_ready
 
 RESULTS = REPO / "bench" / "results"
 
@@ -190,21 +190,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mlxd-stall-") as tmp_s:
         tmp = Path(tmp_s)
         config = write_config(tmp)
-        ready = tmp / "ready"
         with open(tmp / "daemon.log", "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "mlxd", "serve", "--config", str(config), "--port", "0",
-                 "--ready-file", str(ready)],
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "MLXD_STATE_DIR": str(tmp)},
-            )
+            proc = start_daemon(config, tmp, log)
             try:
-                deadline = time.monotonic() + 120
-                while not (ready.exists() and ready.read_text().strip()):
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit(f"mlxd serve did not start:\n{(tmp / 'daemon.log').read_text()}")
-                    time.sleep(0.05)
-                runs = trio.run(drive, ready.read_text().strip(), args)
+                runs = trio.run(drive, wait_ready(proc, tmp), args)
             finally:
                 proc.terminate()
                 try:
