@@ -57,14 +57,17 @@ class MlxdError(Exception):
 MAX_QUOTED = 300
 
 
+def quote(text: str) -> str:
+    """The first line of a foreign error's ``text``, at most :data:`MAX_QUOTED` characters."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line[:MAX_QUOTED] + "..." if len(line) > MAX_QUOTED else line
+
+
 def describe_error(exc: BaseException) -> str:
-    """One line for any error: an MlxdError's message, else ``Type: first line`` (at most
-    :data:`MAX_QUOTED` characters of it)."""
+    """One line for any error: an MlxdError's message, else ``Type: first line`` (quoted)."""
     if isinstance(exc, MlxdError):
         return exc.message
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if len(text) > MAX_QUOTED:
-        text = text[:MAX_QUOTED] + "..."
+    text = quote(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

@@ -48,7 +48,7 @@ import trio
 
 from mlxd.engines.base import Constraint, GenerationRequest
 from mlxd.engines.schema_bounds import check_enforceable
-from mlxd.errors import InvalidRequest, describe_error
+from mlxd.errors import InvalidRequest, describe_error, quote
 
 #: compact JSON: no whitespace between tokens (fewer tokens, and a random model
 #: cannot fill its budget with blanks)
@@ -360,7 +360,7 @@ class GrammarProcessor:
     def _refused(self, token: int | None = None) -> Exception:
         """The matcher's error, one bounded line: the request's fault (400) when the grammar
         proved too complex for the parser; a :class:`ConstraintError` when a masked token broke it."""
-        error = describe_error(RuntimeError(self.matcher.get_error()))
+        error = quote(self.matcher.get_error())
         too_complex = self.matcher.stop_reason() == "ParserTooComplex" or "Too many items" in error
         if token is None or too_complex:
             return InvalidRequest(f"{self.param or 'the grammar'}: cannot be enforced: {error}",
