@@ -84,22 +84,29 @@ CASES = {"schema": lambda a: ("/v1/chat/completions", schema_body(a.props)),
          "embeddings": lambda a: ("/v1/embeddings", embeddings_body())}
 
 
-async def probe_gaps(url: str, stop: trio.Event, gaps: list[float]) -> None:
-    """``GET /health`` back to back until ``stop``: each probe's round trip."""
-    async with httpx.AsyncClient(base_url=url, timeout=120) as c:
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            r = await c.get("/health")
-            r.raise_for_status()
-            gaps.append(time.perf_counter() - t0)
+async def probe_gaps(url: str, stop: trio.Event, gaps: list[float], failed: list[str]) -> None:
+    """``GET /health`` back to back until ``stop``: each probe's round trip (a failed probe
+    counts as one, its error kept, and the next goes on a new connection)."""
+    while not stop.is_set():
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                try:
+                    (await c.get("/health")).raise_for_status()
+                except httpx.HTTPError as e:
+                    failed.append(type(e).__name__)
+                    break
+                finally:
+                    gaps.append(time.perf_counter() - t0)
 
 
 async def one(url: str, path: str | None, body: bytes) -> dict[str, Any]:
     gaps: list[float] = []
+    failed: list[str] = []
     stop = trio.Event()
     result: dict[str, Any] = {}
     async with trio.open_nursery() as n:
-        n.start_soon(probe_gaps, url, stop, gaps)
+        n.start_soon(probe_gaps, url, stop, gaps, failed)
         await trio.sleep(0.3)  # the prober is warm
         gaps.clear()
         t0 = time.perf_counter()
@@ -115,6 +122,7 @@ async def one(url: str, path: str | None, body: bytes) -> dict[str, Any]:
         stop.set()
     result["stall"] = max(gaps) if gaps else float("nan")
     result["probes"] = len(gaps)
+    result["failed"] = len(failed)
     return result
 
 
@@ -160,8 +168,9 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, star
         "- stall: the longest `GET /health` round trip while the request was in flight "
         "(baseline: the same prober with no request); request: its own time and status",
         "",
-        "| case | body | runs | stall median (s) | stall worst (s) | request median (s) | status |",
-        "|---|---|---|---|---|---|---|",
+        "| case | body | runs | stall median (s) | stall worst (s) | request median (s) | status "
+        "| probes failed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, rs in runs.items():
         stalls = [r["stall"] for r in rs]
@@ -170,7 +179,8 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, star
                                    for r in rs}))
         size = f"{sizes.get(name, 0) / 1e6:.1f} MB" if name in sizes else "-"
         lines.append(f"| {name} | {size} | {len(rs)} | {statistics.median(stalls):.3f} | "
-                     f"{max(stalls):.3f} | {statistics.median(secs):.2f} | {status} |")
+                     f"{max(stalls):.3f} | {statistics.median(secs):.2f} | {status} | "
+                     f"{sum(r['failed'] for r in rs)} |")
     return "\n".join(lines) + "\n"
 
 
