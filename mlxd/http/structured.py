@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeGuard, TypeVar
 import trio
 
 from mlxd.engines.base import Constraint, Tool, ToolCall
-from mlxd.errors import InvalidRequest
+from mlxd.errors import InvalidRequest, quote
 
 #: OpenAI's rule for function names
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -145,10 +145,11 @@ def _meta_check(schema: dict[str, Any], param: str) -> None:
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
-        where = "/".join(str(p) for p in e.absolute_path)
-        raise bad(param, f"is not a valid JSON Schema: {e.message}" + (f" (at {where})" if where else "")) from None
+        where = quote("/".join(str(p) for p in e.absolute_path))
+        raise bad(param, f"is not a valid JSON Schema: {quote(e.message)}"
+                  + (f" (at {where})" if where else "")) from None
     except (jsonschema.exceptions.UnknownType, ValueError, TypeError) as e:
-        raise bad(param, f"is not a valid JSON Schema: {e}") from None
+        raise bad(param, f"is not a valid JSON Schema: {quote(str(e))}") from None
     except RecursionError:
         raise bad(param, "is nested too deeply") from None
 
