@@ -49,7 +49,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -344,6 +344,27 @@ def report(args: argparse.Namespace, samples: list[dict[str, Any]], t: Traffic,
     return "\n".join(lines)
 
 
+def start_daemon(config: Path, tmp: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``mlxd serve`` on ``config`` as a child (port 0, state under ``tmp``), logging to ``log``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "mlxd", "serve", "--config", str(config), "--port", "0",
+         "--ready-file", str(tmp / "ready")],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "MLXD_STATE_DIR": str(tmp)},
+    )
+
+
+def wait_ready(proc: subprocess.Popen[bytes], tmp: Path) -> str:
+    """The URL the daemon started by :func:`start_daemon` serves, once it is ready."""
+    ready = tmp / "ready"
+    deadline = time.monotonic() + 120
+    while not (ready.exists() and ready.read_text().strip()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"mlxd serve did not start:\n{(tmp / 'daemon.log').read_text()}")
+        time.sleep(0.05)
+    return ready.read_text().strip()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=30.0)
@@ -358,21 +379,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mlxd-soak-") as tmp_s:
         tmp = Path(tmp_s)
         config = write_config(tmp, mlx=not args.no_mlx)
-        ready = tmp / "ready"
         log = open(tmp / "daemon.log", "wb")  # noqa: SIM115 - the child's
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mlxd", "serve", "--config", str(config), "--port", "0",
-             "--ready-file", str(ready)],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "MLXD_STATE_DIR": str(tmp)},
-        )
+        proc = start_daemon(config, tmp, log)
         try:
-            deadline = time.monotonic() + 120
-            while not (ready.exists() and ready.read_text().strip()):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"mlxd serve did not start:\n{(tmp / 'daemon.log').read_text()}")
-                time.sleep(0.05)
-            url = ready.read_text().strip()
+            url = wait_ready(proc, tmp)
             print(f"soak: {args.minutes:g} min against {url} (pid {proc.pid})", flush=True)
             samples, t = trio.run(drive, url, proc.pid, tmp / "journal.db", args)
             end = finish(proc, tmp / "journal.db")

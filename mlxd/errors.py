@@ -52,11 +52,22 @@ class MlxdError(Exception):
         return {"Retry-After": str(max(1, round(self.retry_after)))}
 
 
+#: the most characters of a foreign error's text an error message quotes (a grammar
+#: library's error can carry its whole grammar, a tokenizer's the whole prompt)
+MAX_QUOTED = 300
+
+
+def quote(text: str) -> str:
+    """The first line of a foreign error's ``text``, at most :data:`MAX_QUOTED` characters."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line[:MAX_QUOTED] + "..." if len(line) > MAX_QUOTED else line
+
+
 def describe_error(exc: BaseException) -> str:
-    """One line for any error: an MlxdError's message, else ``Type: first line``."""
+    """One line for any error: an MlxdError's message, else ``Type: first line`` (quoted)."""
     if isinstance(exc, MlxdError):
         return exc.message
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = quote(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

@@ -43,9 +43,12 @@ bookkeeping, until a second job arrives; it then goes into the generator with
 its KV, its sampler and its remaining ``max_tokens`` and carries on there.
 
 When no job is left and none is waiting in the inbox, :meth:`run` returns, so
-jobs queued behind it on the thread (an unload) run. An exception inside a
-step (a failing logits processor, out of memory) fails every job in the
-batch with it and drops the generator; the next job starts a fresh one.
+jobs queued behind it on the thread (an unload) run. A request's own failure
+(its logits processor, sampler, detokenizer or stop matching raised) ends
+that request alone, with its error, and the batch goes on
+(:mod:`mlxd.engines.guard`); only a failure of the step itself (the forward
+pass, out of memory) fails every job in the batch with it and drops the
+generator; the next job starts a fresh one.
 """
 
 from __future__ import annotations
@@ -61,25 +64,19 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd.engines import memory
 from mlxd.engines.base import GenerationRequest
+from mlxd.engines.faults import Faults
+from mlxd.engines.guard import Guard
 from mlxd.engines.mlx_thread import Job, Outbox, PrefillProgress
+from mlxd.engines.prefill_pace import PrefillPacing
 from mlxd.engines.prompt_cache import PromptCache
 from mlxd.engines.sampling import make_sampler
 from mlxd.engines.solo import Resume, SoloRun, runs_alone
-from mlxd.engines.streaming import Output, deliver_token
+from mlxd.engines.streaming import Output
 
 if TYPE_CHECKING:
     from mlxd.engines.prompt_disk import PromptDisk
 
 log = logging.getLogger(__name__)
-
-#: a model whose prefill is fast gets chunks sized to take about this long (at its measured
-#: rate), never fewer tokens than its ``prefill_step`` nor more than PREFILL_CHUNK_MAX: a
-#: chunk is how long the running streams wait and how late a cancel is heard, in seconds
-PREFILL_CHUNK_S = 0.05
-#: mlx-lm's own default chunk (what mlx_lm.server prefills with)
-PREFILL_CHUNK_MAX = 2048
-#: a step that prefilled fewer tokens than this says little about the rate
-_RATE_MIN_TOKENS = 16
 
 #: the longest the loop waits, at the start of a busy period, for requests on their way
 #: (BatchLoop.expecting): about what checking and tokenizing a few requests takes
@@ -102,6 +99,8 @@ class _Seq:
     cached: int
     #: the tokens that end the sequence (the generator's stop sequences, one token each)
     eos: frozenset[int]
+    #: its own failures (its processors and sampler are wrapped by it)
+    guard: Guard
     n_tokens: int = 0
     #: prompt tokens in its KV when it entered the generator (more than ``cached`` when it
     #: started alone, see mlxd.engines.solo)
@@ -115,7 +114,7 @@ class _Seq:
     from_disk: int = 0
 
 
-class BatchLoop:
+class BatchLoop(PrefillPacing):
     """See the module docstring. Constructed on the Trio side; everything MLX runs on ``thread``."""
 
     def __init__(
@@ -130,7 +129,7 @@ class BatchLoop:
         outbox: Outbox,
         output: OutputFactory,
         prefill_adapts: bool = False,
-        disk: PromptDisk | None = None,
+        disk: PromptDisk | None = None, faults: Faults | None = None,
     ) -> None:
         self._submit = submit  # runs a callable on the engine's MLX thread
         self._model = model  # () -> (model, tokenizer), read on the MLX thread
@@ -147,6 +146,7 @@ class BatchLoop:
         self._on_done = on_done
         self._outbox = outbox
         self._output = output
+        self._faults = faults  # requests poisoned on purpose (tests), see mlxd.engines.faults
         self._lock = threading.Lock()
         self._arrival = threading.Condition(self._lock)  # a job added, or one on its way less
         self._expected = 0  # requests on their way (expecting), under _lock
@@ -270,6 +270,7 @@ class BatchLoop:
             self._fail_all(e)
             return
         self.steps += 1
+        self._end_failed([s for s in self._seqs.values() if s.guard.error is not None])
         if prompt_responses:
             self._measure_prefill(prompt_responses, time.perf_counter() - t0)
         with self._outbox.holding():  # one wake-up of the Trio thread for the whole step
@@ -282,32 +283,6 @@ class BatchLoop:
         if self._gen is not None:  # array sizes only (no evaluation): a few us per layer
             self.kv_bytes = int(self._gen.prompt_cache_nbytes)
             self.kv_peak_bytes = max(self.kv_peak_bytes, self.kv_bytes)
-
-    def _measure_prefill(self, responses: list[Any], seconds: float) -> None:
-        """The prefill rate from a step's chunks, and the chunk it sets (PREFILL_CHUNK_S)."""
-        tokens = 0
-        for r in responses:
-            seq = self._seqs.get(r.uid)
-            if seq is not None and not r.end_of_prompt:
-                done = int(r.progress[0])
-                tokens, seq.prefilled = tokens + done - seq.prefilled, done
-        self.note_prefill(tokens, seconds)
-
-    def note_prefill(self, tokens: int, seconds: float) -> None:
-        """A step prefilled ``tokens`` in ``seconds``: the rate, and the chunk it sets."""
-        if tokens < _RATE_MIN_TOKENS or seconds <= 0:
-            return
-        rate = tokens / seconds  # the step's decode rows count as prefill time: a lower bound
-        self.prefill_rate = rate if self.prefill_rate is None else (self.prefill_rate + rate) / 2
-        if self._prefill_adapts:
-            fits = int(self.prefill_rate * PREFILL_CHUNK_S)
-            self.prefill_chunk = max(self.prefill_step, min(PREFILL_CHUNK_MAX, fits))
-        if self._prefill_adapts and self._gen is not None:
-            # read at each step, and by the prompt batch (which mlx-lm 0.32 gives its own copy)
-            self._gen.prefill_step_size = self.prefill_chunk
-            prompts: Any = getattr(self._gen, "_prompt_batch", None)
-            if hasattr(prompts, "prefill_step_size"):
-                prompts.prefill_step_size = self.prefill_chunk
 
     def close(self) -> None:
         """Write the prompt cache to its disk tier, then drop the generator and the prompt cache
@@ -375,9 +350,11 @@ class BatchLoop:
             return
         self._solo = True
         self.alone += 1
+        guard = self._guard(req)
         try:
-            run = SoloRun(self, job, make_sampler(req.temperature, req.top_p, req.seed, req.top_k),
-                          self._output(req))
+            run = SoloRun(self, job,
+                          guard.sampler(make_sampler(req.temperature, req.top_p, req.seed, req.top_k)),
+                          self._output(req), guard)
             resume = run.run(lambda: bool(self._inbox))
             if resume is not None:
                 self._resume(job, resume)
@@ -409,7 +386,8 @@ class BatchLoop:
             stop_sequences=[StopSequences([(t,) for t in tok.eos_token_ids])],  # == _Seq.eos
         )
         eos = frozenset(int(t) for t in tok.eos_token_ids)
-        self._seqs[uid] = _Seq(job, uid, r.detok, r.out, r.cached, eos, n_tokens=r.n_tokens,
+        self._seqs[uid] = _Seq(job, uid, r.detok, r.out, r.cached, eos, r.guard,
+                               n_tokens=r.n_tokens,
                                offset=len(r.tokens_in_kv) if r.n_tokens == 0 else 0,
                                from_disk=r.from_disk)
 
@@ -453,18 +431,23 @@ class BatchLoop:
         st.prompt_tokens = len(ids)
         cache, rest, from_disk = self._cache.fetch(ids)
         cached = len(ids) - len(rest)
+        guard = self._guard(req)
         (uid,) = gen.insert(
             [rest],
             max_tokens=[req.max_tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[ids[:cached]],
-            samplers=[make_sampler(req.temperature, req.top_p, req.seed, req.top_k)],
-            logits_processors=[list(req.logits_processors)],
+            samplers=[guard.sampler(make_sampler(req.temperature, req.top_p, req.seed, req.top_k))],
+            logits_processors=[guard.processors(req.logits_processors)],
             stop_sequences=[StopSequences([(t,) for t in tok.eos_token_ids])],  # == _Seq.eos
         )
         eos = frozenset(int(t) for t in tok.eos_token_ids)
-        self._seqs[uid] = _Seq(job, uid, tok.detokenizer, self._output(req), cached, eos,
+        self._seqs[uid] = _Seq(job, uid, tok.detokenizer, self._output(req), cached, eos, guard,
                                offset=cached, from_disk=from_disk)
+
+    def _guard(self, request: GenerationRequest) -> Guard:
+        poison = self._faults.poison_of(request.request_id) if self._faults is not None else None
+        return Guard(poison)
 
     def _drop_cancelled(self) -> None:
         gone = [s for s in self._seqs.values() if s.job.cancel.is_set()]
@@ -477,11 +460,25 @@ class BatchLoop:
     def _finish(self, seq: _Seq, outcome: str | None = None) -> None:
         self._seqs.pop(seq.uid, None)
         st = seq.job.stats
+        error = seq.guard.error
+        if error is not None:
+            outcome = "error"
         if outcome is not None:
             st.outcome = outcome
         st.ended_at = time.monotonic()
-        self._on_done(seq.job, None)
+        self._on_done(seq.job, error)
         self._largest = max(self._largest, st.prompt_tokens + st.completion_tokens)
+
+    def _end_failed(self, failed: list[_Seq]) -> None:
+        """End the sequences whose own part of the step failed (module docstring): out of
+        the generator (the others go on), their jobs done with their errors."""
+        if not failed:
+            return
+        if self._gen is not None:
+            self._gen.remove([s.uid for s in failed])
+        for s in failed:
+            log.warning("request %s failed alone: %s", s.job.request.request_id, s.guard.error)
+            self._finish(s)
 
     def _progress(self, responses: list[Any]) -> None:
         for r in responses:
@@ -497,6 +494,7 @@ class BatchLoop:
 
     def _deliver(self, responses: list[Any]) -> None:
         stopped: list[_Seq] = []
+        failed: list[_Seq] = []
         for r in responses:
             seq = self._seqs.get(r.uid)
             if seq is None:
@@ -505,7 +503,15 @@ class BatchLoop:
                 seq.first_sent = False
                 if r.finish_reason is None:  # always: the same rule found no end then
                     continue
-            over = self._token(seq, r.token, r.logprobs, r.finish_reason)
+            try:
+                over = self._token(seq, r.token, r.logprobs, r.finish_reason)
+            except Exception as e:  # its detokenizer or stop matching: it alone ends
+                seq.guard.fail(e)
+                if r.finish_reason is None:
+                    failed.append(seq)  # still in the generator
+                else:
+                    self._finish(seq)
+                continue
             if r.finish_reason is not None:
                 if r.prompt_cache is not None and self._cache is not None:
                     self._cache.insert(r.all_tokens, r.prompt_cache)
@@ -516,25 +522,13 @@ class BatchLoop:
             self._gen.remove([s.uid for s in stopped])
             for s in stopped:
                 self._finish(s)
+        self._end_failed(failed)
 
     def _token(self, seq: _Seq, token: int, logprobs: Any, finish_reason: str | None) -> bool:
         """Deliver one token of ``seq``; True when its generation is over."""
         seq.n_tokens += 1
-        if finish_reason != "stop":  # an end-of-sequence token has no text
-            seq.detok.add_token(token)
-        if finish_reason is not None:
-            seq.detok.finalize()
-        return deliver_token(
-            seq.job,
-            seq.out,
-            seq.detok.last_segment,
-            token,
-            logprobs,
-            seq.n_tokens,
-            finish_reason,
-            cached_tokens=seq.cached,
-            disk_tokens=seq.from_disk,
-        )
+        return seq.guard.deliver(seq.job, seq.out, seq.detok, token, logprobs, seq.n_tokens,
+                                 finish_reason, seq.cached, seq.from_disk)
 
     def _deliver_first(self, uids: list[int]) -> None:
         """The first tokens of the sequences whose prompt ended in this step (module docstring, 5).
@@ -557,6 +551,7 @@ class BatchLoop:
         tokens = pending.tolist()  # waits for this step's forward pass (the next one needs it too)
         ended: list[_Seq] = []
         stopped: list[_Seq] = []
+        failed: list[_Seq] = []
         for seq in seqs:
             i = index[seq.uid]
             token = int(tokens[i])
@@ -565,7 +560,12 @@ class BatchLoop:
                 finish = "length"
             if token in seq.eos:
                 finish = "stop"
-            over = self._token(seq, token, logprobs[i], finish)
+            try:
+                over = self._token(seq, token, logprobs[i], finish)
+            except Exception as e:  # its detokenizer or stop matching: it alone ends
+                seq.guard.fail(e)
+                failed.append(seq)
+                continue
             if finish is not None:
                 ended.append(seq)
             elif over:
@@ -583,6 +583,7 @@ class BatchLoop:
             self._gen.remove([s.uid for s in stopped])
             for seq in stopped:
                 self._finish(seq)
+        self._end_failed(failed)
 
     def _fail_all(self, error: BaseException) -> None:
         seqs = list(self._seqs.values())

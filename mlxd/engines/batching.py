@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mlxd.engines.batch_loop import BatchLoop, OutputFactory
+from mlxd.engines.faults import Faults
 from mlxd.engines.memory import KV_STEP
 from mlxd.engines.mlx_thread import Job, MlxThread, Outbox, SerialScheduler, call_soon
 from mlxd.errors import InvalidRequest
@@ -110,6 +111,7 @@ class BatchScheduler(SerialScheduler):
         output: OutputFactory,
         prefill_adapts: bool = False,
         disk: PromptDisk | None = None,
+        faults: Faults | None = None,
     ) -> BatchScheduler:
         """A scheduler and its :class:`BatchLoop` on ``thread`` (``model() -> (model, tokenizer)``,
         ``output(request)``: what the engine streams for a request)."""
@@ -125,6 +127,7 @@ class BatchScheduler(SerialScheduler):
             output=output,
             prefill_adapts=prefill_adapts,
             disk=disk,
+            faults=faults,
         )
         box.append(
             cls(

@@ -47,7 +47,8 @@ from typing import Any
 import trio
 
 from mlxd.engines.base import Constraint, GenerationRequest
-from mlxd.errors import InvalidRequest
+from mlxd.engines.schema_bounds import check_enforceable
+from mlxd.errors import InvalidRequest, describe_error, quote
 
 #: compact JSON: no whitespace between tokens (fewer tokens, and a random model
 #: cannot fill its budget with blanks)
@@ -102,6 +103,7 @@ def grammar_for(
     """
     from llguidance import LLMatcher
 
+    check_schemas(constraint, request)
     try:
         if constraint.kind == "json_object":
             return str(LLMatcher.grammar_from_json_schema(_with_compact({"type": "object"})))
@@ -112,7 +114,20 @@ def grammar_for(
         start, end = _marker(TOOL_CALL_START, special), _marker(TOOL_CALL_END, special)
         return str(LLMatcher.grammar_from_lark(f"start: {start} call {end}\ncall: %json {call}\n"))
     except (ValueError, TypeError, RuntimeError) as e:
-        raise InvalidRequest(f"{_param(constraint)}: cannot be enforced: {e}", param=_param(constraint)) from e
+        raise InvalidRequest(
+            f"{_param(constraint)}: cannot be enforced: {describe_error(e)}", param=_param(constraint)
+        ) from e
+
+
+def check_schemas(constraint: Constraint, request: GenerationRequest) -> None:
+    """Refuse the schemas of ``constraint`` that the grammar cannot enforce (400, before any
+    token: :mod:`mlxd.engines.schema_bounds`)."""
+    if constraint.kind == "json_schema":
+        check_enforceable(json.loads(constraint.schema), _param(constraint))
+    elif constraint.kind == "tool_call":
+        for t in request.tools:
+            if request.tool_choice != "function" or t.name == request.tool_name:
+                check_enforceable(t.parameters, "tools", f"the parameters of '{t.name}'")
 
 
 def _param(constraint: Constraint) -> str:
@@ -308,11 +323,9 @@ class GrammarProcessor:
         self._fill = llguidance.numpy.fill_next_token_bitmask
         self.tokens = tokens
         self.matcher = llguidance.LLMatcher(tokens.ll, grammar)
+        self.param = param
         if self.matcher.is_error():
-            raise InvalidRequest(
-                f"{param or 'the grammar'}: cannot be enforced: {self.matcher.get_error()}",
-                param=param,
-            )
+            raise self._refused()
         self.bitmask = llguidance.numpy.allocate_token_bitmask(1, tokens.vocab_size)
         self.max_tokens = max_tokens
         #: guard margin: the closing marker after the JSON, plus slack for what the
@@ -330,7 +343,7 @@ class GrammarProcessor:
         if self._started:
             token = int(context.reshape(-1)[-1].item())
             if not self.matcher.consume_token(token):
-                raise ConstraintError(f"token {token} broke the grammar: {self.matcher.get_error()}")
+                raise self._refused(token)
             self.closer.feed(self.tokens.token_bytes(token))
             self.consumed += 1
         self._started = True
@@ -343,6 +356,16 @@ class GrammarProcessor:
         allowed[:n] = bits[:n].astype(bool)
         self._guard(allowed)
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+    def _refused(self, token: int | None = None) -> Exception:
+        """The matcher's error, one bounded line: the request's fault (400) when the grammar
+        proved too complex for the parser; a :class:`ConstraintError` when a masked token broke it."""
+        error = quote(self.matcher.get_error())
+        too_complex = self.matcher.stop_reason() == "ParserTooComplex" or "Too many items" in error
+        if token is None or too_complex:
+            return InvalidRequest(f"{self.param or 'the grammar'}: cannot be enforced: {error}",
+                                  param=self.param)
+        return ConstraintError(f"token {token} broke the grammar: {error}")
 
     def _guard(self, allowed: Any) -> None:
         """Near the end of the budget, keep only the allowed tokens that bring the end closest.

@@ -17,6 +17,15 @@ generate               ``raise`` mid-stream or ``hang`` between two tokens,
                        after ``after_tokens`` tokens
 =====================  =====================================================
 
+A batched model's requests can also be poisoned one by one
+(:meth:`Faults.poison`, from tests: no config key sets it): the request
+with that ``request_id`` raises :class:`InjectedFault` at one of its own
+points (:data:`POISON_POINTS`: its logits processor, its sampler, its
+detokenizer, its stop matching) when its ``at_token``-th token is being
+made, as a bug or a hostile input there would. The batch isolation suite
+(``tests/faults/test_batch_isolation.py``) checks that it ends that request
+alone (:mod:`mlxd.engines.guard`).
+
 One :class:`Faults` per model, shared by all its residencies (``raise_once``
 means once per model, across reloads). The fake engine injects them in Trio
 (``hang`` = ``trio.sleep_forever``); the MLX engines on their MLX thread
@@ -26,8 +35,13 @@ means once per model, across reloads). The fake engine injects them in Trio
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
+from typing import Literal
 
 from mlxd.config import FaultSettings
+
+PoisonPoint = Literal["logits", "sampler", "detokenizer", "stop"]
+POISON_POINTS: tuple[PoisonPoint, ...] = ("logits", "sampler", "detokenizer", "stop")
 
 
 class InjectedFault(RuntimeError):
@@ -36,6 +50,19 @@ class InjectedFault(RuntimeError):
 
 #: how long a thread "hangs": past any test, short of forever (daemon threads die with the process)
 THREAD_HANG_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Poison:
+    """Where one request fails: at ``point`` while its ``at_token``-th token (from 1) is made."""
+
+    point: PoisonPoint
+    at_token: int = 1
+
+    def strike(self, point: PoisonPoint, n: int) -> None:
+        """Raise :class:`InjectedFault` if this is the point and the token."""
+        if point == self.point and n == self.at_token:
+            raise InjectedFault(f"injected failure of the {point} at token {n}")
 
 
 class Faults:
@@ -48,6 +75,15 @@ class Faults:
         self.stops = 0
         #: set to end every thread hang of this model (tests call it when they are done)
         self.release = threading.Event()
+        #: poisoned requests, by request_id (:meth:`poison`)
+        self._poisons: dict[str, Poison] = {}
+
+    def poison(self, request_id: str, point: PoisonPoint, at_token: int = 1) -> None:
+        """Make the request ``request_id`` fail at ``point`` (module docstring)."""
+        self._poisons[request_id] = Poison(point, at_token)
+
+    def poison_of(self, request_id: str | None) -> Poison | None:
+        return self._poisons.get(request_id) if request_id is not None else None
 
     def on_load(self) -> str | None:
         """Called at the start of each load: None, ``hang`` or ``ignore_cancel``; raises for ``raise``."""

@@ -90,9 +90,21 @@ class MlxEmbeddingEngine(MlxTextEngine):
     # ---- embeddings ---------------------------------------------------------------------------
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text, with the model's special tokens (pure: any thread)."""
+        """Token ids of each text, with the model's special tokens (pure: any thread); the
+        first text over the model's context is refused before the next is tokenized."""
         tok = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
-        return [list(tok.encode(t)) for t in texts]
+        out: list[list[int]] = []
+        for t in texts:
+            out.append(list(tok.encode(t)))
+            self._check_length(len(out) - 1, out[-1])
+        return out
+
+    def _check_length(self, i: int, seq: list[int]) -> None:
+        if self.context is not None and len(seq) > self.context:
+            raise InvalidRequest(
+                f"input[{i}]: {len(seq)} tokens, over the model's context of {self.context}",
+                param=f"input[{i}]",
+            )
 
     async def embed(self, inputs: list[str] | list[list[int]]) -> tuple[list[list[float]], int]:
         """Embeddings of ``inputs`` (texts, or token ids) and the tokens they took."""
@@ -109,11 +121,7 @@ class MlxEmbeddingEngine(MlxTextEngine):
         for i, seq in enumerate(ids):
             if not seq:
                 raise InvalidRequest(f"input[{i}]: is empty", param=f"input[{i}]")
-            if self.context is not None and len(seq) > self.context:
-                raise InvalidRequest(
-                    f"input[{i}]: {len(seq)} tokens, over the model's context of {self.context}",
-                    param=f"input[{i}]",
-                )
+            self._check_length(i, seq)
             if vocab and any(not 0 <= t < vocab for t in seq):
                 raise InvalidRequest(f"input[{i}]: token ids must be from 0 to {vocab - 1}",
                                      param=f"input[{i}]")

@@ -297,7 +297,7 @@ class MlxTextEngine:
             outbox=outbox,
             output=self._output,
             prefill_adapts=self._prefill_adapts,
-            disk=self.disk,
+            disk=self.disk, faults=self.faults,
         )
         self.batch = scheduler.loop
         return scheduler

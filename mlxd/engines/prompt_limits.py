@@ -143,10 +143,12 @@ def limits_for(model: ModelConfig) -> PromptLimits:
 
 
 def prompt_chars(request: GenerationRequest) -> int:
-    """Characters of text in the prompt (the chat template adds more, never fewer tokens)."""
+    """Characters of text in the prompt (the chat template adds more, never fewer tokens),
+    the declared tools included: the template writes them into the prompt."""
     if request.kind == "completion":
         return len(request.prompt or "")
-    total = 0
+    total = sum(len(t.name) + len(t.description or "") + len(json.dumps(t.parameters))
+                for t in request.tools)
     for m in request.messages:
         if isinstance(m.content, str):
             total += len(m.content)

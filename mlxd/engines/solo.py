@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mlxd.engines.base import GenerationRequest
+from mlxd.engines.guard import Guard
 from mlxd.engines.memory import KV_STEP
 from mlxd.engines.mlx_thread import Job, PrefillProgress
-from mlxd.engines.streaming import Output, deliver_token
+from mlxd.engines.streaming import Output
 
 if TYPE_CHECKING:
     from mlxd.engines.batch_loop import BatchLoop
@@ -61,6 +62,7 @@ class Resume:
     detok: Any
     out: Output
     cached: int
+    guard: Guard
     #: of the ``cached`` tokens, those read from the disk tier
     from_disk: int = 0
 
@@ -86,11 +88,12 @@ def compact(kv: list[Any], slack: int = 1) -> list[Any]:
 class SoloRun:
     """One lone request on the MLX thread (see the module docstring)."""
 
-    def __init__(self, loop: BatchLoop, job: Job, sampler: Any, out: Output) -> None:
+    def __init__(self, loop: BatchLoop, job: Job, sampler: Any, out: Output, guard: Guard) -> None:
         self.loop = loop
         self.job = job
-        self.sampler = sampler
+        self.sampler = sampler  # wrapped by the guard
         self.out = out
+        self.guard = guard
         self.model, tok = loop.model_and_tokenizer()
         self.detok = tok.detokenizer
         self.eos = frozenset(int(t) for t in tok.eos_token_ids)
@@ -119,7 +122,7 @@ class SoloRun:
                     return None
                 if interrupted():
                     return Resume(rest, kv, ids[:fed], 0, self.sampler, self.detok, self.out, cached,
-                                  self.from_disk)
+                                  self.guard, self.from_disk)
                 n = min(loop.prefill_chunk, len(rest) - 1)
                 t0 = time.perf_counter()
                 self.model(mx.array(rest[:n])[None], cache=kv)
@@ -166,7 +169,7 @@ class SoloRun:
                 return None
             if last_here:  # a request is waiting (a cancel or max_tokens ended it above)
                 return Resume([token], kv, in_kv, n, self.sampler, self.detok, self.out, cached,
-                              self.from_disk)
+                              self.guard, self.from_disk)
             if not fed:
                 y_next, lp_next = self._forward(y[:, None], kv)
                 mx.async_eval(y_next, lp_next)  # type: ignore[no-untyped-call]
@@ -184,11 +187,7 @@ class SoloRun:
         return y, logprobs[0]
 
     def _deliver(self, token: int, logprobs: Any, n: int, finish: str | None, cached: int) -> bool:
-        if finish != "stop":  # an end-of-sequence token has no text
-            self.detok.add_token(token)
-        if finish is not None:
-            self.detok.finalize()
-        return deliver_token(
-            self.job, self.out, self.detok.last_segment, token, logprobs, n, finish,
-            cached_tokens=cached, disk_tokens=self.from_disk,
-        )
+        if self.guard.error is not None:  # its sampler failed: alone, it ends the run
+            raise self.guard.error
+        return self.guard.deliver(self.job, self.out, self.detok, token, logprobs, n, finish, cached,
+                                  self.from_disk)

@@ -32,7 +32,7 @@ from mlxd.engines.base import (
 )
 from mlxd.engines.mlx_thread import TOKEN_TICK, PrefillProgress, TokenTick
 from mlxd.engines.tool_calls import ToolCallSplitter, ToolFormat, parse_calls
-from mlxd.errors import EngineError, MlxdError
+from mlxd.errors import EngineError, MlxdError, describe_error
 
 if TYPE_CHECKING:
     from mlxd.engines.mlx_thread import GenerationStats, Job
@@ -308,7 +308,7 @@ def pending_events(
         elif isinstance(item, MlxdError):
             raise item
         elif isinstance(item, BaseException):
-            raise EngineError(f"{name}: generation failed: {type(item).__name__}: {item}") from item
+            raise EngineError(f"{name}: generation failed: {describe_error(item)}") from item
         try:
             item = job.sink.receive.receive_nowait()
         except (trio.WouldBlock, trio.EndOfChannel):

@@ -25,6 +25,7 @@ from mlxd.http.anthropic_shapes import MessagesRenderer, ParsedMessages, parse_m
 from mlxd.http.context import state
 from mlxd.http.openai_api import read_json_body, request_id
 from mlxd.http.preferences import preferences
+from mlxd.http.structured import schema_checks_off_loop
 from mlxd.residency.lease import Lease
 
 bp = Blueprint("anthropic", __name__)
@@ -40,7 +41,9 @@ async def _parse(*, counting: bool) -> ParsedMessages:
     st = state()
     if st.draining:
         raise ShuttingDown("mlxd is shutting down")
-    parsed = parse_messages(await read_json_body(), request_id=request_id(), counting=counting)
+    body, rid = await read_json_body(), request_id()
+    parsed = await schema_checks_off_loop(
+        lambda: parse_messages(body, request_id=rid, counting=counting), request.content_length or 0)
     if not st.manager.has_model(parsed.model):
         raise ModelNotFound(parsed.model)
     return parsed

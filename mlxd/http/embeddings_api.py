@@ -16,6 +16,7 @@ from typing import Any
 
 from quart import Blueprint
 
+from mlxd.engines.prompt_limits import check_chars, limits_for
 from mlxd.errors import InvalidRequest, ModelNotFound, ShuttingDown
 from mlxd.http import generation
 from mlxd.http.context import state
@@ -84,6 +85,9 @@ async def embeddings() -> Any:
     mc = st.config.model(model)
     if mc is None or not mc.embedding:
         raise bad("model", f"'{model}' is not an embedding model (set embedding: true)")
+    limits = limits_for(mc)  # before the lease and any tokenizing: an input too long by its
+    for i, x in enumerate(inputs):  # length alone is refused at once (mlxd.engines.prompt_limits)
+        check_chars(model, len(x) if isinstance(x, str) else 0, limits, f"input[{i}]")
     lease = await generation.acquire(st, model, request_id())
     async with lease:  # ends with the one outcome rule (mlxd.residency.lease.outcome_of)
         with lease.scope():

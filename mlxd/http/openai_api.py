@@ -34,6 +34,7 @@ from mlxd.errors import InvalidRequest, MlxdError, ModelNotFound, ShuttingDown
 from mlxd.http import bodyscan, generation, sse
 from mlxd.http.context import AppState, state
 from mlxd.http.generation import Collected
+from mlxd.http.structured import schema_checks_off_loop
 from mlxd.http.validation import ParsedRequest, parse_request
 
 log = logging.getLogger("mlxd.http")
@@ -128,13 +129,10 @@ async def parse(kind: str) -> ParsedRequest:
     body = await read_json_body()
     name = body.get("model") if isinstance(body, dict) else None
     mc = st.config.model(name) if isinstance(name, str) else None
-    parsed = parse_request(
-        body,
-        kind=kind,
-        allow_images=bool(mc and mc.mllm),
-        request_id=request_id(),
-        headers=request.headers,
-    )
+    rid, headers = request_id(), request.headers
+    parsed = await schema_checks_off_loop(lambda: parse_request(
+        body, kind=kind, allow_images=bool(mc and mc.mllm), request_id=rid, headers=headers,
+    ), request.content_length or 0)
     if not st.manager.has_model(parsed.model):
         raise ModelNotFound(parsed.model)
     if mc is not None and mc.embedding:

@@ -6,17 +6,30 @@ route (:mod:`mlxd.http.anthropic_api`). Every problem raises
 Schema (tool parameters, ``response_format.json_schema.schema``) is checked
 against its meta-schema with the ``jsonschema`` library; whether the grammar
 library can enforce it is checked by the engine before any token is spent.
+
+A schema costs CPU in proportion to its size (``check_schema`` of a 1.8 MB
+schema took 11 s), so the schemas of one request hold at most
+:data:`MAX_SCHEMA_VALUES` JSON values together, counted as they are read
+(a larger request is refused before any check starts), and a route that reads
+its body inside :func:`schema_checks_off_loop` gets the meta-schema checks run
+after the body is read, on a worker thread (:data:`SCHEMA_CHECKERS` at once),
+while the event loop goes on serving everyone else; a large body is read
+there too.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeGuard, TypeVar
+
+import trio
 
 from mlxd.engines.base import Constraint, Tool, ToolCall
-from mlxd.errors import InvalidRequest
+from mlxd.errors import InvalidRequest, quote
 
 #: OpenAI's rule for function names
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -27,6 +40,15 @@ MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 #: JSON nesting allowed in a schema (deeper is refused before any library recurses into it)
 MAX_SCHEMA_DEPTH = 32
+#: JSON values (objects, lists, strings, numbers...) all the schemas of one request may hold
+#: together: about 1 MB of schema, 2-3 s of meta-schema checking on this machine's CPU
+#: (OpenAI's structured outputs take 5,000 properties; 128 tools of 400 parameters are 150k)
+MAX_SCHEMA_VALUES = 50_000
+#: meta-schema checks running at once on worker threads (each holds the GIL between switches)
+SCHEMA_CHECKERS = trio.CapacityLimiter(2)
+#: bodies larger than this are validated on a worker thread too (their schemas and messages
+#: take milliseconds to walk); smaller ones on the event loop, without a thread hop
+INLINE_VALIDATION_BYTES = 64 * 1024
 
 ToolChoice = Literal["auto", "none", "required", "function"]
 
@@ -35,41 +57,101 @@ def bad(param: str, message: str) -> InvalidRequest:
     return InvalidRequest(f"{param}: {message}", param=param)
 
 
-def _depth(v: object, limit: int) -> int:
+def _shape(v: object, depth_limit: int, count_limit: int) -> tuple[int, int]:
+    """(deepest nesting, values) of ``v``; stops counting past either limit."""
     stack: list[tuple[object, int]] = [(v, 1)]
-    deepest = 0
+    deepest = values = 0
     while stack:
         item, d = stack.pop()
-        deepest = max(deepest, d)
-        if deepest > limit:
-            return deepest
+        deepest, values = max(deepest, d), values + 1
+        if deepest > depth_limit or values > count_limit:
+            break
         if isinstance(item, dict):
             stack.extend((x, d + 1) for x in item.values())
         elif isinstance(item, list):
             stack.extend((x, d + 1) for x in item)
-    return deepest
+    return deepest, values
+
+
+@dataclass
+class SchemaChecks:
+    """The schemas of the request being read: their values so far, and the meta-schema
+    checks left for :func:`schema_checks_off_loop` to run."""
+
+    values: int = 0
+    pending: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+
+    def run(self) -> None:
+        for schema, param in self.pending:
+            _meta_check(schema, param)
+
+
+_checks: ContextVar[SchemaChecks | None] = ContextVar("mlxd_schema_checks", default=None)
+T = TypeVar("T")
+
+
+async def schema_checks_off_loop(read: Callable[[], T], body_bytes: int = 0) -> T:
+    """``read()`` (a body's validation) on the event loop, then the meta-schema checks of
+    the schemas it met on a worker thread; both on the thread for a body over
+    :data:`INLINE_VALIDATION_BYTES` (module docstring)."""
+    checks = SchemaChecks()
+
+    def validate(run_checks: bool) -> T:
+        token = _checks.set(checks)
+        try:
+            result = read()
+        finally:
+            _checks.reset(token)
+        if run_checks:
+            checks.run()
+        return result
+
+    if body_bytes > INLINE_VALIDATION_BYTES:
+        return await trio.to_thread.run_sync(validate, True, limiter=SCHEMA_CHECKERS,
+                                             abandon_on_cancel=True)
+    result = validate(False)
+    if checks.pending:
+        await trio.to_thread.run_sync(checks.run, limiter=SCHEMA_CHECKERS, abandon_on_cancel=True)
+    return result
 
 
 def check_schema(schema: object, param: str, *, object_only: bool = False) -> dict[str, Any]:
-    """A valid JSON Schema (a JSON object), or a 400 naming ``param``."""
-    import jsonschema
-
+    """A valid JSON Schema (a JSON object), or a 400 naming ``param``; the meta-schema check
+    is left for :func:`schema_checks_off_loop` when a route reads its body in one."""
     if not isinstance(schema, dict):
         raise bad(param, "must be a JSON Schema object")
-    if _depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+    checks = _checks.get()
+    used = checks.values if checks is not None else 0
+    depth, values = _shape(schema, MAX_SCHEMA_DEPTH, MAX_SCHEMA_VALUES - used)
+    if depth > MAX_SCHEMA_DEPTH:
         raise bad(param, f"is nested more than {MAX_SCHEMA_DEPTH} levels deep")
+    if used + values > MAX_SCHEMA_VALUES:
+        raise bad(param, f"the request's schemas hold more than {MAX_SCHEMA_VALUES:,} JSON values "
+                         "together; send smaller schemas or fewer tools")
     if object_only and schema.get("type", "object") != "object":
         raise bad(param, f"must be a JSON Schema of type 'object' (got type {schema.get('type')!r})")
+    if checks is None:
+        _meta_check(schema, param)
+    else:
+        checks.values += values
+        checks.pending.append((schema, param))
+    return schema
+
+
+def _meta_check(schema: dict[str, Any], param: str) -> None:
+    """``schema`` against its meta-schema (``jsonschema``), or a 400 naming ``param``."""
+    import jsonschema
+
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
-        where = "/".join(str(p) for p in e.absolute_path)
-        raise bad(param, f"is not a valid JSON Schema: {e.message}" + (f" (at {where})" if where else "")) from None
+        where = quote("/".join(str(p) for p in e.absolute_path))
+        raise bad(param, f"is not a valid JSON Schema: {quote(e.message)}"
+                  + (f" (at {where})" if where else "")) from None
     except (jsonschema.exceptions.UnknownType, ValueError, TypeError) as e:
-        raise bad(param, f"is not a valid JSON Schema: {e}") from None
+        raise bad(param, f"is not a valid JSON Schema: {quote(str(e))}") from None
     except RecursionError:
         raise bad(param, "is nested too deeply") from None
-    return schema
 
 
 def function_name(v: object, param: str) -> str:

@@ -385,7 +385,7 @@ async def test_a_fast_models_prefill_chunks_grow_to_the_time_target(
     """With the default prefill step, a model that prefills fast gets chunks sized to take
     about PREFILL_CHUNK_S at its measured rate (the tiny model: far more than 64 tokens), so
     a long prompt takes fewer steps; a step set by MLXD_PREFILL_STEP stays as set."""
-    from mlxd.engines.batch_loop import PREFILL_CHUNK_MAX, PREFILL_CHUNK_S
+    from mlxd.engines.prefill_pace import PREFILL_CHUNK_MAX, PREFILL_CHUNK_S
 
     monkeypatch.delenv("MLXD_PREFILL_STEP", raising=False)
     eng = MlxTextEngine(tiny_config(tiny_model_dir, max_batch_size=4))
