@@ -60,7 +60,7 @@ from mlxd.http.ollama_render import (
 from mlxd.http.ollama_shapes import OllamaRequest, model_name, parse, resolve
 from mlxd.http.openai_api import read_json_body, request_id, with_checked_images
 from mlxd.http.preferences import preferences
-from mlxd.http.structured import bad, is_int, is_model_name
+from mlxd.http.structured import bad, is_int, is_model_name, schema_checks_off_loop
 from mlxd.residency.lease import Lease
 
 bp = Blueprint("ollama", __name__)
@@ -171,8 +171,11 @@ async def _generate(kind: Literal["chat", "generate"]) -> Any:
         mc = st.config.model(name)
         return mc is not None and mc.mllm
 
-    parsed = parse(body, kind, known=st.manager.has_model, allow_images=vision,
-                   request_id=request_id(), headers=request.headers)
+    rid, headers = request_id(), request.headers
+    parsed = await schema_checks_off_loop(lambda: parse(
+        body, kind, known=st.manager.has_model, allow_images=vision, request_id=rid,
+        headers=headers,
+    ), request.content_length or 0)
     mc = st.config.model(parsed.model)
     if mc is not None and mc.embedding:
         raise bad("model", f"'{mc.name}' is an embedding model: use POST /api/embed")

@@ -35,6 +35,7 @@ from mlxd.http.responses_events import ResponsesRenderer
 from mlxd.http.responses_fields import ParsedResponses, parse_responses
 from mlxd.http.responses_items import MAX_ITEMS, chat_messages
 from mlxd.http.responses_store import ResponseStore
+from mlxd.http.structured import schema_checks_off_loop
 
 bp = Blueprint("responses", __name__)
 
@@ -96,7 +97,11 @@ async def create_response() -> Any:
     body = await read_json_body()
     name = body.get("model") if isinstance(body, dict) else None
     mc = st.config.model(name) if isinstance(name, str) else None
-    parsed = parse_responses(body, allow_images=bool(mc and mc.mllm), headers=request.headers)
+    headers = request.headers
+    parsed = await schema_checks_off_loop(
+        lambda: parse_responses(body, allow_images=bool(mc and mc.mllm), headers=headers),
+        request.content_length or 0,
+    )
     if not st.manager.has_model(parsed.model):
         raise ModelNotFound(parsed.model)
     if mc is not None and mc.embedding:

@@ -109,6 +109,33 @@ def gate_meta_schema_check(monkeypatch: pytest.MonkeyPatch, order: list[str]) ->
     return gate
 
 
+BIG_SCHEMA: dict[str, Any] = {"type": "object",
+                              "properties": {f"o{j}": props(200) for j in range(20)}}
+#: the same big schema as each other route takes it
+OTHER_ROUTES: dict[str, tuple[str, dict[str, Any]]] = {
+    "responses": ("/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 2,
+                                    "temperature": 0, "text": {"format": {
+                                        "type": "json_schema", "name": "s", "schema": BIG_SCHEMA}}}),
+    "ollama": ("/api/chat", {"model": "tiny", "stream": False, "format": BIG_SCHEMA,
+                             "messages": [{"role": "user", "content": "hi"}],
+                             "options": {"num_predict": 2, "temperature": 0}}),
+}
+
+
+@pytest.mark.parametrize("route", sorted(OTHER_ROUTES))
+async def test_health_is_answered_while_another_routes_big_schema_is_checked(
+    cfg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str
+) -> None:
+    """The Responses and Ollama routes check a large schema off the event loop too: /health is answered meanwhile."""
+    order: list[str] = []
+    gate = gate_meta_schema_check(monkeypatch, order)
+    path, body = OTHER_ROUTES[route]
+    async with serving(cfg, tmp_path) as s:
+        status = await probe_while_held(s, gate, path, body)
+    assert status == 200
+    assert order[0] == "health", order
+
+
 @pytest.mark.parametrize("kind", ["json_schema", "tools"])
 async def test_health_is_answered_while_a_big_schema_is_checked(
     cfg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
