@@ -29,11 +29,22 @@ it already ships with mlx-vlm.
 
 Budget guard. A model -- the random-weight demo model most of all -- can
 write a JSON string until ``max_tokens`` runs out, leaving JSON that does not
-parse. So when the tokens left come close to what the JSON still needs to be
-closed (:class:`JsonCloser` estimates it from the bytes so far), the
-processor keeps only the allowed tokens that bring the end closest. The
-grammar still decides what is valid; the guard only chooses among valid
-tokens, and records that it acted (``GrammarProcessor.guard_used``).
+parse. So the processor measures what closing the output needs from the
+grammar's current state (:meth:`GrammarProcessor.closing_need`: the tokens of
+the shortest way to an accepting state it finds, walking a copy of the matcher
+the way the guard would: forced tokens, then the allowed token that brings the
+end closest by :class:`JsonCloser`'s count). When the tokens left come down to
+that need (plus :data:`SLACK` and the end-of-sequence token), it keeps only
+the allowed tokens that bring the end closest. The grammar still decides what is valid; the
+guard only chooses among valid tokens, as late as it can, and records that it
+acted (``GrammarProcessor.guard_used``). Output the guard closed in time is
+complete (finish_reason ``stop``); only output ``max_tokens`` cut before the
+grammar accepted it ends ``length``.
+
+The need is measured every :data:`MEASURE_EVERY` tokens, and at every token
+once the tokens left are within twice the last need (plus
+:data:`NEAR_END`): cheap on the demo model's vocabulary; on a large one, a
+measurement ranks the allowed short closing tokens first (:data:`SHORT_BYTES`).
 """
 
 from __future__ import annotations
@@ -54,6 +65,17 @@ from mlxd.errors import InvalidRequest
 _COMPACT = {"whitespace_flexible": False}
 #: bytes that may end a string, a container or a value; the guard only looks at these tokens
 _CLOSERS = frozenset(b'",]}0123456789eul')
+#: candidate tokens of at most this many bytes are ranked first (a short list on any vocabulary)
+SHORT_BYTES = 2
+#: the budget guard: measure the closing need every this many tokens while far from the end ...
+MEASURE_EVERY = 32
+#: ... and at every token once the tokens left are within 2 x need + this
+NEAR_END = 32
+#: the guard acts with this many tokens to spare over the need (a token the model chose
+#: just before may have added to it: a character's first byte, a new key)
+SLACK = 4
+#: a measurement walks at most this many tokens (a larger need: the guard acts now)
+MAX_NEED = 256
 #: the markers of the tool-call format mlxd enforces (mlxd.engines.prompts.ENFORCEABLE_TOOL_FORMATS)
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 
@@ -132,6 +154,8 @@ class GrammarTokens:
     #: ids of tokens holding a byte in _CLOSERS, with their bytes (the guard's candidates)
     closer_ids: Any  # numpy int array
     closer_bytes: list[bytes]
+    #: positions in closer_ids of the candidates of at most SHORT_BYTES bytes
+    short: Any = None  # numpy int array
     #: tool-call markers that are single special tokens for llguidance
     special: frozenset[str] = frozenset()
     _bytes: dict[int, bytes] = field(default_factory=dict)
@@ -165,7 +189,8 @@ def grammar_tokens(tokenizer: Any, vocab_size: int) -> GrammarTokens:
         m for m in (TOOL_CALL_START, TOOL_CALL_END)
         if len(t := ll.tokenize_str(m)) == 1 and ll.is_special_token(t[0])
     )
-    return GrammarTokens(ll, vocab_size, np.array(ids, dtype=np.int64), blobs, special)
+    short = np.array([i for i, b in enumerate(blobs) if len(b) <= SHORT_BYTES], dtype=np.int64)
+    return GrammarTokens(ll, vocab_size, np.array(ids, dtype=np.int64), blobs, short, special)
 
 
 class JsonCloser:
@@ -314,13 +339,14 @@ class GrammarProcessor:
                 param=param,
             )
         self.bitmask = llguidance.numpy.allocate_token_bitmask(1, tokens.vocab_size)
+        self._scratch = llguidance.numpy.allocate_token_bitmask(1, tokens.vocab_size)
         self.max_tokens = max_tokens
-        #: guard margin: the closing marker after the JSON, plus slack for what the
-        #: grammar still requires (keys not written yet)
-        self.margin = 8 + len(suffix) + max_tokens // 4
         self.closer = JsonCloser()
         self.consumed = 0
         self._started = False
+        #: tokens the output needs to be closed, as last measured (closing_need), and when
+        self.need: int | None = None
+        self._measured_at = 0
         #: True once the budget guard chose among the allowed tokens
         self.guard_used = False
 
@@ -334,46 +360,102 @@ class GrammarProcessor:
             self.closer.feed(self.tokens.token_bytes(token))
             self.consumed += 1
         self._started = True
-        self._fill(self.matcher, self.bitmask)
-        np = self._np
-        width = logits.shape[-1]
-        bits = np.unpackbits(self.bitmask.view(np.uint8), bitorder="little")
-        allowed = np.zeros(width, dtype=bool)
-        n = min(width, bits.shape[0])
-        allowed[:n] = bits[:n].astype(bool)
+        allowed = self._allowed(self.matcher, self.bitmask, logits.shape[-1])
         self._guard(allowed)
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
 
-    def _guard(self, allowed: Any) -> None:
-        """Near the end of the budget, keep only the allowed tokens that bring the end closest.
+    def _allowed(self, matcher: Any, bitmask: Any, width: int) -> Any:
+        """The tokens ``matcher`` allows next, as a boolean array of ``width``."""
+        np = self._np
+        self._fill(matcher, bitmask)
+        bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")
+        allowed = np.zeros(width, dtype=bool)
+        n = min(width, bits.shape[0])
+        allowed[:n] = bits[:n].astype(bool)
+        return allowed
 
-        Candidates are the allowed tokens holding a closing byte. Ranked by,
-        in order: not merely lengthening the string or number being written;
-        fewest containers left open; fewest bytes still needed. The grammar
-        has already removed every token that would make the JSON invalid, so
-        required keys and enum values still get written.
-        """
+    def _guard(self, allowed: Any) -> None:
+        """When the tokens left come down to the closing need, keep only the allowed tokens
+        that bring the end closest (:meth:`_closest`)."""
         left = self.max_tokens - self.consumed - 1  # tokens after this one (the last is the stop)
-        if left > 2 * self.closer.distance() + self.margin:
+        need = self.need
+        if need is None or left <= 2 * need + NEAR_END or self.consumed - self._measured_at >= MEASURE_EVERY:
+            need = self.need = self.closing_need(min(MAX_NEED, left + 1))
+            self._measured_at = self.consumed
+        if left > need + SLACK:  # room for the need after this token: the model chooses
             return
+        chosen = self._step(allowed, self.closer)
+        if not chosen:
+            return
+        allowed[:] = False
+        allowed[chosen] = True
+        self.guard_used = True
+
+    def _step(self, allowed: Any, closer: JsonCloser) -> list[int]:
+        """The guard's choice: the closest tokens, or when no closing token is allowed yet (a
+        character's remaining bytes, a key's name, a minLength), the first allowed one."""
+        return self._closest(allowed, closer) or [int(t) for t in self._np.nonzero(allowed)[0][:1]]
+
+    def _closest(self, allowed: Any, closer: JsonCloser) -> list[int]:
+        """The allowed tokens that bring the end closest; empty when none ends the string or
+        number being written.
+
+        Candidates are the allowed tokens holding a closing byte, the short ones
+        first. Ranked by, in order: not merely lengthening the string or number
+        being written; fewest containers left open; fewest bytes still needed.
+        The grammar has already removed every token that would make the JSON
+        invalid, so required keys and enum values still get written.
+        """
         ids = self.tokens.closer_ids
         if not len(ids):
-            return
+            return []
+        np = self._np
+        candidates = np.nonzero(allowed[ids])[0]
+        short = self.tokens.short
+        if short is not None and len(short):
+            first = short[allowed[ids[short]]]
+            if len(first):
+                chosen = self._rank(first, closer)
+                if chosen:
+                    return chosen
+        return self._rank(candidates, closer)
+
+    def _rank(self, positions: Any, closer: JsonCloser) -> list[int]:
+        ids = self.tokens.closer_ids
         best: tuple[bool, int, int] | None = None
         chosen: list[int] = []
-        for pos in self._np.nonzero(allowed[ids])[0]:
-            c = self.closer.copy()
+        for pos in positions:
+            c = closer.copy()
             c.feed(self.tokens.closer_bytes[pos])
-            rank = (c.lengthens(self.closer), len(c.stack), c.distance())
+            rank = (c.lengthens(closer), len(c.stack), c.distance())
             if best is None or rank < best:
                 best, chosen = rank, [int(ids[pos])]
             elif rank == best:
                 chosen.append(int(ids[pos]))
-        if best is None or best[0]:
-            return  # nothing ends the current string or number yet (minLength, ...): the model chooses
-        allowed[:] = False
-        allowed[chosen] = True
-        self.guard_used = True
+        return [] if best is None or best[0] else chosen
+
+    def closing_need(self, limit: int) -> int:
+        """Tokens the output needs, from the grammar's current state, to reach a state where
+        it may end (at most ``limit``): a copy of the matcher walked the guard's way."""
+        matcher = self.matcher.deep_copy()
+        closer = self.closer.copy()
+        width = self.tokens.vocab_size
+        n = 0
+        while n < limit:
+            if matcher.is_accepting() or matcher.is_stopped():
+                return n
+            forced = list(matcher.compute_ff_tokens())
+            if not forced:
+                chosen = self._step(self._allowed(matcher, self._scratch, width), closer)
+                if not chosen:
+                    return limit
+                forced = chosen[:1]
+            for token in forced:
+                if not matcher.consume_token(token):
+                    return limit
+                closer.feed(self.tokens.token_bytes(token))
+                n += 1
+        return limit
 
 
 class GrammarCache:
