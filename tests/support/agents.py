@@ -183,6 +183,33 @@ def record_first(kind: str, prompt: str, timeout: float = 120) -> dict[str, Any]
         raise RuntimeError(f"{kind} sent no POST {wanted} (saw {seen})")
 
 
+def fixture(name: str) -> dict[str, Any]:
+    """A recorded first request (``claude_code`` or ``codex``)."""
+    return json.loads((FIXTURES / f"{name}_first_request.json").read_text())  # type: ignore[no-any-return]
+
+
+def trimmed(body: dict[str, Any], *, tools: int = 3, chars: int = 300) -> dict[str, Any]:
+    """``body`` with the same shape (every field, every message and block kind, the
+    system-role message, ``cache_control``) but its first ``tools`` tools and each text cut
+    to ``chars``: the recorded request at a size the default suite prefills in a second."""
+
+    def cut(v: Any) -> Any:
+        if isinstance(v, str):
+            return v[:chars]
+        if isinstance(v, list):
+            return [cut(x) for x in v]
+        if isinstance(v, dict):
+            return {k: (cut(x) if k in ("text", "content", "description", "instructions") else x)
+                    for k, x in v.items()}
+        return v
+
+    out = {k: (cut(v) if k in ("system", "messages", "input", "instructions") else v)
+           for k, v in body.items()}
+    if "tools" in out:
+        out["tools"] = [cut(t) for t in body["tools"][:tools]]
+    return out
+
+
 PROMPT = "Reply with the word ok."
 
 

@@ -5,7 +5,10 @@ of its own. Each request is kept as a :class:`Recorded` (method, path, headers,
 body) and, when ``record_dir`` is set, written there as
 ``NNN-<method>-<path>.json``. The request is then forwarded to ``target`` (an
 ``http://host:port`` base; the response, streamed or whole, is relayed chunk by
-chunk) or, without a target, answered with the canned ``status`` and ``body``.
+chunk, and its status kept in :attr:`RecordingProxy.statuses`) or, without a
+target, answered with the canned ``status`` and ``body``. ``rewrite(path,
+body)`` may change a JSON body before it is forwarded (a test forcing a tool
+choice the client cannot ask for); the recording keeps what the client sent.
 
 It is how the coding agents' first requests were captured
 (:mod:`tests.support.agents`): the agent CLI is pointed at the proxy, which
@@ -18,7 +21,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -45,8 +48,12 @@ class RecordingProxy:
     """Records each request; forwards it to ``target`` or answers ``status``/``body``."""
 
     def __init__(self, *, target: str | None = None, record_dir: Path | None = None,
-                 status: int = 503, body: dict[str, Any] | None = None, port: int = 0) -> None:
+                 status: int = 503, body: dict[str, Any] | None = None, port: int = 0,
+                 rewrite: Callable[[str, Any], Any] | None = None) -> None:
         self.target = target
+        self.rewrite = rewrite
+        #: the status of each forwarded response, in the order the requests came
+        self.statuses: list[int] = []
         self.record_dir = record_dir
         self.status = status
         self.body = body if body is not None else {
@@ -99,7 +106,7 @@ class RecordingProxy:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
             def _any(self) -> None:
@@ -109,6 +116,8 @@ class RecordingProxy:
                 if proxy.target is None:
                     self._canned()
                 else:
+                    if proxy.rewrite is not None and body:
+                        body = json.dumps(proxy.rewrite(self.path, json.loads(body))).encode()
                     self._forward(body)
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _any
@@ -129,6 +138,8 @@ class RecordingProxy:
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 resp = conn.getresponse()
+                with proxy._lock:
+                    proxy.statuses.append(resp.status)
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() not in HOP_BY_HOP:
