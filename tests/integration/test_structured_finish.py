@@ -16,27 +16,15 @@ from typing import Any, Literal
 import jsonschema
 import pydantic
 import pytest
-import trio
 
 from mlxd.config import Config
+from tests.integration.test_clients_openai import PERSON, each_seed
 from tests.support.daemon import serving
 from tests.support.official import anthropic_client, openai_client, run
 
 pytestmark = pytest.mark.mlx
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer", "minimum": 0},
-        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
-        "role": {"enum": ["admin", "user"]},
-    },
-    "required": ["name", "age", "tags", "role"],
-    "additionalProperties": False,
-}
 ASK = [{"role": "user", "content": "describe a person"}]
-WIDTH = 4  # requests in flight at once: decoded together in batches
 
 
 class Person(pydantic.BaseModel):
@@ -48,19 +36,6 @@ class Person(pydantic.BaseModel):
 
 def count(stress: bool) -> int:
     return 100 if stress else 10
-
-
-async def each_seed(n: int, check: Any) -> None:
-    """``check(seed)`` (blocking client calls and their asserts) for seeds 0..n-1, WIDTH at a time."""
-    limit = trio.CapacityLimiter(WIDTH)
-
-    async def one(seed: int) -> None:
-        async with limit:
-            await run(lambda: check(seed))
-
-    async with trio.open_nursery() as nursery:
-        for seed in range(n):
-            nursery.start_soon(one, seed)
 
 
 async def test_json_schema_answers_end_stop_and_validate(demo: Config, tmp_path: Path, stress: bool) -> None:

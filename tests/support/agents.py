@@ -78,6 +78,7 @@ def claude_env(base_url: str, model: str, home: Path) -> dict[str, str]:
         ANTHROPIC_DEFAULT_SONNET_MODEL=model,
         ANTHROPIC_DEFAULT_OPUS_MODEL=model,
         ANTHROPIC_SMALL_FAST_MODEL=model,
+        API_TIMEOUT_MS="3600000",  # a long prompt's prefill on a CPU takes minutes
     )
     return env
 

@@ -52,8 +52,8 @@ class RecordingProxy:
                  rewrite: Callable[[str, Any], Any] | None = None) -> None:
         self.target = target
         self.rewrite = rewrite
-        #: the status of each forwarded response, in the order the requests came
-        self.statuses: list[int] = []
+        #: ``(method, path, status)`` of each forwarded response, in the order they came
+        self.statuses: list[tuple[str, str, int]] = []
         self.record_dir = record_dir
         self.status = status
         self.body = body if body is not None else {
@@ -139,7 +139,7 @@ class RecordingProxy:
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 resp = conn.getresponse()
                 with proxy._lock:
-                    proxy.statuses.append(resp.status)
+                    proxy.statuses.append((self.command, self.path, resp.status))
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() not in HOP_BY_HOP:
