@@ -35,11 +35,12 @@ the shortest way to an accepting state it finds, walking a copy of the matcher
 the way the guard would: forced tokens, then the allowed token that brings the
 end closest by :class:`JsonCloser`'s count). When the tokens left come down to
 that need (plus :data:`SLACK` and the end-of-sequence token), it keeps only
-the allowed tokens that bring the end closest. The grammar still decides what is valid; the
-guard only chooses among valid tokens, as late as it can, and records that it
-acted (``GrammarProcessor.guard_used``). Output the guard closed in time is
-complete (finish_reason ``stop``); only output ``max_tokens`` cut before the
-grammar accepted it ends ``length``.
+the allowed tokens that bring the end closest, and once the output may end,
+only the end of sequence. The grammar still decides what is valid; the guard
+only chooses among valid tokens, as late as it can, and records that it acted
+(``GrammarProcessor.guard_used``). Output the guard closed in time is complete
+(finish_reason ``stop``); only output ``max_tokens`` cut before the grammar
+accepted it ends ``length``.
 
 The need is measured every :data:`MEASURE_EVERY` tokens, and at every token
 once the tokens left are within twice the last need (plus
@@ -322,8 +323,7 @@ class GrammarProcessor:
     """mlx-lm logits processor for one request: the grammar's mask, plus the budget guard."""
 
     def __init__(
-        self, tokens: GrammarTokens, grammar: str, max_tokens: int, suffix: bytes = b"",
-        *, param: str | None = None,
+        self, tokens: GrammarTokens, grammar: str, max_tokens: int, *, param: str | None = None,
     ) -> None:
         import llguidance
         import llguidance.numpy
@@ -379,12 +379,16 @@ class GrammarProcessor:
         that bring the end closest (:meth:`_closest`)."""
         left = self.max_tokens - self.consumed - 1  # tokens after this one (the last is the stop)
         need = self.need
-        if need is None or left <= 2 * need + NEAR_END or self.consumed - self._measured_at >= MEASURE_EVERY:
+        stale = self.consumed - self._measured_at >= MEASURE_EVERY
+        if need is None or stale or left <= 2 * need + NEAR_END:
             need = self.need = self.closing_need(min(MAX_NEED, left + 1))
             self._measured_at = self.consumed
         if left > need + SLACK:  # room for the need after this token: the model chooses
             return
-        chosen = self._step(allowed, self.closer)
+        if self.matcher.is_accepting():  # complete: end it (a number could go on growing)
+            chosen = [t for t in self.tokens.ll.eos_tokens if t < len(allowed) and allowed[t]]
+        else:
+            chosen = self._step(allowed, self.closer)
         if not chosen:
             return
         allowed[:] = False
@@ -480,9 +484,8 @@ def logits_processors(
         return []
     tokens = cache.tokens(tokenizer, vocab_size)
     grammar = grammar_for(request.constraint, request, tokens.special)
-    suffix = TOOL_CALL_END.encode() if request.constraint.kind == "tool_call" else b""
     param = _param(request.constraint)
-    return [GrammarProcessor(tokens, grammar, request.max_tokens, suffix, param=param)]
+    return [GrammarProcessor(tokens, grammar, request.max_tokens, param=param)]
 
 
 def has_grammar(request: GenerationRequest) -> bool:

@@ -76,3 +76,21 @@ async def test_closing_need_walks_to_an_accepting_state(engine: MlxTextEngine) -
     need = p.closing_need(64)
     assert 0 < need < 64
     assert p.closing_need(2) == 2  # capped: more than the limit says the limit
+
+
+async def test_a_number_that_could_go_on_is_ended_in_time(engine: MlxTextEngine) -> None:
+    """A top-level number is complete after each digit: near the limit the guard ends it there ('stop')."""
+    schema = {"type": "integer"}
+    for seed in range(3):
+        text, fin, _ = await collect(engine, chat(
+            "a number", max_tokens=24, temperature=1.0, seed=seed, logits_processors=(digits_first,),
+            constraint=Constraint("json_schema", json.dumps(schema))))
+        assert fin.finish_reason == "stop", (text, fin)
+        assert isinstance(json.loads(text), int)
+
+
+def digits_first(_tokens: Any, logits: Any) -> Any:
+    """Makes the random model prefer to keep writing (everything but its end-of-sequence token)."""
+    import mlx.core as mx
+
+    return mx.where(mx.arange(logits.shape[-1]) == 1, logits - 30.0, logits)
