@@ -42,10 +42,14 @@ only chooses among valid tokens, as late as it can, and records that it acted
 (finish_reason ``stop``); only output ``max_tokens`` cut before the grammar
 accepted it ends ``length``.
 
-The need is measured every :data:`MEASURE_EVERY` tokens, and at every token
-once the tokens left are within twice the last need (plus
-:data:`NEAR_END`): cheap on the demo model's vocabulary; on a large one, a
-measurement ranks the allowed short closing tokens first (:data:`SHORT_BYTES`).
+The need is measured every :data:`MEASURE_EVERY` tokens, and once the tokens
+left are within twice the last need (plus :data:`NEAR_END`), at every token
+that changes the JSON's structure (:meth:`JsonCloser.shape`: more bytes of the
+same string or number leave the need as it was, give or take a character's
+remaining bytes, which :data:`SLACK` covers). A measurement walks the need's
+tokens (about 1 ms for 40 tokens on the demo model's vocabulary); it ranks the
+allowed short closing tokens first (:data:`SHORT_BYTES`), a short list on any
+vocabulary.
 """
 
 from __future__ import annotations
@@ -223,6 +227,11 @@ class JsonCloser:
         c.lexemes = self.lexemes
         return c
 
+    def shape(self) -> tuple[str, int, int, int]:
+        """What the closing need depends on: the mode, the open containers, the strings and
+        numbers started (the bytes inside one string or number do not change it)."""
+        return self.mode, len(self.stack), self.lexemes, self.escape
+
     def lengthens(self, before: JsonCloser) -> bool:
         """True if, since ``before``, the string or number being written only grew."""
         return (
@@ -347,6 +356,7 @@ class GrammarProcessor:
         #: tokens the output needs to be closed, as last measured (closing_need), and when
         self.need: int | None = None
         self._measured_at = 0
+        self._measured_shape: tuple[str, int, int, int] | None = None
         #: True once the budget guard chose among the allowed tokens
         self.guard_used = False
 
@@ -380,9 +390,10 @@ class GrammarProcessor:
         left = self.max_tokens - self.consumed - 1  # tokens after this one (the last is the stop)
         need = self.need
         stale = self.consumed - self._measured_at >= MEASURE_EVERY
-        if need is None or stale or left <= 2 * need + NEAR_END:
+        near = need is not None and left <= 2 * need + NEAR_END
+        if need is None or stale or (near and self.closer.shape() != self._measured_shape):
             need = self.need = self.closing_need(min(MAX_NEED, left + 1))
-            self._measured_at = self.consumed
+            self._measured_at, self._measured_shape = self.consumed, self.closer.shape()
         if left > need + SLACK:  # room for the need after this token: the model chooses
             return
         if self.matcher.is_accepting():  # complete: end it (a number could go on growing)
