@@ -1,7 +1,7 @@
 """What a text model reads: the messages through its chat template (tools included), as token ids.
 
-Pure (no MLX): the engine's ``prepare`` runs these on the Trio thread or a
-worker thread, never on the MLX thread. :func:`check_tools` is the one rule
+No MLX: the engine's ``prepare`` runs these on the Trio thread or a worker
+thread (:func:`tokenize` sends a long prompt to one), never on the MLX thread. :func:`check_tools` is the one rule
 for tools: a request that uses them (declares tools it may call, or carries
 earlier calls in its history) needs a chat template with tool support, and
 ``tool_choice`` ``required`` or a named function needs a tool-call format that

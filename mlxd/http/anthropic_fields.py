@@ -11,10 +11,10 @@ or raises :class:`~mlxd.errors.InvalidRequest` naming the field:
   ``output_format``) ``{"type": "json_schema", "schema": {...}}`` -> the grammar
   constraint; ``output_config.effort`` is accepted (a local model has no effort
   knob).
-* :func:`check_accepted`: ``context_management``, ``service_tier``,
-  ``metadata``, ``container``, ``mcp_servers`` checked for shape and otherwise
-  not used (no server-side context editing or tiers here). Top-level fields
-  mlxd does not know are ignored, as Anthropic's API ignores them.
+* :func:`check_accepted`: ``context_management``, ``service_tier`` and
+  ``metadata`` checked for shape and otherwise not used (no server-side
+  context editing or tiers here). Top-level fields mlxd does not know are
+  ignored, as Anthropic's API ignores them.
 * :func:`is_system_role`: ``system`` and ``developer`` messages inside
   ``messages``; the parser folds them into the system prompt, in order.
 """

@@ -137,3 +137,18 @@ async def test_a_thinking_model_streams_thinking_blocks(cfg: Any, tmp_path: Path
 
         final = await run(sdk)
         assert final.content[0].type == "thinking" and final.content[0].thinking
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+async def test_count_tokens_counts_a_prompt_whose_kv_does_not_fit(tiny_model: Path, tmp_path: Path,
+                                                                  isolation: str) -> None:
+    """count_tokens counts a prompt over the model's KV room (kv_cache_gb 0.001: ~1,000 tokens of
+    the tiny model's 1 KB each), in-process and in a worker process."""
+    cfg = config_of({"manager": {"memory_budget_gb": 1}, "models": [
+        {"name": "tiny", "path": str(tiny_model), "estimated_memory_gb": 0.01, "kv_cache_gb": 0.001,
+         "isolation": isolation}]}, tmp_path)
+    long = [{"role": "user", "content": "the quick brown fox jumps over the lazy dog " * 300}]
+    async with serving(cfg, tmp_path) as s, s.client(timeout=120) as http:
+        r = await http.post("/v1/messages/count_tokens", json={"model": "tiny", "messages": long})
+        assert r.status_code == 200, r.text
+        assert r.json()["input_tokens"] > 1_100
