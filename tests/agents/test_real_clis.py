@@ -13,10 +13,10 @@ Codex's ``get_goal``).
 
 Needs the CLIs (``npm install @anthropic-ai/claude-code @openai/codex`` in
 ``$MLXD_AGENTS_DIR``, default ``/work/agents-cli``; skipped without them).
-Claude Code's first request is ~35,000 prompt tokens with ``max_tokens``
-32,000: its KV must fit (the budget-drawn KV, or ``MLXD_TEST_DEMO_KV_GB=0.1``),
-and its prefill takes ~76 s on CPU without a fast BLAS (``LD_PRELOAD`` OpenBLAS:
-a few seconds). Codex needs ``POST /v1/responses``: until the route exists, its
+Claude Code's first request is ~56,000 prompt tokens of the demo tokenizer
+with ``max_tokens`` 32,000: its KV must fit (the budget-drawn KV, or
+``MLXD_TEST_DEMO_KV_GB=0.2``), and its prefill takes minutes on a CPU (run
+with OpenBLAS preloaded: ``LD_PRELOAD``, see ``docs/agents-claude-code.md``). Codex needs ``POST /v1/responses``: until the route exists, its
 tests xfail saying so.
 """
 

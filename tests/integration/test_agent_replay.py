@@ -5,11 +5,11 @@ by ``python -m tests.support.agents record``) is what Claude Code sends before
 its first answer: a ``system`` message inside ``messages``, ``thinking``,
 ``context_management``, ``output_config``, ``metadata``, ``cache_control``,
 24 tools, ``max_tokens: 32000``. The default suite replays it trimmed (every
-field and block kind, shorter texts and three tools: ~2,000 tokens); the whole
-one (~35,000 tokens of the demo tokenizer) runs with ``--stress``.
+field and block kind, shorter texts and three tools: ~4,400 tokens); the whole
+one (~56,000 tokens of the demo tokenizer) runs with ``--stress``.
 
 The whole request needs its KV drawn from the memory budget (the demo model's
-``kv_cache_gb`` holds ~20,000 tokens): ``MLXD_TEST_DEMO_KV_GB=0.1`` raises the
+``kv_cache_gb`` holds ~20,000 tokens): ``MLXD_TEST_DEMO_KV_GB=0.2`` raises the
 demo model's ``kv_cache_gb`` for a run (:mod:`tests.support.demo`) until that
 lands.
 """
@@ -77,7 +77,7 @@ async def test_claude_code_first_request_trimmed_is_served(demo: Config, tmp_pat
 
 @pytest.mark.stress
 async def test_claude_code_first_request_whole_is_served(demo: Config, tmp_path: Path) -> None:
-    """Claude Code's whole first request (~35,000 tokens, max_tokens 32,000) is served whole and streamed."""
+    """Claude Code's whole first request (~56,000 tokens, max_tokens 32,000) is served whole and streamed."""
     await replay(demo, tmp_path, fixture("claude_code"), deadline=900)
 
 

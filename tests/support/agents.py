@@ -192,7 +192,7 @@ def fixture(name: str) -> dict[str, Any]:
 def trimmed(body: dict[str, Any], *, tools: int = 3, chars: int = 300) -> dict[str, Any]:
     """``body`` with the same shape (every field, every message and block kind, the
     system-role message, ``cache_control``) but its first ``tools`` tools and each text cut
-    to ``chars``: the recorded request at a size the default suite prefills in a second."""
+    to ``chars``: the recorded request at a size the default suite prefills in seconds."""
 
     def cut(v: Any) -> Any:
         if isinstance(v, str):
