@@ -88,6 +88,8 @@ async def test_claude_codes_fields_are_accepted_and_unknown_ones_ignored(cfg: An
     ({"output_config": {"format": {"type": "regex"}}}, "output_config.format.type", "json_schema"),
     ({"output_config": {"format": {"type": "json_schema", "schema": 3}}}, "output_config.format.schema", "schema"),
     ({"service_tier": "priority"}, "service_tier", "standard_only"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
+      "output_format": {"type": "json_schema", "schema": {"type": "object"}}}, "output_format", "once"),
     ({"messages": [{"role": "system", "content": "only a system message"}]}, "messages", "user or assistant"),
 ])
 async def test_bad_fields_are_400s_naming_them(cfg: Any, tmp_path: Path, change: dict[str, Any],
