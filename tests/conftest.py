@@ -1,8 +1,13 @@
-"""Shared pytest configuration: the --stress flag for long suites, the vision extra."""
+"""Shared pytest configuration: the --stress flag for long suites, the vision extra, the demo config."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+from mlxd.config import Config
+from tests.support.demo import demo_config
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,3 +48,15 @@ def vision_extra() -> None:
     from tests.support.vision import require_vision
 
     require_vision()
+
+
+@pytest.fixture(scope="session")
+def demo_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One state directory for the demo config: its demo models are written once, on first load."""
+    return tmp_path_factory.mktemp("demo-state")
+
+
+@pytest.fixture
+def demo(demo_state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
+    """The built-in demo config (``make serve``'s: models ``demo``, ``demo-small``, two fakes)."""
+    return demo_config(demo_state, tmp_path, monkeypatch)

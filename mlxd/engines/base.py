@@ -91,6 +91,16 @@ class Constraint:
 
 
 @dataclass(frozen=True, slots=True)
+class ThinkMarkers:
+    """How a thinking model marks its reasoning in the text it writes (``<think>`` ... ``</think>``)."""
+
+    start: str
+    end: str
+    #: the prompt ends inside a thinking block (the template opened it): the output starts in one
+    open: bool
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One generation, already validated by the HTTP layer."""
 
@@ -120,6 +130,12 @@ class GenerationRequest:
     #: data, so it crosses to a worker process; the engine's ``prepare`` turns it into
     #: :attr:`logits_processors` where the model is
     constraint: Constraint | None = None
+    #: the chat template's thinking switch (``enable_thinking``; templates without one ignore
+    #: it): None leaves the template's default (mlx-lm's: on when the vocabulary has think tokens)
+    thinking: bool | None = None
+    #: set by a text engine's ``prepare`` when the model's vocabulary has thinking markers, so
+    #: that a route can tell the reasoning from the answer (Anthropic's thinking blocks)
+    think_markers: ThinkMarkers | None = None
     #: per-request logits processors, mlx-lm's ``(tokens, logits) -> logits`` (both ``mx.array``;
     #: ``logits`` has shape ``(1, vocab)``), applied in order before sampling each token, on the
     #: model's MLX thread, batched or not. Callables: they never cross a process boundary

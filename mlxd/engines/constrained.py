@@ -29,11 +29,27 @@ it already ships with mlx-vlm.
 
 Budget guard. A model -- the random-weight demo model most of all -- can
 write a JSON string until ``max_tokens`` runs out, leaving JSON that does not
-parse. So when the tokens left come close to what the JSON still needs to be
-closed (:class:`JsonCloser` estimates it from the bytes so far), the
-processor keeps only the allowed tokens that bring the end closest. The
-grammar still decides what is valid; the guard only chooses among valid
-tokens, and records that it acted (``GrammarProcessor.guard_used``).
+parse. So the processor measures what closing the output needs from the
+grammar's current state (:meth:`GrammarProcessor.closing_need`: the tokens of
+the shortest way to an accepting state it finds, walking a copy of the matcher
+the way the guard would: forced tokens, then the allowed token that brings the
+end closest by :class:`JsonCloser`'s count). When the tokens left come down to
+that need (plus :data:`SLACK` and the end-of-sequence token), it keeps only
+the allowed tokens that bring the end closest, and once the output may end,
+only the end of sequence. The grammar still decides what is valid; the guard
+only chooses among valid tokens, as late as it can, and records that it acted
+(``GrammarProcessor.guard_used``). Output the guard closed in time is complete
+(finish_reason ``stop``); only output ``max_tokens`` cut before the grammar
+accepted it ends ``length``.
+
+The need is measured every :data:`MEASURE_EVERY` tokens, and once the tokens
+left are within twice the last need (plus :data:`NEAR_END`), at every token
+that changes the JSON's structure (:meth:`JsonCloser.shape`: more bytes of the
+same string or number leave the need as it was, give or take a character's
+remaining bytes, which :data:`SLACK` covers). A measurement walks the need's
+tokens (about 1 ms for 40 tokens on the demo model's vocabulary); it ranks the
+allowed short closing tokens first (:data:`SHORT_BYTES`), a short list on any
+vocabulary.
 """
 
 from __future__ import annotations
@@ -55,6 +71,17 @@ from mlxd.errors import InvalidRequest, describe_error, quote
 _COMPACT = {"whitespace_flexible": False}
 #: bytes that may end a string, a container or a value; the guard only looks at these tokens
 _CLOSERS = frozenset(b'",]}0123456789eul')
+#: candidate tokens of at most this many bytes are ranked first (a short list on any vocabulary)
+SHORT_BYTES = 2
+#: the budget guard: measure the closing need every this many tokens while far from the end ...
+MEASURE_EVERY = 32
+#: ... and at every token once the tokens left are within 2 x need + this
+NEAR_END = 32
+#: the guard acts with this many tokens to spare over the need (a token the model chose
+#: just before may have added to it: a character's first byte, a new key)
+SLACK = 4
+#: a measurement walks at most this many tokens (a larger need: the guard acts now)
+MAX_NEED = 256
 #: the markers of the tool-call format mlxd enforces (mlxd.engines.prompts.ENFORCEABLE_TOOL_FORMATS)
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 
@@ -147,6 +174,8 @@ class GrammarTokens:
     #: ids of tokens holding a byte in _CLOSERS, with their bytes (the guard's candidates)
     closer_ids: Any  # numpy int array
     closer_bytes: list[bytes]
+    #: positions in closer_ids of the candidates of at most SHORT_BYTES bytes
+    short: Any = None  # numpy int array
     #: tool-call markers that are single special tokens for llguidance
     special: frozenset[str] = frozenset()
     _bytes: dict[int, bytes] = field(default_factory=dict)
@@ -180,7 +209,8 @@ def grammar_tokens(tokenizer: Any, vocab_size: int) -> GrammarTokens:
         m for m in (TOOL_CALL_START, TOOL_CALL_END)
         if len(t := ll.tokenize_str(m)) == 1 and ll.is_special_token(t[0])
     )
-    return GrammarTokens(ll, vocab_size, np.array(ids, dtype=np.int64), blobs, special)
+    short = np.array([i for i, b in enumerate(blobs) if len(b) <= SHORT_BYTES], dtype=np.int64)
+    return GrammarTokens(ll, vocab_size, np.array(ids, dtype=np.int64), blobs, short, special)
 
 
 class JsonCloser:
@@ -211,6 +241,11 @@ class JsonCloser:
         c.mode, c.is_key, c.escape, c.left = self.mode, self.is_key, self.escape, self.left
         c.lexemes = self.lexemes
         return c
+
+    def shape(self) -> tuple[str, int, int, int]:
+        """What the closing need depends on: the mode, the open containers, the strings and
+        numbers started (the bytes inside one string or number do not change it)."""
+        return self.mode, len(self.stack), self.lexemes, self.escape
 
     def lengthens(self, before: JsonCloser) -> bool:
         """True if, since ``before``, the string or number being written only grew."""
@@ -312,8 +347,7 @@ class GrammarProcessor:
     """mlx-lm logits processor for one request: the grammar's mask, plus the budget guard."""
 
     def __init__(
-        self, tokens: GrammarTokens, grammar: str, max_tokens: int, suffix: bytes = b"",
-        *, param: str | None = None,
+        self, tokens: GrammarTokens, grammar: str, max_tokens: int, *, param: str | None = None,
     ) -> None:
         import llguidance
         import llguidance.numpy
@@ -327,13 +361,15 @@ class GrammarProcessor:
         if self.matcher.is_error():
             raise self._refused()
         self.bitmask = llguidance.numpy.allocate_token_bitmask(1, tokens.vocab_size)
+        self._scratch = llguidance.numpy.allocate_token_bitmask(1, tokens.vocab_size)
         self.max_tokens = max_tokens
-        #: guard margin: the closing marker after the JSON, plus slack for what the
-        #: grammar still requires (keys not written yet)
-        self.margin = 8 + len(suffix) + max_tokens // 4
         self.closer = JsonCloser()
         self.consumed = 0
         self._started = False
+        #: tokens the output needs to be closed, as last measured (closing_need), and when
+        self.need: int | None = None
+        self._measured_at = 0
+        self._measured_shape: tuple[str, int, int, int] | None = None
         #: True once the budget guard chose among the allowed tokens
         self.guard_used = False
 
@@ -347,13 +383,7 @@ class GrammarProcessor:
             self.closer.feed(self.tokens.token_bytes(token))
             self.consumed += 1
         self._started = True
-        self._fill(self.matcher, self.bitmask)
-        np = self._np
-        width = logits.shape[-1]
-        bits = np.unpackbits(self.bitmask.view(np.uint8), bitorder="little")
-        allowed = np.zeros(width, dtype=bool)
-        n = min(width, bits.shape[0])
-        allowed[:n] = bits[:n].astype(bool)
+        allowed = self._allowed(self.matcher, self.bitmask, logits.shape[-1])
         self._guard(allowed)
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
 
@@ -367,36 +397,103 @@ class GrammarProcessor:
                                   param=self.param)
         return ConstraintError(f"token {token} broke the grammar: {error}")
 
-    def _guard(self, allowed: Any) -> None:
-        """Near the end of the budget, keep only the allowed tokens that bring the end closest.
+    def _allowed(self, matcher: Any, bitmask: Any, width: int) -> Any:
+        """The tokens ``matcher`` allows next, as a boolean array of ``width``."""
+        np = self._np
+        self._fill(matcher, bitmask)
+        bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")
+        allowed = np.zeros(width, dtype=bool)
+        n = min(width, bits.shape[0])
+        allowed[:n] = bits[:n].astype(bool)
+        return allowed
 
-        Candidates are the allowed tokens holding a closing byte. Ranked by,
-        in order: not merely lengthening the string or number being written;
-        fewest containers left open; fewest bytes still needed. The grammar
-        has already removed every token that would make the JSON invalid, so
-        required keys and enum values still get written.
-        """
+    def _guard(self, allowed: Any) -> None:
+        """When the tokens left come down to the closing need, keep only the allowed tokens
+        that bring the end closest (:meth:`_closest`)."""
         left = self.max_tokens - self.consumed - 1  # tokens after this one (the last is the stop)
-        if left > 2 * self.closer.distance() + self.margin:
+        need = self.need
+        stale = self.consumed - self._measured_at >= MEASURE_EVERY
+        near = need is not None and left <= 2 * need + NEAR_END
+        if need is None or stale or (near and self.closer.shape() != self._measured_shape):
+            need = self.need = self.closing_need(min(MAX_NEED, left + 1))
+            self._measured_at, self._measured_shape = self.consumed, self.closer.shape()
+        if left > need + SLACK:  # room for the need after this token: the model chooses
             return
+        if self.matcher.is_accepting():  # complete: end it (a number could go on growing)
+            chosen = [t for t in self.tokens.ll.eos_tokens if t < len(allowed) and allowed[t]]
+        else:
+            chosen = self._step(allowed, self.closer)
+        if not chosen:
+            return
+        allowed[:] = False
+        allowed[chosen] = True
+        self.guard_used = True
+
+    def _step(self, allowed: Any, closer: JsonCloser) -> list[int]:
+        """The guard's choice: the closest tokens, or when no closing token is allowed yet (a
+        character's remaining bytes, a key's name, a minLength), the first allowed one."""
+        return self._closest(allowed, closer) or [int(t) for t in self._np.nonzero(allowed)[0][:1]]
+
+    def _closest(self, allowed: Any, closer: JsonCloser) -> list[int]:
+        """The allowed tokens that bring the end closest; empty when none ends the string or
+        number being written.
+
+        Candidates are the allowed tokens holding a closing byte, the short ones
+        first. Ranked by, in order: not merely lengthening the string or number
+        being written; fewest containers left open; fewest bytes still needed.
+        The grammar has already removed every token that would make the JSON
+        invalid, so required keys and enum values still get written.
+        """
         ids = self.tokens.closer_ids
         if not len(ids):
-            return
+            return []
+        np = self._np
+        candidates = np.nonzero(allowed[ids])[0]
+        short = self.tokens.short
+        if short is not None and len(short):
+            first = short[allowed[ids[short]]]
+            if len(first):
+                chosen = self._rank(first, closer)
+                if chosen:
+                    return chosen
+        return self._rank(candidates, closer)
+
+    def _rank(self, positions: Any, closer: JsonCloser) -> list[int]:
+        ids = self.tokens.closer_ids
         best: tuple[bool, int, int] | None = None
         chosen: list[int] = []
-        for pos in self._np.nonzero(allowed[ids])[0]:
-            c = self.closer.copy()
+        for pos in positions:
+            c = closer.copy()
             c.feed(self.tokens.closer_bytes[pos])
-            rank = (c.lengthens(self.closer), len(c.stack), c.distance())
+            rank = (c.lengthens(closer), len(c.stack), c.distance())
             if best is None or rank < best:
                 best, chosen = rank, [int(ids[pos])]
             elif rank == best:
                 chosen.append(int(ids[pos]))
-        if best is None or best[0]:
-            return  # nothing ends the current string or number yet (minLength, ...): the model chooses
-        allowed[:] = False
-        allowed[chosen] = True
-        self.guard_used = True
+        return [] if best is None or best[0] else chosen
+
+    def closing_need(self, limit: int) -> int:
+        """Tokens the output needs, from the grammar's current state, to reach a state where
+        it may end (at most ``limit``): a copy of the matcher walked the guard's way."""
+        matcher = self.matcher.deep_copy()
+        closer = self.closer.copy()
+        width = self.tokens.vocab_size
+        n = 0
+        while n < limit:
+            if matcher.is_accepting() or matcher.is_stopped():
+                return n
+            forced = list(matcher.compute_ff_tokens())
+            if not forced:
+                chosen = self._step(self._allowed(matcher, self._scratch, width), closer)
+                if not chosen:
+                    return limit
+                forced = chosen[:1]
+            for token in forced:
+                if not matcher.consume_token(token):
+                    return limit
+                closer.feed(self.tokens.token_bytes(token))
+                n += 1
+        return limit
 
 
 class GrammarCache:
@@ -421,9 +518,8 @@ def logits_processors(
         return []
     tokens = cache.tokens(tokenizer, vocab_size)
     grammar = grammar_for(request.constraint, request, tokens.special)
-    suffix = TOOL_CALL_END.encode() if request.constraint.kind == "tool_call" else b""
     param = _param(request.constraint)
-    return [GrammarProcessor(tokens, grammar, request.max_tokens, suffix, param=param)]
+    return [GrammarProcessor(tokens, grammar, request.max_tokens, param=param)]
 
 
 def has_grammar(request: GenerationRequest) -> bool:

@@ -38,7 +38,6 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import AbstractContextManager, aclosing, nullcontext
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +65,7 @@ from mlxd.engines.mlx_thread import (
     Sink,
     call_soon,
 )
-from mlxd.engines.prompts import check_tools, count_image_parts, encode_prompt
+from mlxd.engines.prompts import check_tools, count_image_parts, think_markers, tokenize
 from mlxd.engines.streaming import JobEvents, Output, TokenTexts, deliver_token
 from mlxd.engines.tool_calls import ToolFormat, tool_format
 from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError, describe_error
@@ -78,10 +77,6 @@ PREFILL_STEP_ENV = "MLXD_PREFILL_STEP"
 #: prefill at 45-50 tok/s, 2048-token chunks at 37); on Metal larger chunks pay.
 DEFAULT_PREFILL_STEP_GPU = 512
 DEFAULT_PREFILL_STEP_CPU = 64
-
-#: prompts up to this many characters are tokenized on the Trio thread (in about a
-#: millisecond), longer ones on a worker thread; so short requests keep their arrival order
-INLINE_TOKENIZE_CHARS = 1024
 
 #: observer(event, stats): called on the Trio thread for "prefill", "token" and "end"; one
 #: "token" event may carry several tokens (``stats.completion_tokens`` counts them)
@@ -420,36 +415,26 @@ class MlxTextEngine:
     async def prepare(self, request: GenerationRequest) -> GenerationRequest:
         """Validate, tokenize off the MLX thread, check the prompt limits, cap ``max_tokens`` to
         the KV room, and add the grammar processor of a constraint (module docstring)."""
-        if not self._ready:
-            raise EngineError(f"{self.name}: the model is not loaded", retry_after=1.0)
-        self._validate(request)
-        if request.prompt_ids is not None:
-            ids: list[int] | tuple[int, ...] = request.prompt_ids
-            vocab = self._vocab_size or 1 << 62
-            if not ids or not all(0 <= t < vocab for t in ids):  # MLX crashes on an id out of range
-                raise InvalidRequest(
-                    f"prompt token ids must be a non-empty list of ids below {vocab:,}",
-                    param="prompt",
-                )
-        elif prompt_limits.prompt_chars(request) <= INLINE_TOKENIZE_CHARS:
-            ids = encode_prompt(self._tokenizer, request, in_place=True)  # not worth a thread
-        else:
-            prompt_limits.check_prompt_chars(self.name, request, self.limits)
-            # the tokenizer is read-only once loaded; the work is bounded by the check above
-            ids = await trio.to_thread.run_sync(
-                partial(encode_prompt, self._tokenizer, request), abandon_on_cancel=True
-            )
+        ids = await self._prompt_ids(request)
         prompt_limits.check_prompt_tokens(self.name, request, len(ids), self.limits)
         # what batch admission reserves is prompt + max_tokens: a request that could not fit
         # even alone generates what fits (before its grammar processor plans its budget)
         capped = cap_to_kv(len(ids), request.max_tokens, self.kv_bytes_per_token, self.kv_cache_bytes)
-        request = replace(request, prompt_ids=tuple(ids), max_tokens=capped)
+        request = replace(request, prompt_ids=tuple(ids), max_tokens=capped,
+                          think_markers=think_markers(self._tokenizer, request, ids))
         return await with_grammar(request, self._tokenizer, self._vocab_size, self._grammar)
 
+    async def _prompt_ids(self, request: GenerationRequest) -> list[int] | tuple[int, ...]:
+        """The prompt's token ids (validated; tokenized off the MLX thread when long)."""
+        if not self._ready:
+            raise EngineError(f"{self.name}: the model is not loaded", retry_after=1.0)
+        self._validate(request)
+        return await tokenize(self.name, self._tokenizer, request, self._vocab_size, self.limits)
+
     async def count_tokens(self, request: GenerationRequest) -> int:
-        """The prompt's tokens, as :meth:`prepare` counts them (off the MLX thread)."""
-        prepared = await self.prepare(replace(request, constraint=None))
-        return len(prepared.prompt_ids or ())
+        """The prompt's tokens, as :meth:`prepare` counts them; counting refuses nothing for
+        the context or the KV room (only a malformed or oversized-text prompt)."""
+        return len(await self._prompt_ids(request))
 
     async def start_generation(self, request: GenerationRequest) -> JobEvents:
         """Prepare ``request`` and put its job on the scheduler now; its events follow.

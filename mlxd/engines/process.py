@@ -191,12 +191,18 @@ class ProcessEngine:
 
     async def prepare(self, request: GenerationRequest) -> GenerationRequest:
         """The worker's engine prepares it (validation, tokenizing, prompt limits)."""
+        item = await self._ask("prepare", request)
+        assert isinstance(item, GenerationRequest)
+        return item
+
+    async def _ask(self, kind: str, request: GenerationRequest) -> object:
+        """Post ``(kind, rid, request)`` to the first worker and return its one answer."""
         self._check_ready()
         rid = next(self._ids)
         send, receive = trio.open_memory_channel[object](1)
         self._streams[rid] = send
         rank0 = self._workers[0]
-        rank0.post(("prepare", rid, request))
+        rank0.post((kind, rid, request))
         answered = False
         try:
             async with receive:
@@ -208,13 +214,13 @@ class ProcessEngine:
                 rank0.post(("cancel", rid))
         if isinstance(item, BaseException):
             raise item
-        assert isinstance(item, GenerationRequest)
         return item
 
     async def count_tokens(self, request: GenerationRequest) -> int:
-        """The prompt's tokens, as the worker's engine prepares them."""
-        prepared = await self.prepare(request)
-        return len(prepared.prompt_ids or ())
+        """The prompt's tokens, as the worker's engine counts them."""
+        n = await self._ask("count", request)
+        assert isinstance(n, int)
+        return n
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         self._check_ready()

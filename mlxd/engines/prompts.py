@@ -1,7 +1,7 @@
 """What a text model reads: the messages through its chat template (tools included), as token ids.
 
-Pure (no MLX): the engine's ``prepare`` runs these on the Trio thread or a
-worker thread, never on the MLX thread. :func:`check_tools` is the one rule
+No MLX: the engine's ``prepare`` runs these on the Trio thread or a worker
+thread (:func:`tokenize` sends a long prompt to one), never on the MLX thread. :func:`check_tools` is the one rule
 for tools: a request that uses them (declares tools it may call, or carries
 earlier calls in its history) needs a chat template with tool support, and
 ``tool_choice`` ``required`` or a named function needs a tool-call format that
@@ -13,15 +13,22 @@ from __future__ import annotations
 import contextlib
 import json
 import weakref
+from functools import partial
 from typing import Any
 
-from mlxd.engines.base import ChatMessage, GenerationRequest
+import trio
+
+from mlxd.engines import prompt_limits
+from mlxd.engines.base import ChatMessage, GenerationRequest, ThinkMarkers
 from mlxd.engines.tool_calls import ToolFormat
 from mlxd.errors import InvalidRequest, ToolsNotSupported
 
 #: the tool-call formats mlxd can enforce: mlx-lm's ``json_tools`` parser family
 #: (Hermes / Qwen 2.5 style ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``)
 ENFORCEABLE_TOOL_FORMATS = ("json_tools",)
+#: prompts up to this many characters are tokenized on the Trio thread (in about a
+#: millisecond), longer ones on a worker thread; so short requests keep their arrival order
+INLINE_TOKENIZE_CHARS = 1024
 
 
 def message_text(message: ChatMessage) -> str:
@@ -62,6 +69,19 @@ def check_tools(model: str, request: GenerationRequest, tools: ToolFormat | None
             f"'{tools.name}' format, which mlxd cannot enforce; use 'auto'",
             param="tool_choice",
         )
+
+
+def think_markers(tokenizer: Any, request: GenerationRequest, ids: Any) -> ThinkMarkers | None:
+    """A chat prompt's thinking markers when the model has them (mlx-lm's tokenizer wrapper finds
+    them in the vocabulary), and whether the prompt left a thinking block open."""
+    if request.kind != "chat" or not getattr(tokenizer, "has_thinking", False):
+        return None
+    start, end = tokenizer.think_start, tokenizer.think_end
+    if not isinstance(start, str) or not isinstance(end, str):
+        return None
+    ids = list(ids)
+    opened = tokenizer.rfind_think_start(ids) > tokenizer.rfind_think_end(ids)
+    return ThinkMarkers(start, end, bool(opened))
 
 
 def template_message(m: ChatMessage) -> dict[str, Any]:
@@ -142,6 +162,8 @@ def encode_prompt(tokenizer: Any, request: GenerationRequest, *, in_place: bool 
         extra: dict[str, Any] = {}
         if request.tools and request.tool_choice != "none":
             extra["tools"] = [t.as_openai() for t in request.tools]
+        if request.thinking is not None:
+            extra["enable_thinking"] = request.thinking
         try:
             prompt = tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=False, **extra
@@ -164,3 +186,27 @@ def encode_prompt(tokenizer: Any, request: GenerationRequest, *, in_place: bool 
             param="prompt" if request.kind == "completion" else "messages",
         )
     return ids
+
+
+async def tokenize(
+    model: str, tokenizer: Any, request: GenerationRequest, vocab_size: int | None,
+    limits: prompt_limits.PromptLimits,
+) -> list[int] | tuple[int, ...]:
+    """The prompt's token ids: ``prompt_ids`` checked against the vocabulary, or the prompt
+    encoded (a long one on a worker thread, once its length is within the limits)."""
+    if request.prompt_ids is not None:
+        ids = request.prompt_ids
+        vocab = vocab_size or 1 << 62
+        if not ids or not all(0 <= t < vocab for t in ids):  # MLX crashes on an id out of range
+            raise InvalidRequest(
+                f"prompt token ids must be a non-empty list of ids below {vocab:,}",
+                param="prompt",
+            )
+        return ids
+    if prompt_limits.prompt_chars(request) <= INLINE_TOKENIZE_CHARS:
+        return encode_prompt(tokenizer, request, in_place=True)  # not worth a thread
+    prompt_limits.check_prompt_chars(model, request, limits)
+    # the tokenizer is read-only once loaded; the work is bounded by the check above
+    return await trio.to_thread.run_sync(
+        partial(encode_prompt, tokenizer, request), abandon_on_cancel=True
+    )

@@ -184,14 +184,11 @@ class Output:
         cached_tokens: int, *, hit_stop: bool, started_at: float | None = None,
         disk_tokens: int = 0,
     ) -> Finished:
-        """The last event: ``tool_calls`` when calls were made; ``length`` when constrained
-        output had to be closed early for want of tokens (its processor's budget guard)."""
+        """The last event: ``tool_calls`` when calls were made. Constrained output the budget
+        guard closed in time ended on its own (``stop``); ``length`` is output cut by the limit."""
         final: FinishReason = reason
-        guarded = any(getattr(p, "guard_used", False) for p in self.request.logits_processors)
         if self.calls and reason == "stop":
             final = "tool_calls"
-        elif guarded and not self.calls:
-            final = "length"
         return Finished(
             final, prompt_tokens, completion_tokens, cached_tokens,
             stop_sequence=self.stops.matched if hit_stop else None, started_at=started_at,

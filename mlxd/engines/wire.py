@@ -14,7 +14,9 @@ The messages (daemon -> worker):
 * ``("prepare", rid, GenerationRequest)``: answered by ``("event", rid, request)``
   (prepared, without its ``logits_processors``: callables stay in the worker,
   whose engine builds them from the request's ``constraint``) or ``("error", rid, error)``;
-* ``("generate", rid, GenerationRequest)`` and ``("cancel", rid)`` (of either);
+* ``("count", rid, GenerationRequest)``: answered by ``("event", rid, n)`` (the prompt's
+  tokens, as the engine's ``count_tokens``) or ``("error", rid, error)``;
+* ``("generate", rid, GenerationRequest)`` and ``("cancel", rid)`` (of any);
 * ``("stop",)``: stop the engine, answer ``stopped``, exit.
 
 (worker -> daemon): ``("hello", pid)`` first; ``("progress", LoadProgress)``;

@@ -42,6 +42,7 @@ import threading
 import time
 from contextlib import aclosing
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import trio
@@ -138,11 +139,14 @@ class Worker:
         if kind == "load" and self._engine is None and self._config is None:
             self._config, self._rank = message[1], message[2]
             self._nursery.start_soon(self._load)
-        elif kind in ("generate", "prepare"):
+        elif kind in ("generate", "prepare", "count"):
             scope = trio.CancelScope()
             self._generations[message[1]] = scope
-            task = self._generate if kind == "generate" else self._prepare
-            self._nursery.start_soon(task, message[1], message[2], scope)
+            if kind == "generate":
+                self._nursery.start_soon(self._generate, message[1], message[2], scope)
+            else:
+                task = partial(self._prepare, counting=kind == "count")
+                self._nursery.start_soon(task, message[1], message[2], scope)
         elif kind == "cancel":
             if (running := self._generations.get(message[1])) is not None:
                 running.cancel()
@@ -217,12 +221,17 @@ class Worker:
         finally:
             self._generations.pop(rid, None)
 
-    async def _prepare(self, rid: int, request: GenerationRequest, scope: trio.CancelScope) -> None:
+    async def _prepare(
+        self, rid: int, request: GenerationRequest, scope: trio.CancelScope, *, counting: bool = False
+    ) -> None:
         engine = self._engine
         try:
             with scope:
                 if engine is None:
                     raise MlxdError("the model is not loaded")
+                if counting:
+                    self.post(("event", rid, await engine.count_tokens(request)))
+                    return
                 prepared = await engine.prepare(request)
                 # logits processors are callables bound to this process's model: they stay
                 # here (this engine's prepare builds them again for the generate)

@@ -55,6 +55,7 @@ async def messages() -> Any:
     renderer = MessagesRenderer(parsed.model)
 
     async def count(lease: Lease, prepared: GenerationRequest) -> None:
+        renderer.markers = prepared.think_markers  # a thinking model's reasoning: thinking blocks
         if parsed.stream:  # message_start carries the prompt's size
             renderer.input_tokens = (
                 len(prepared.prompt_ids) if prepared.prompt_ids is not None

@@ -4,9 +4,12 @@ Validation follows :mod:`mlxd.http.validation`: every problem is an
 :class:`~mlxd.errors.InvalidRequest` whose ``param`` names the field
 (``messages[1].content[0].type``); the one error handler renders it in
 Anthropic's envelope on these routes. Content blocks: ``text``,
-``tool_use`` (assistant), ``tool_result`` (user); any other block type is a
-400 naming it. ``system`` is a string or text blocks. ``top_k`` and
-``metadata`` are accepted and not used.
+``tool_use`` and ``thinking`` / ``redacted_thinking`` (assistant; earlier
+thinking is dropped, as chat templates drop it), ``tool_result`` (user); any
+other block type is a 400 naming it; ``cache_control`` on any block is
+accepted. ``system`` is a string or text blocks; ``system`` and ``developer``
+messages inside ``messages`` join it, in order. ``top_k`` is accepted and not
+used; the other newer fields are read by :mod:`mlxd.http.anthropic_fields`.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from mlxd.engines.base import (
     Finished,
     GenerationRequest,
     TextDelta,
+    ThinkMarkers,
     ToolCall,
     ToolCallDelta,
 )
 from mlxd.errors import InvalidRequest, MlxdError
-from mlxd.http import sse
+from mlxd.http import anthropic_fields, sse
 from mlxd.http.generation import Collected
 from mlxd.http.structured import (
     ToolChoice,
@@ -39,17 +43,20 @@ from mlxd.http.structured import (
     make_tool,
     named_tool,
 )
+from mlxd.http.thinking import ThinkingSplitter, split_whole
 from mlxd.http.validation import MAX_TOKENS_LIMIT
 
 MAX_STOP_SEQUENCES = 16
 ROLES = ("user", "assistant")
-BLOCKS = ("text", "tool_use", "tool_result")
+BLOCKS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 
 #: HTTP status -> Anthropic error type
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                503: "overloaded_error", 529: "overloaded_error"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+#: the signature of a thinking block: clients keep it and send it back; mlxd does not check it
+SIGNATURE = "mlxd"
 
 
 def error_body(err: MlxdError) -> dict[str, Any]:
@@ -83,7 +90,8 @@ def _text_blocks(v: object, param: str) -> str:
     out = []
     for i, b in enumerate(v):
         if not isinstance(b, dict) or b.get("type") != "text":
-            raise bad(f"{param}[{i}].type", "must be 'text'")
+            got = json.dumps(b.get("type") if isinstance(b, dict) else b)[:40]
+            raise bad(f"{param}[{i}].type", f"must be 'text' (got {got})")
         if not isinstance(b.get("text"), str):
             raise bad(f"{param}[{i}].text", "must be a string")
         out.append(b["text"])
@@ -95,7 +103,7 @@ def _message(m: object, p: str) -> list[ChatMessage]:
         raise bad(p, "must be an object with 'role' and 'content'")
     role = m.get("role")
     if role not in ROLES:
-        raise bad(f"{p}.role", "must be 'user' or 'assistant'")
+        raise bad(f"{p}.role", "must be 'user', 'assistant', 'system' or 'developer'")
     content = m.get("content")
     if isinstance(content, str):
         return [ChatMessage(role, content)]
@@ -115,6 +123,12 @@ def _message(m: object, p: str) -> list[ChatMessage]:
             if not isinstance(b.get("text"), str):
                 raise bad(f"{q}.text", "must be a string")
             text.append(b["text"])
+        elif kind in ("thinking", "redacted_thinking"):
+            if role != "assistant":
+                raise bad(f"{q}.type", f"{kind} blocks belong in assistant messages")
+            for key in ("thinking", "signature") if kind == "thinking" else ("data",):
+                if (key in b or key == "thinking") and not isinstance(b.get(key), str):
+                    raise bad(f"{q}.{key}", "must be a string")
         elif kind == "tool_use":
             if role != "assistant":
                 raise bad(f"{q}.type", "tool_use blocks belong in assistant messages")
@@ -133,7 +147,8 @@ def _message(m: object, p: str) -> list[ChatMessage]:
                 raise bad(f"{q}.is_error", "must be a boolean")
             body = _text_blocks(b.get("content", ""), f"{q}.content")
             results.append(ChatMessage("tool", body, tool_call_id=tid))
-    own = [ChatMessage(role, "".join(text), tuple(calls))] if text or calls else []
+    # a turn of thinking blocks only is still a turn (empty); tool results alone are not
+    own = [ChatMessage(role, "".join(text), tuple(calls))] if text or calls or not results else []
     return [*results, *own]
 
 
@@ -191,11 +206,16 @@ def parse_messages(body: object, *, request_id: str, counting: bool = False) -> 
     if not isinstance(msgs, list) or not msgs:
         raise bad("messages", "must be a non-empty list")
     messages: list[ChatMessage] = []
-    system = body.get("system")
-    if system is not None:
-        messages.append(ChatMessage("system", _text_blocks(system, "system")))
+    system = [] if body.get("system") is None else [_text_blocks(body["system"], "system")]
     for i, m in enumerate(msgs):
-        messages.extend(_message(m, f"messages[{i}]"))
+        if isinstance(m, dict) and anthropic_fields.is_system_role(m.get("role")):
+            system.append(_text_blocks(m.get("content"), f"messages[{i}].content"))
+        else:
+            messages.extend(_message(m, f"messages[{i}]"))
+    if not messages:
+        raise bad("messages", "must hold at least one user or assistant message")
+    if system:
+        messages.insert(0, ChatMessage("system", "\n\n".join(system)))
     stops = body.get("stop_sequences")
     if stops is None:
         stops = []
@@ -209,10 +229,10 @@ def parse_messages(body: object, *, request_id: str, counting: bool = False) -> 
     top_k = body.get("top_k")
     if top_k is not None and (not is_int(top_k) or top_k < 0):
         raise bad("top_k", "must be a non-negative integer")
-    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
-        raise bad("metadata", "must be an object")
+    anthropic_fields.check_accepted(body)
     tools = _tools(body)
     choice, name = _tool_choice(body, tools)
+    fmt = anthropic_fields.output_format(body)
     gen = GenerationRequest(
         kind="chat",
         messages=tuple(messages),
@@ -224,7 +244,9 @@ def parse_messages(body: object, *, request_id: str, counting: bool = False) -> 
         tools=tools,
         tool_choice=choice,
         tool_name=name,
-        constraint=constraint(choice, tools, None, format_param="tool_choice"),
+        constraint=(grammar := constraint(choice, tools, fmt, format_param="output_config.format")),
+        # constrained output starts at its first token: no thinking block before it
+        thinking=anthropic_fields.thinking(body) and grammar is None,
     )
     return ParsedMessages(model, gen, bool(stream))
 
@@ -236,6 +258,10 @@ class MessagesRenderer:
         self.model = model
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.input_tokens = 0
+        #: a thinking model's markers (from the prepared request): its reasoning becomes
+        #: thinking blocks
+        self.markers: ThinkMarkers | None = None
+        self._splitter: ThinkingSplitter | None = None
         self._index = -1
         self._open: str | None = None  # the type of the open content block
         self.created = time.time()
@@ -246,7 +272,9 @@ class MessagesRenderer:
     def first(self) -> bytes:
         message: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
                    "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}
+                   "usage": {"input_tokens": self.input_tokens, "output_tokens": 0,
+                             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                             "service_tier": "standard"}}
         return self._event({"type": "message_start", "message": message}) + self._event({"type": "ping"})
 
     def _start(self, block: dict[str, Any]) -> list[bytes]:
@@ -259,26 +287,43 @@ class MessagesRenderer:
     def _close(self) -> list[bytes]:
         if self._open is None:
             return []
+        out = []
+        if self._open == "thinking":  # Anthropic ends a thinking block with its signature
+            out.append(self._event({"type": "content_block_delta", "index": self._index,
+                                    "delta": {"type": "signature_delta", "signature": SIGNATURE}}))
         self._open = None
-        return [self._event({"type": "content_block_stop", "index": self._index})]
+        return [*out, self._event({"type": "content_block_stop", "index": self._index})]
 
     def text(self, ev: TextDelta) -> list[bytes]:
         if not ev.text:
             return []
-        out = [] if self._open == "text" else self._start({"type": "text", "text": ""})
-        return [*out, self._event({"type": "content_block_delta", "index": self._index,
-                                   "delta": {"type": "text_delta", "text": ev.text}})]
+        if self.markers is None:
+            return self._piece(False, ev.text)
+        if self._splitter is None:
+            self._splitter = ThinkingSplitter(self.markers)
+        return [b for thinking, text in self._splitter.feed(ev.text) for b in self._piece(thinking, text)]
+
+    def _piece(self, thinking: bool, text: str) -> list[bytes]:
+        kind = "thinking" if thinking else "text"
+        out = [] if self._open == kind else self._start(
+            {"type": "thinking", "thinking": "", "signature": ""} if thinking else {"type": "text", "text": ""})
+        delta = {"type": "thinking_delta", "thinking": text} if thinking else {"type": "text_delta", "text": text}
+        return [*out, self._event({"type": "content_block_delta", "index": self._index, "delta": delta})]
+
+    def _flush(self) -> list[bytes]:
+        held = self._splitter.flush() if self._splitter is not None else []
+        return [b for thinking, text in held for b in self._piece(thinking, text)]
 
     def call(self, ev: ToolCallDelta) -> list[bytes]:
         c = ev.call
-        out = self._start({"type": "tool_use", "id": c.id, "name": c.name, "input": {}})
+        out = [*self._flush(), *self._start({"type": "tool_use", "id": c.id, "name": c.name, "input": {}})]
         out.append(self._event({"type": "content_block_delta", "index": self._index,
                                 "delta": {"type": "input_json_delta", "partial_json": c.arguments}}))
         return [*out, *self._close()]
 
     def finish(self, fin: Finished) -> list[bytes]:
         reason, stop = stop_reason(fin)
-        return [*self._close(),
+        return [*self._flush(), *self._close(),
                 self._event({"type": "message_delta",
                              "delta": {"stop_reason": reason, "stop_sequence": stop},
                              "usage": usage(fin)}),
@@ -288,10 +333,13 @@ class MessagesRenderer:
         return self._event(error_body(err))
 
     def whole(self, out: Collected, fin: Finished) -> dict[str, Any]:
-        text = "".join(out.text)
-        content: list[dict[str, Any]] = []
-        if text or not out.calls:
-            content.append({"type": "text", "text": text})
+        content: list[dict[str, Any]] = [
+            {"type": "thinking", "thinking": piece, "signature": SIGNATURE} if thinking
+            else {"type": "text", "text": piece}
+            for thinking, piece in split_whole(self.markers, "".join(out.text))
+        ]
+        if not content and not out.calls:
+            content.append({"type": "text", "text": ""})
         content += [{"type": "tool_use", "id": c.call.id, "name": c.call.name,
                      "input": json.loads(c.call.arguments)} for c in out.calls]
         reason, stop = stop_reason(fin)
@@ -301,11 +349,12 @@ class MessagesRenderer:
 
 
 def usage(fin: Finished) -> dict[str, Any]:
-    """The final usage: ``input_tokens`` counts the whole prompt (as mlxd always has), of which
-    ``cache_read_input_tokens`` came from the prompt cache (memory or disk: ``mlxd_cached_tokens``)."""
-    return {"input_tokens": fin.prompt_tokens, "output_tokens": fin.completion_tokens,
-            "cache_read_input_tokens": fin.cached_tokens,
-            "mlxd_cached_tokens": fin.cached_by_tier()}
+    """Anthropic's usage: ``input_tokens`` are the prompt tokens not read from the prompt cache
+    (those are ``cache_read_input_tokens``, from memory or disk: ``mlxd_cached_tokens``);
+    mlxd's cache writes cost nothing extra (0)."""
+    return {"input_tokens": fin.prompt_tokens - fin.cached_tokens, "output_tokens": fin.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": fin.cached_tokens,
+            "service_tier": "standard", "mlxd_cached_tokens": fin.cached_by_tier()}
 
 
 def stop_reason(fin: Finished) -> tuple[str, str | None]:

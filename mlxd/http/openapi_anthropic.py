@@ -2,13 +2,17 @@
 
 Assembled by :mod:`mlxd.http.openapi`. Errors on these routes use Anthropic's
 envelope (``AnthropicError``). As for chat completions, fake engines take no
-tools, so their request variant has none.
+tools and no grammar, so their request variant has neither tools nor
+``output_config.format``. Claude Code's fields (system-role messages,
+``thinking``, ``context_management``, ``output_config``, ``service_tier``) are
+described for every model.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from mlxd.http.anthropic_fields import EFFORTS, SERVICE_TIERS, SYSTEM_ROLES
 from mlxd.http.anthropic_shapes import MAX_STOP_SEQUENCES
 from mlxd.http.openapi_clients import ANY_MODEL_NAME, OBJECT_SCHEMA, nullable
 from mlxd.http.structured import MAX_TOOLS, NAME_PATTERN
@@ -40,9 +44,17 @@ _TOOL_RESULT = {"type": "object", "required": ["type", "tool_use_id"],
                                "is_error": nullable({"type": "boolean"})}, **_OPEN}
 
 
+_THINKING = {"type": "object", "required": ["type", "thinking"],
+             "properties": {"type": {"const": "thinking"}, "thinking": {"type": "string"},
+                            "signature": {"type": "string"}}, **_OPEN}
+_REDACTED = {"type": "object", "required": ["type"],
+             "properties": {"type": {"const": "redacted_thinking"}, "data": {"type": "string"}}, **_OPEN}
+_SYSTEM_TEXT = {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT}]}
+
+
 def _message(*, tools: bool) -> dict[str, Any]:
     user_blocks = [_TEXT, _TOOL_RESULT] if tools else [_TEXT]
-    assistant_blocks = [_TEXT, _TOOL_USE] if tools else [_TEXT]
+    assistant_blocks = [_TEXT, _TOOL_USE, _THINKING, _REDACTED] if tools else [_TEXT, _THINKING, _REDACTED]
 
     def variant(role: str, blocks: list[dict[str, Any]]) -> dict[str, Any]:
         return {"type": "object", "required": ["role", "content"],
@@ -55,15 +67,45 @@ def _message(*, tools: bool) -> dict[str, Any]:
     return {"anyOf": [variant("user", user_blocks), variant("assistant", assistant_blocks)]}
 
 
+def _fields(*, tools: bool) -> dict[str, Any]:
+    """Claude Code's fields (:mod:`mlxd.http.anthropic_fields`)."""
+    fmt = {"type": "object", "required": ["type", "schema"],
+           "properties": {"type": {"const": "json_schema"}, "schema": OBJECT_SCHEMA}}
+    config: dict[str, Any] = {"effort": nullable({"enum": list(EFFORTS)})}
+    if tools:  # a grammar: not on fake engines
+        config["format"] = nullable(fmt)
+    out = {
+        "thinking": nullable({"anyOf": [
+            {"type": "object", "required": ["type"],
+             "properties": {"type": {"const": "enabled"},
+                            "budget_tokens": nullable({"type": "integer", "minimum": 0})}},
+            {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["adaptive", "disabled"]}}},
+        ]}),
+        "output_config": nullable({"type": "object", "properties": config}),
+        "context_management": nullable({"type": "object", "properties": {
+            "edits": nullable({"type": "array", "items": {"type": "object"}})}}),
+        "service_tier": nullable({"enum": list(SERVICE_TIERS)}),
+    }
+    if tools:
+        out["output_format"] = nullable(fmt)
+    return out
+
+
 def _request(names: list[str], *, tools: bool, counting: bool) -> dict[str, Any]:
     model = {"type": "string", "enum": names} if names else ANY_MODEL_NAME
     tool = {"type": "object", "required": ["name", "input_schema"],
             "properties": {"name": _NAME, "description": {"type": "string"},
                            "input_schema": OBJECT_SCHEMA}, **_OPEN}
+    system_message = {"type": "object", "required": ["role", "content"],
+                      "properties": {"role": {"enum": list(SYSTEM_ROLES)}, "content": _SYSTEM_TEXT}}
+    turn = _message(tools=tools)
     props: dict[str, Any] = {
         "model": model,
-        "messages": {"type": "array", "minItems": 1, "items": _message(tools=tools)},
-        "system": nullable({"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT}]}),
+        "messages": {"type": "array", "minItems": 1, "items": {"anyOf": [*turn["anyOf"], system_message]},
+                     "contains": turn,
+                     "description": "system and developer messages join the system prompt, in order"},
+        "system": nullable(_SYSTEM_TEXT),
+        **_fields(tools=tools),
         "tools": nullable({"type": "array", "items": tool, "maxItems": MAX_TOOLS} if tools
                           else {"type": "array", "maxItems": 0}),
         "tool_choice": nullable(
@@ -108,13 +150,15 @@ _MESSAGE = {
     "properties": {
         "id": {"type": "string"}, "type": {"const": "message"}, "role": {"const": "assistant"},
         "model": {"type": "string"},
-        "content": {"type": "array", "items": {"anyOf": [_TEXT, _TOOL_USE]}},
+        "content": {"type": "array", "items": {"anyOf": [_TEXT, _TOOL_USE, _THINKING]}},
         "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]},
         "stop_sequence": {"type": ["string", "null"]},
         "usage": {"type": "object", "required": ["input_tokens", "output_tokens"],
                   "properties": {"input_tokens": {"type": "integer", "minimum": 0},
                                  "output_tokens": {"type": "integer", "minimum": 0},
                                  "cache_read_input_tokens": {"type": "integer", "minimum": 0},
+                                 "cache_creation_input_tokens": {"type": "integer", "minimum": 0},
+                                 "service_tier": {"type": "string"},
                                  "mlxd_cached_tokens": {
                                      "$ref": "#/components/schemas/CachedTokens"}}},
     },

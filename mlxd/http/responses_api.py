@@ -52,6 +52,12 @@ def store() -> ResponseStore:
     return found
 
 
+def _thinking(effort: str | None) -> bool | None:
+    """A template's thinking switch from ``reasoning.effort``: off for none/minimal, on from
+    low up; unset (the template's default) when the request names no effort."""
+    return None if effort is None else effort not in ("none", "minimal")
+
+
 async def _generation(parsed: ParsedResponses) -> GenerationRequest:
     """The chat of this request: the stored conversation (previous_response_id), then its input."""
     st = state()
@@ -74,6 +80,7 @@ async def _generation(parsed: ParsedResponses) -> GenerationRequest:
         tool_name=parsed.tool_name,
         constraint=parsed.constraint,
         logprobs=parsed.logprobs,
+        thinking=_thinking(parsed.echo.get("reasoning", {}).get("effort")),
     )
     mc = st.config.model(parsed.model)
     if mc is None:

@@ -107,3 +107,12 @@ def test_the_stream_numbers_every_event_and_matches_the_whole() -> None:
     assert evs[-1]["type"] == "response.failed" and evs[-1]["response"]["error"]["code"] == "preempted"
     assert evs[-1]["response"]["output"][0]["status"] == "incomplete"
     assert [e["sequence_number"] for e in evs] == list(range(len(evs)))
+
+
+def test_reasoning_effort_sets_the_templates_thinking_switch() -> None:
+    """`reasoning.effort` none/minimal turns a template's thinking off, low and up turn it on, absent leaves the default."""
+    from mlxd.http.responses_api import _thinking
+
+    assert _thinking(None) is None
+    assert _thinking("none") is False and _thinking("minimal") is False
+    assert all(_thinking(e) is True for e in ("low", "medium", "high", "xhigh"))
