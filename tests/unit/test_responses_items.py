@@ -98,7 +98,7 @@ def test_the_stream_numbers_every_event_and_matches_the_whole() -> None:
     evs = events(frames)
     assert [e["sequence_number"] for e in evs] == list(range(len(evs)))
     assert evs[-1]["type"] == "response.completed" and stored == [evs[-1]["response"]]
-    whole = ResponsesRenderer(parse()).whole(Collected(False, ["he", "y"], [], [call]), fin)
+    whole = ResponsesRenderer(parse()).whole(Collected(False, ["he", "y"], calls=[call]), fin)
     strip = [{k: v for k, v in o.items() if k != "id"} for o in whole["output"]]
     assert strip == [{k: v for k, v in o.items() if k != "id"} for o in evs[-1]["response"]["output"]]
     assert whole["usage"] == evs[-1]["response"]["usage"]
