@@ -15,7 +15,7 @@ import hashlib
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -425,3 +425,26 @@ def resolve_weights(
 
 #: model name -> its latest measurement, or a function of the journal settings that reads them
 Measured = Mapping[str, Measurement] | Callable[[JournalConfig], Mapping[str, Measurement]]
+
+
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    """What ``mlxd serve``'s command line sets over the file (``--host``, ``--port``, ``--journal``).
+
+    Applied at start and again to each reloaded file, so that a reload compares
+    the running settings with what the same command line would start with now.
+    """
+
+    host: str | None = None
+    port: int | None = None
+    journal_path: Path | None = None
+
+    def apply(self, config: Config) -> Config:
+        server, journal = config.server, config.journal
+        if self.host is not None:
+            server = replace(server, host=self.host)
+        if self.port is not None:
+            server = replace(server, port=self.port)
+        if self.journal_path is not None:
+            journal = replace(journal, path=self.journal_path)
+        return replace(config, server=server, journal=journal)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import trio
 from quart import current_app
 
-from mlxd.config import Config
+from mlxd.config import Config, Overrides
 from mlxd.http import access_log
 from mlxd.http.access_log import Entry, LogFormat
 from mlxd.http.auth import Auth
@@ -34,6 +34,8 @@ class AppState:
     log_format: LogFormat = "logfmt"
     #: where /admin/reload re-reads the config from (None: the built-in demo config)
     config_path: Path | None = None
+    #: what the command line set over the file (applied again to each reloaded file)
+    overrides: Overrides = field(default_factory=Overrides)
     #: set on the first SIGTERM/SIGINT: new requests get 503 shutting_down
     draining: bool = False
     started_at: float = field(default_factory=time.time)
