@@ -16,6 +16,7 @@ import trio
 from mlxd.cli.common import checked_api_key
 from mlxd.config import Config, JournalConfig, Overrides, ServerConfig
 from mlxd.config.keys import ResolvedKey, resolve_keys
+from mlxd.config.origins import WILDCARDS
 from mlxd.daemon import LOOPBACK, Daemon
 from mlxd.engines import EngineFactory
 from mlxd.errors import ConfigError, MlxdError
@@ -91,6 +92,12 @@ def cmd_serve(args: argparse.Namespace, *, engines: EngineFactory | None = None)
     for key in keys:  # each must travel in a header; the message names the key, never its value
         checked_api_key(key.secret, f"the API key '{key.name}'")
     check_bind(config.server, keys, args.insecure)
+    if config.server.host in WILDCARDS and not config.server.allowed_hosts:
+        log.warning(
+            "listening on every interface, but requests must name this server by a loopback "
+            "name or a name in server.allowed_hosts (others get 421): list the names and "
+            "addresses clients use (see docs/security.md)"
+        )
     from mlxd.config.budget import log_memory_budget_report
 
     log_memory_budget_report(config, logger=log)  # budget findings and config warnings

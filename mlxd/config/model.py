@@ -67,6 +67,10 @@ class ServerConfig:
     max_body_mb: float = 32.0
     #: scoped keys (``api_key_env`` stays one more key, named ``default``, with every scope)
     keys: tuple[KeyConfig, ...] = ()
+    #: Host names and addresses accepted besides loopback (normalized; mlxd.config.origins)
+    allowed_hosts: tuple[str, ...] = ()
+    #: origins allowed on state-changing requests besides the request's own (normalized)
+    allowed_origins: tuple[str, ...] = ()
 
     @property
     def max_body_bytes(self) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -32,6 +32,7 @@ from mlxd.config.model import (
     default_state_dir,
     resolve_estimate,
 )
+from mlxd.config.origins import host_entry, origin_entry
 from mlxd.config.readers import (
     Source,
     Table,
@@ -54,7 +55,8 @@ from mlxd.residency.policy import (
 from mlxd.units import GIB
 
 TOP_KEYS = ("server", "journal", "manager", "models")
-SERVER_KEYS = ("host", "port", "api_key_env", "shutdown_grace_s", "max_body_mb", "keys")
+SERVER_KEYS = ("host", "port", "api_key_env", "shutdown_grace_s", "max_body_mb", "keys",
+               "allowed_hosts", "allowed_origins")
 JOURNAL_KEYS = ("path", "synchronous", "retain_days", "max_mb")
 MANAGER_KEYS = (
     "memory_budget_gb",
@@ -190,6 +192,8 @@ class Parser:
             shutdown_grace_s=t.number("shutdown_grace_s", _SERVER.shutdown_grace_s),
             max_body_mb=t.number("max_body_mb", _SERVER.max_body_mb, positive=True),
             keys=parse_keys(t, self._local_path),
+            allowed_hosts=_entries(t, "allowed_hosts", host_entry),
+            allowed_origins=_entries(t, "allowed_origins", origin_entry),
         )
 
     def _journal(self, t: Table) -> JournalConfig:
@@ -531,3 +535,21 @@ class Parser:
             f"required: no *.safetensors or *.gguf files under '{model.source}' to estimate "
             "the model's memory from"
         )
+
+
+def _entries(t: Table, key: str, parse: Callable[[str], str]) -> tuple[str, ...]:
+    """A list of strings, each normalized by ``parse`` (absent or null: empty)."""
+    raw = t.raw.get(key)
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise t.error(key, f"must be a list of strings (got {show(raw)})")
+    out: list[str] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, str):
+            raise t.source.error(join(t.path(key), i), f"must be a string (got {show(item)})")
+        try:
+            out.append(parse(item))
+        except ValueError as e:
+            raise t.source.error(join(t.path(key), i), str(e)) from None
+    return tuple(dict.fromkeys(out))

@@ -37,6 +37,7 @@ from mlxd.http import (
     dashboard,
     embeddings_api,
     openai_api,
+    origins,
 )
 from mlxd.http.access_log import AccessLog
 from mlxd.http.anthropic_api import is_anthropic_route
@@ -136,12 +137,16 @@ def create_app(app_state: AppState) -> QuartTrio:
 
 
 async def guard() -> Response | None:
-    """Before every route: the key and its scope, shutdown, repeated query parameters."""
+    """Before every route: Host and Origin (:mod:`mlxd.http.origins`), the key and its scope,
+    shutdown, repeated query parameters."""
     st = state()
     path = request.path
     entry = access_log.current()
     if entry is not None and request.url_rule is not None:
         entry.route = request.url_rule.rule
+    refused = origins.refusal(st.browser, request.method, request.headers)
+    if refused is not None:
+        return error_response(refused)
     scope = st.auth.required(request.method, path)
     if scope is not None:
         token = auth.presented_key(

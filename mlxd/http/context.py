@@ -11,6 +11,7 @@ import trio
 from quart import current_app
 
 from mlxd.config import Config, Overrides
+from mlxd.config.origins import BrowserRules
 from mlxd.http import access_log
 from mlxd.http.access_log import Entry, LogFormat
 from mlxd.http.auth import Auth
@@ -50,6 +51,9 @@ class AppState:
 
     def __post_init__(self) -> None:
         self._write_access = access_log.writer(self.log_format)
+        server = self.config.server
+        #: Host and Origin rules (the server section does not change while it runs)
+        self.browser = BrowserRules.of(server.host, server.allowed_hosts, server.allowed_origins)
 
     def request_ended(self, entry: Entry, seconds: float) -> None:
         """A request's response has ended: its access log line and per-client counters."""
