@@ -1,7 +1,8 @@
 """The Quart-Trio application: routes, the one error handler, auth, limits.
 
 Errors: every :class:`mlxd.errors.MlxdError` is rendered by one handler in
-the OpenAI envelope with its status and ``Retry-After``; Quart's own HTTP
+its route family's envelope (:mod:`mlxd.http.envelopes`; OpenAI's by default)
+with its status and ``Retry-After``; Quart's own HTTP
 errors (unknown route, wrong method, body too large) get the same envelope;
 anything unexpected becomes a 500 whose message is only an opaque id, logged
 with its traceback. No route answers with a traceback.
@@ -36,12 +37,11 @@ from mlxd.http import (
     auth,
     dashboard,
     embeddings_api,
+    envelopes,
     openai_api,
     origins,
 )
 from mlxd.http.access_log import AccessLog
-from mlxd.http.anthropic_api import is_anthropic_route
-from mlxd.http.anthropic_shapes import error_body as anthropic_error_body
 from mlxd.http.context import AppState, state
 from mlxd.http.openapi import openapi_document
 
@@ -52,13 +52,12 @@ OPEN_WHILE_DRAINING = ("/health", "/metrics", "/admin/status", "/admin/events", 
 
 
 def error_response(err: MlxdError) -> Response:
-    """The one rendering of an error: OpenAI's envelope, or Anthropic's on the Messages routes
-    (same status and ``Retry-After`` either way)."""
+    """The one rendering of an error: its route family's body (:mod:`mlxd.http.envelopes`),
+    with the same status and ``Retry-After`` on every route."""
     headers = err.headers()
     if err.http_status == 400 and err.code == "model_exceeds_budget":
         headers["x-should-retry"] = "false"  # retrying can never help
-    anthropic = has_request_context() and is_anthropic_route(request.path)
-    body = anthropic_error_body(err) if anthropic else err.body()
+    body = envelopes.error_body(err, request.path if has_request_context() else None)
     return Response(
         json.dumps(body), status=err.http_status, headers=headers, mimetype="application/json"
     )
