@@ -42,7 +42,7 @@ def hostile_origin(site: Site) -> Iterator[str]:
     page = HOSTILE_PAGE.format(daemon=site.url).encode()
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/html")
             self.send_header("Content-Length", str(len(page)))
