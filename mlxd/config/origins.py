@@ -10,7 +10,7 @@ loopback, so it checks both headers (see ``docs/security.md``):
 * ``Host``: a loopback name or address (``localhost``, ``127.0.0.0/8``,
   ``::1``; any port), the address mlxd listens on when it is not a wildcard,
   or a name or address listed in ``server.allowed_hosts``. A request without
-  ``Host`` (HTTP/1.0) cannot come from a browser and passes.
+  ``Host``, or with an empty one (HTTP/1.0), cannot come from a browser and passes.
 * ``Origin`` (browsers send it on every cross-origin request and on every
   ``POST``): on a state-changing method it must be the request's own origin
   (the scheme's host and port equal to ``Host``: the dashboard's page) or one
@@ -149,7 +149,7 @@ class BrowserRules:
         return cls(frozenset(hosts), frozenset(allowed_origins))
 
     def host_allowed(self, host_header: str | None) -> bool:
-        if host_header is None:
+        if host_header is None or not host_header.strip():  # HTTP/1.0: never a browser's
             return True
         parts = split_host(host_header)
         return parts is not None and (is_loopback(parts[0]) or parts[0] in self.hosts)

@@ -117,7 +117,7 @@ def test_a_daemon_bound_to_an_address_accepts_it_and_a_wildcard_accepts_only_loo
     assert not wildcard.host_allowed("192.168.1.5:8080")
     assert BrowserRules.of("0.0.0.0", ("192.168.1.5",), ()).host_allowed("192.168.1.5:8080")
     assert BrowserRules.of("::", (host_entry("[fe80::1]"),), ()).host_allowed("[fe80::1]:8080")
-    assert wildcard.host_allowed(None)  # HTTP/1.0 without Host: not a browser
+    assert wildcard.host_allowed(None) and wildcard.host_allowed("")  # HTTP/1.0: not a browser
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
@@ -144,6 +144,17 @@ def test_entries_are_normalized() -> None:
     assert host_entry("[::1]") == "::1"
     assert origin_entry("HTTPS://App.Example.com:443/") == "https://app.example.com"
     assert origin_entry("http://localhost:3000") == "http://localhost:3000"
+
+
+async def test_an_http_1_0_request_without_host_is_served(tmp_path: Path) -> None:
+    """A bare `GET /health HTTP/1.0` (no Host: curl --http1.0, probes) is answered 200, not 421."""
+    async with serving(_config(tmp_path), tmp_path) as s:
+        host, port = s.url.removeprefix("http://").rsplit(":", 1)
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(b"GET /health HTTP/1.0\r\n\r\n")
+            head = await stream.receive_some(100)
+    assert head.startswith(b"HTTP/1.1 200"), head
 
 
 async def test_the_guard_runs_before_the_body_is_read(tmp_path: Path) -> None:
