@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 
 from mlxd.errors import InvalidRequest
 
@@ -32,6 +33,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
 
 Part = str | int
+#: characters of a key shown in a path
+MAX_KEY_SHOWN = 64
 
 
 def json_path(parts: list[Part] | tuple[Part, ...]) -> str:
@@ -40,10 +43,11 @@ def json_path(parts: list[Part] | tuple[Part, ...]) -> str:
     for part in parts:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif _PLAIN_KEY.fullmatch(part):
+        elif len(part) <= MAX_KEY_SHOWN and _PLAIN_KEY.fullmatch(part):
             out += f".{part}" if out else part
-        else:
-            out += f"[{json.dumps(part)}]"
+        else:  # quoted, and cut: a key may be megabytes long
+            shown = json.dumps(part[:MAX_KEY_SHOWN])
+            out += f"[{shown[:-1]}...\"]" if len(part) > MAX_KEY_SHOWN else f"[{shown}]"
     return out
 
 
@@ -52,29 +56,60 @@ def check_text(raw: bytes | str, body: object) -> None:
     data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
     if _MAY_HOLD_SURROGATE.search(data) is None:
         return
-    stack: list[tuple[tuple[Part, ...], object]] = [((), body)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, str):
-            _check(value, path, key=False)
-        elif isinstance(value, dict):
-            items = list(value.items())
-            for key, item in reversed(items):  # the stack pops them in document order
-                stack.append(((*path, key), item))
-            for key, _ in items:
-                _check(key, (*path, key), key=True)
-        elif isinstance(value, list):
-            stack.extend(((*path, i), item) for i, item in reversed(list(enumerate(value))))
+    try:  # the whole body at C speed (a body of a million strings: 0.3 s, not 4 s of walking)
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    else:
+        return  # escapes of valid pairs only
+    found = _find(body)
+    if found is not None:
+        path, text, is_key = found
+        where = json_path(path) or "the body"
+        at = _SURROGATE.search(text)
+        assert at is not None
+        raise InvalidRequest(
+            f"{where}: {'this key' if is_key else 'this string'} is not valid Unicode: a lone "
+            f"surrogate (\\u{ord(at.group()):04x}) at character {at.start()}",
+            param=where,
+        )
 
 
-def _check(text: str, path: tuple[Part, ...], *, key: bool) -> None:
-    found = _SURROGATE.search(text)
-    if found is None:
-        return
-    where = json_path(path) or "the body"
-    what = "this key" if key else "this string"
-    raise InvalidRequest(
-        f"{where}: {what} is not valid Unicode: a lone surrogate "
-        f"(\\u{ord(found.group()):04x}) at character {found.start()}",
-        param=where,
-    )
+def _bad(text: str) -> bool:
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def _find(body: object) -> tuple[list[Part], str, bool] | None:
+    """The path of the first string (in document order) with a surrogate, the string, and
+    whether it is a key; None if there is none. Iterative: bodies nest as deep as JSON allows."""
+    if isinstance(body, str):
+        return ([], body, False) if _bad(body) else None
+    if not isinstance(body, dict | list):
+        return None
+    # each frame: the container's items (an iterator of (key or index, value)), and the key
+    # of the child being walked (None until one is)
+    frames: list[tuple[Iterator[tuple[Part, object]], list[Part]]] = []
+
+    def push(container: dict[str, object] | list[object]) -> None:
+        items = iter(container.items()) if isinstance(container, dict) else enumerate(container)
+        frames.append((items, []))
+
+    def path(last: Part) -> list[Part]:
+        return [*(frame[1][0] for frame in frames[:-1]), last]
+
+    push(body)
+    while frames:
+        items, current = frames[-1]
+        for key, item in items:
+            if isinstance(key, str) and _bad(key):
+                return path(key), key, True
+            if isinstance(item, str):
+                if _bad(item):
+                    return path(key), item, False
+            elif isinstance(item, dict | list):
+                current[:] = [key]
+                push(item)
+                break
+        else:
+            frames.pop()
+    return None
