@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from tests.integration.test_daemon_process import stream_until_end
 from tests.support.daemon import DaemonProcess, fake_models_config, write_config
 
 
@@ -40,7 +41,8 @@ def test_sighup_reloads_the_config_and_a_running_stream_goes_on(tmp_path: Path) 
         assert d.proc is not None
         results: list[str] = []
         started = threading.Barrier(2)
-        payload_thread = threading.Thread(target=_bounded_stream, args=(d.url, results, started))
+        payload_thread = threading.Thread(target=stream_until_end,  # 60 tokens: 3 s at 20/s
+                                          args=(d.url, "a", results, started, 60))
         payload_thread.start()
         started.wait(30)  # the stream has sent its first chunk
         write_config(path, _config(tmp_path, {"a": 0.2, "b": 0.2}))
@@ -67,24 +69,6 @@ def test_sighup_reloads_the_config_and_a_running_stream_goes_on(tmp_path: Path) 
     assert clean == 1
     assert outcomes == [("completed",)]
     assert ("crash_recovery",) not in reasons
-
-
-def _bounded_stream(url: str, results: list[str], started: threading.Barrier) -> None:
-    """A stream of 60 tokens (3 s at 20 tokens/s), recorded as stream_until_end records it."""
-    payload = {"model": "a", "messages": [{"role": "user", "content": "go"}],
-               "max_tokens": 60, "stream": True}
-    last = None
-    try:
-        with httpx.stream("POST", url + "/v1/chat/completions", json=payload, timeout=60) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    if last is None:
-                        started.wait(30)
-                    last = line[6:]
-    except httpx.HTTPError:
-        results.append("cut")
-        return
-    results.append("done" if last == "[DONE]" else f"ended with {last!r}")
 
 
 def test_reload_of_a_port_0_daemon_reports_no_restart_for_an_unchanged_file(tmp_path: Path) -> None:
