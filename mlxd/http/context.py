@@ -37,6 +37,8 @@ class AppState:
     config_path: Path | None = None
     #: what the command line set over the file (applied again to each reloaded file)
     overrides: Overrides = field(default_factory=Overrides)
+    #: reloads (POST /admin/reload, SIGHUP) run one at a time
+    reload_lock: trio.Lock = field(default_factory=trio.Lock)
     #: set on the first SIGTERM/SIGINT: new requests get 503 shutting_down
     draining: bool = False
     started_at: float = field(default_factory=time.time)

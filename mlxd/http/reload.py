@@ -25,8 +25,6 @@ from mlxd.http.context import AppState
 
 log = logging.getLogger("mlxd.http")
 
-_ONE_AT_A_TIME = trio.Lock()
-
 
 async def reload_config(st: AppState) -> dict[str, Any]:
     """Re-read ``st``'s config file and apply it; the report ``POST /admin/reload`` answers.
@@ -36,7 +34,7 @@ async def reload_config(st: AppState) -> dict[str, Any]:
     """
     from mlxd.config import builtin_demo_config, load_config
 
-    async with _ONE_AT_A_TIME:
+    async with st.reload_lock:
         measured = st.manager.measured()
         path = st.config_path
         try:  # reading and checking a large file takes seconds: never on the event loop
