@@ -94,6 +94,8 @@ def is_loopback(host: str) -> bool:
 def host_entry(raw: str) -> str:
     """A ``server.allowed_hosts`` entry, normalized; ValueError says what is wrong."""
     parts = split_host(raw)
+    if "*" in raw:
+        raise ValueError(f"wildcards are not supported: list each name or address (got {raw!r})")
     if "://" in raw or "/" in raw:
         raise ValueError(f"must be a host name or address, not a URL (got {raw!r})")
     if parts is None:

@@ -124,6 +124,8 @@ def test_a_daemon_bound_to_an_address_accepts_it_and_a_wildcard_accepts_only_loo
     ("allowed_hosts", ["http://mac.local"], "server.allowed_hosts[0]: must be a host name or address, not a URL"),
     ("allowed_hosts", ["mac.local:8080"], "server.allowed_hosts[0]: give the name without a port"),
     ("allowed_hosts", "mac.local", "server.allowed_hosts: must be a list of strings"),
+    ("allowed_hosts", ["*"], "server.allowed_hosts[0]: wildcards are not supported"),
+    ("allowed_origins", ["*"], "server.allowed_origins[0]: must be an origin such as"),
     ("allowed_origins", ["app.example.com"], "server.allowed_origins[0]: must be an origin such as"),
     ("allowed_origins", ["https://app.example.com/path"], "server.allowed_origins[0]: must be an origin"),
     ("allowed_origins", [3], "server.allowed_origins[0]: must be a string"),
