@@ -3,7 +3,7 @@
 JSON lets a body carry a lone UTF-16 surrogate (``"\\ud800"``, or the bytes
 ``ED A0 80`` that Python's decoder lets through): no tokenizer, template,
 grammar or UTF-8 writer can take one, and each used to fail in its own way (a
-500 from nine fields). So every JSON body is walked once, where it is read
+500 from nine fields). So every JSON body is checked once, where it is read
 (:func:`mlxd.http.openai_api.read_json_body`, which every route that takes a
 body uses), before any route looks at it: a string, key or value, with a lone
 surrogate is a 400 :class:`~mlxd.errors.InvalidRequest` whose ``param`` is its
@@ -16,7 +16,8 @@ any other character (byte-level vocabularies have a token for it), and fields
 that name things (``model``, tool names) refuse what they do not know anyway.
 
 A body whose raw bytes hold no escape or UTF-8 sequence of a surrogate cannot
-carry one, so most bodies are not walked at all.
+carry one, so most bodies are not looked at again; the others are encoded
+whole at C speed, and only a body that fails is walked, to name the string.
 """
 
 from __future__ import annotations
