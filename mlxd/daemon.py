@@ -3,8 +3,9 @@
 One root nursery, started in order: the listening sockets (a port in use
 fails the start before the journal is touched; connections wait in the
 backlog until the HTTP server serves), the journal (recovery of the previous
-run), the manager (then restore and preload), the HTTP server. The first
-SIGTERM/SIGINT starts a graceful shutdown: new requests get 503
+run), the manager (then restore and preload), the HTTP server. SIGHUP
+reloads the config as ``POST /admin/reload`` does (:mod:`mlxd.http.reload`).
+The first SIGTERM/SIGINT starts a graceful shutdown: new requests get 503
 ``shutting_down``; running streams finish or end with an error event within
 ``server.shutdown_grace_s``; the manager unloads everything; the run row gets
 ``clean_stop = 1``; exit 0. A second signal exits at once (the next start
@@ -36,7 +37,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from mlxd import __version__
-from mlxd.config import Config, ServerConfig
+from mlxd.config import Config, Overrides, ServerConfig
 from mlxd.config.keys import DEFAULT_KEY_NAME, ResolvedKey
 from mlxd.config.model import SCOPES
 from mlxd.engines import DefaultEngines, EngineFactory
@@ -47,6 +48,7 @@ from mlxd.http.app import create_app
 from mlxd.http.auth import Auth
 from mlxd.http.context import AppState
 from mlxd.http.metrics import Metrics
+from mlxd.http.reload import reload_config
 from mlxd.http.server import Connections, listen, serve
 from mlxd.journal.journal import Journal, RecoveryReport
 from mlxd.residency.manager import Manager
@@ -81,6 +83,7 @@ class Daemon:
         config: Config,
         *,
         config_path: Path | None = None,
+        overrides: Overrides | None = None,
         engines: EngineFactory | None = None,
         api_key: str | None = None,
         keys: Sequence[ResolvedKey] = (),
@@ -92,6 +95,7 @@ class Daemon:
         shorthand for one key named ``default`` with every scope."""
         self.config = config
         self.config_path = config_path
+        self.overrides = overrides or Overrides()
         self.engines = engines or DefaultEngines()
         if api_key is not None:
             keys = (ResolvedKey(DEFAULT_KEY_NAME, api_key, frozenset(SCOPES)), *keys)
@@ -114,6 +118,7 @@ class Daemon:
         self.urls: list[str] = []
         self.recovery: RecoveryReport | None = None
         self._shutdown = trio.Event()
+        self._reload_wanted = trio.Event()
         self._http_stop = trio.Event()
         self._http_done = trio.Event()
 
@@ -184,9 +189,11 @@ class Daemon:
             auth=self.auth,
             log_format=self.log_format,
             config_path=self.config_path,
+            overrides=self.overrides,
             connections=self.connections,
         )
         root.start_soon(self._watch_journal, manager)
+        root.start_soon(self._reloads, self.state)
         await self._fail_missing(manager)
         for name, done in self._restore(manager, self.recovery):
             root.start_soon(self._await_restore, name, done)
@@ -242,16 +249,35 @@ class Daemon:
     # -- parts -----------------------------------------------------------------------
 
     async def _signals(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             task_status.started()
             async for signum in signals:
-                if not self._shutdown.is_set():
+                if signum == signal.SIGHUP:
+                    if self._shutdown.is_set():
+                        log.info("received SIGHUP while shutting down: not reloading")
+                    else:
+                        log.info("received SIGHUP: reloading the config")
+                        self._reload_wanted.set()
+                elif not self._shutdown.is_set():
                     log.info("received %s: graceful shutdown (again to exit at once)",
                              signal.Signals(signum).name)
                     self._shutdown.set()
                 else:
                     log.warning("second signal: exiting at once")
                     os._exit(1)
+
+    async def _reloads(self, st: AppState) -> None:
+        """Reload the config after each SIGHUP (as ``POST /admin/reload``); signals that come
+        while a reload runs make one more reload after it."""
+        while True:
+            await self._reload_wanted.wait()
+            self._reload_wanted = trio.Event()
+            if self._shutdown.is_set():
+                continue
+            try:
+                await reload_config(st)
+            except MlxdError as e:  # a bad file: the daemon keeps its config
+                log.error("SIGHUP: %s", e.message)
 
     async def _serve_http(
         self,

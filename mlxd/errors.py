@@ -110,6 +110,22 @@ class InsufficientScope(MlxdError):
     code = "insufficient_scope"
 
 
+class OriginNotAllowed(MlxdError):
+    """A state-changing request from a web page of another origin (``server.allowed_origins``)."""
+
+    http_status = 403
+    type = "permission_error"
+    code = "origin_not_allowed"
+
+
+class FormBodyRefused(MlxdError):
+    """A state-changing request with a body type any web page may send unasked (a form, text)."""
+
+    http_status = 403
+    type = "permission_error"
+    code = "json_body_required"
+
+
 class NotFound(MlxdError):
     http_status = 404
     type = "invalid_request_error"
@@ -163,6 +179,14 @@ class ClientError(MlxdError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.http_status = status  # type: ignore[misc]
+
+
+class HostNotAllowed(MlxdError):
+    """A ``Host`` that is neither loopback nor in ``server.allowed_hosts`` (DNS rebinding)."""
+
+    http_status = 421
+    type = "invalid_request_error"
+    code = "host_not_allowed"
 
 
 class UnsupportedMediaType(MlxdError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import logging.handlers
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -13,8 +14,9 @@ from pathlib import Path
 import trio
 
 from mlxd.cli.common import checked_api_key
-from mlxd.config import Config, JournalConfig, ServerConfig
+from mlxd.config import Config, JournalConfig, Overrides, ServerConfig
 from mlxd.config.keys import ResolvedKey, resolve_keys
+from mlxd.config.origins import WILDCARDS
 from mlxd.daemon import LOOPBACK, Daemon
 from mlxd.engines import EngineFactory
 from mlxd.errors import ConfigError, MlxdError
@@ -48,15 +50,28 @@ def _setup_logging(level: str, access_log: str = "-") -> None:
     access.propagate = False
 
 
-def load_serve_config(args: argparse.Namespace) -> tuple[Config, Path | None]:
-    """The config of ``mlxd serve`` with the CLI overrides applied."""
+def load_serve_config(args: argparse.Namespace) -> tuple[Config, Path | None, Overrides]:
+    """The config of ``mlxd serve`` with the CLI overrides applied, and those overrides."""
     from mlxd.config import builtin_demo_config, load_config
     from mlxd.journal.reads import Measurements, journal_measurements
 
-    journal_override = Path(args.journal).expanduser() if args.journal else None
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port: must be between 0 and 65535 (got {args.port})")
+    ollama_port = getattr(args, "ollama_port", None)
+    if ollama_port is not None:
+        if not 0 <= ollama_port <= 65535:
+            raise ConfigError(f"--ollama-port: must be between 0 and 65535 (got {ollama_port})")
+        if ollama_port == args.port != 0:
+            raise ConfigError(f"--ollama-port: must differ from the main port ({args.port})")
+    overrides = Overrides(
+        host=args.host or None,
+        port=args.port,
+        journal_path=Path(args.journal).expanduser() if args.journal else None,
+        ollama_port=ollama_port,
+    )
 
     def measured(jc: JournalConfig) -> Measurements:
-        return journal_measurements(replace(jc, path=journal_override or jc.path))
+        return journal_measurements(replace(jc, path=overrides.journal_path or jc.path))
 
     if args.config:
         path = Path(args.config).expanduser()
@@ -64,24 +79,7 @@ def load_serve_config(args: argparse.Namespace) -> tuple[Config, Path | None]:
     else:
         path = None
         config = builtin_demo_config(measured)
-    server = config.server
-    if args.host:
-        server = replace(server, host=args.host)
-    if args.port is not None:
-        if not 0 <= args.port <= 65535:
-            raise ConfigError(f"--port: must be between 0 and 65535 (got {args.port})")
-        server = replace(server, port=args.port)
-    ollama_port = getattr(args, "ollama_port", None)
-    if ollama_port is not None:
-        if not 0 <= ollama_port <= 65535:
-            raise ConfigError(f"--ollama-port: must be between 0 and 65535 (got {ollama_port})")
-        if ollama_port == server.port != 0:
-            raise ConfigError(f"--ollama-port: must differ from the main port ({server.port})")
-        server = replace(server, ollama_port=ollama_port)
-    journal = config.journal
-    if journal_override is not None:
-        journal = replace(journal, path=journal_override)
-    return replace(config, server=server, journal=journal), path
+    return overrides.apply(config), path, overrides
 
 
 def check_bind(server: ServerConfig, keys: Sequence[ResolvedKey], insecure: bool) -> None:
@@ -93,12 +91,20 @@ def check_bind(server: ServerConfig, keys: Sequence[ResolvedKey], insecure: bool
 
 
 def cmd_serve(args: argparse.Namespace, *, engines: EngineFactory | None = None) -> int:
+    # SIGHUP reloads the config once the daemon runs; until then it must not kill the start
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _setup_logging(args.log_level, args.access_log)
-    config, path = load_serve_config(args)
+    config, path, overrides = load_serve_config(args)
     keys = resolve_keys(config.server)
     for key in keys:  # each must travel in a header; the message names the key, never its value
         checked_api_key(key.secret, f"the API key '{key.name}'")
     check_bind(config.server, keys, args.insecure)
+    if config.server.host in WILDCARDS and not config.server.allowed_hosts:
+        log.warning(
+            "listening on every interface, but requests must name this server by a loopback "
+            "name or a name in server.allowed_hosts (others get 421): list the names and "
+            "addresses clients use (see docs/security.md)"
+        )
     from mlxd.config.budget import log_memory_budget_report
 
     log_memory_budget_report(config, logger=log)  # budget findings and config warnings
@@ -107,6 +113,7 @@ def cmd_serve(args: argparse.Namespace, *, engines: EngineFactory | None = None)
     daemon = Daemon(
         config,
         config_path=path,
+        overrides=overrides,
         engines=engines,
         keys=keys,
         log_format=args.log_format,

@@ -70,6 +70,10 @@ class ServerConfig:
     #: a second port on ``host`` serving the same app, for clients that hard-code Ollama's
     #: 11434 (None: off; 0: any free port)
     ollama_port: int | None = None
+    #: Host names and addresses accepted besides loopback (normalized; mlxd.config.origins)
+    allowed_hosts: tuple[str, ...] = ()
+    #: origins allowed on state-changing requests besides the request's own (normalized)
+    allowed_origins: tuple[str, ...] = ()
 
     @property
     def max_body_bytes(self) -> int:
@@ -447,3 +451,30 @@ def resolve_weights(
 
 #: model name -> its latest measurement, or a function of the journal settings that reads them
 Measured = Mapping[str, Measurement] | Callable[[JournalConfig], Mapping[str, Measurement]]
+
+
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    """What ``mlxd serve``'s command line sets over the file (``--host``, ``--port``,
+    ``--journal``, ``--ollama-port``).
+
+    Applied at start and again to each reloaded file, so that a reload compares
+    the running settings with what the same command line would start with now.
+    """
+
+    host: str | None = None
+    port: int | None = None
+    journal_path: Path | None = None
+    ollama_port: int | None = None
+
+    def apply(self, config: Config) -> Config:
+        server, journal = config.server, config.journal
+        if self.host is not None:
+            server = replace(server, host=self.host)
+        if self.port is not None:
+            server = replace(server, port=self.port)
+        if self.ollama_port is not None:
+            server = replace(server, ollama_port=self.ollama_port)
+        if self.journal_path is not None:
+            journal = replace(journal, path=self.journal_path)
+        return replace(config, server=server, journal=journal)

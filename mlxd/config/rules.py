@@ -21,6 +21,19 @@ from typing import Any, Literal, TypeVar, cast
 
 from mlxd.config import distributed as distributed_rules
 from mlxd.config.keys import parse_keys
+from mlxd.config.known_keys import (
+    ENGINE_KEY_NOTES,
+    ENGINE_KEYS,
+    FAKE_KEYS,
+    FAULT_KEYS,
+    JOURNAL_KEYS,
+    MANAGER_KEYS,
+    MODEL_KEYS,
+    POLICY_KEYS,
+    SERVER_KEYS,
+    SOURCE_KEYS,
+    TOP_KEYS,
+)
 from mlxd.config.kv import default_disk_bytes
 from mlxd.config.model import (
     DEMO_KINDS,
@@ -36,6 +49,7 @@ from mlxd.config.model import (
     default_state_dir,
     resolve_estimate,
 )
+from mlxd.config.origins import host_entry, origin_entry
 from mlxd.config.readers import (
     Source,
     Table,
@@ -59,84 +73,6 @@ from mlxd.residency.policy import (
 from mlxd.units import GIB
 
 T = TypeVar("T")
-
-TOP_KEYS = ("server", "journal", "manager", "models")
-SERVER_KEYS = ("host", "port", "api_key_env", "shutdown_grace_s", "max_body_mb", "keys", "ollama_port")
-JOURNAL_KEYS = ("path", "synchronous", "retain_days", "max_mb")
-MANAGER_KEYS = (
-    "memory_budget_gb",
-    "memory_budget",
-    "idle_unload_seconds",
-    "restore_on_start",
-    "contention_policy",
-    "stop_timeout_s",
-    "eviction",
-    "min_resident_s",
-    "max_swap_delay_s",
-    "max_keep_alive_s",
-    "prompt_cache_disk_gb",
-)
-POLICY_KEYS = ("strategy", "wait_timeout_s", "preempt_after_s")
-SOURCE_KEYS = ("path", "source", "model")
-MODEL_KEYS = (
-    "name",
-    *SOURCE_KEYS,
-    "preload",
-    "pin",
-    "estimated_memory_gb",
-    "idle_unload_seconds",
-    "mllm",
-    "engine",
-    "max_queue",
-    "max_batch_size",
-    "max_prompt_tokens",
-    "kv_cache_gb",
-    "prompt_cache_gb",
-    "priority",
-    "fake",
-    "faults",
-    "image_dir",
-    "demo",
-    "isolation",
-    "distributed",
-    "embedding",
-)
-FAULT_KEYS = ("load", "stop", "generate", "after_tokens", "delay_s")
-FAKE_KEYS = (
-    "load_seconds",
-    "unload_seconds",
-    "tokens_per_second",
-    "fail_loads",
-    "fail_unloads",
-    "reply",
-    "memory_gb",
-)
-#: vllm-mlx per-entry engine keys (RegisteredModel / RegistryServeDefaults): accepted with
-#: their seed type (bool, int, number, fraction, string, any), reported as ignored
-ENGINE_KEYS: dict[str, str] = {
-    "continuous_batching": "bool",
-    "enable_mtp": "bool",
-    "prefill_step_size": "int",
-    "specprefill": "bool",
-    "specprefill_enabled": "bool",
-    "specprefill_threshold": "int",
-    "specprefill_keep_pct": "number",
-    "specprefill_backbone_pct": "number",
-    "specprefill_draft_model": "string",
-    "stream_interval": "int",
-    "gpu_memory_utilization": "fraction",
-    "max_tokens": "int",
-    "force_mllm": "bool",
-    "scheduler_config": "any",
-    "download_config": "any",
-}
-_ENGINE_KEY_NOTES = {
-    "continuous_batching": "mlxd batches up to max_batch_size generations per model",
-    "force_mllm": "use mllm: true",
-    "max_tokens": "clients set max_tokens per request",
-    "gpu_memory_utilization": "check-config still reconciles it with the budget",
-}
-
 
 _SERVER = ServerConfig()
 _JOURNAL = JournalConfig()
@@ -233,6 +169,8 @@ class Parser:
             shutdown_grace_s=t.number("shutdown_grace_s", _SERVER.shutdown_grace_s),
             max_body_mb=t.number("max_body_mb", _SERVER.max_body_mb, positive=True),
             keys=parse_keys(t, self._local_path),
+            allowed_hosts=_entries(t, "allowed_hosts", host_entry),
+            allowed_origins=_entries(t, "allowed_origins", origin_entry),
         )
 
     def _journal(self, t: Table) -> JournalConfig:
@@ -536,7 +474,7 @@ class Parser:
             elif kind == "string":
                 t.optional_string(key)
             ignored.append(key)
-            note = _ENGINE_KEY_NOTES.get(key)
+            note = ENGINE_KEY_NOTES.get(key)
             self.warnings.append(
                 f"{t.path(key)} ({name}): vllm-mlx engine key, ignored by mlxd"
                 + (f" ({note})" if note else "")
@@ -587,3 +525,21 @@ class Parser:
             f"required: no *.safetensors or *.gguf files under '{model.source}' to estimate "
             "the model's memory from"
         )
+
+
+def _entries(t: Table, key: str, parse: Callable[[str], str]) -> tuple[str, ...]:
+    """A list of strings, each normalized by ``parse`` (absent or null: empty)."""
+    raw = t.raw.get(key)
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise t.error(key, f"must be a list of strings (got {show(raw)})")
+    out: list[str] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, str):
+            raise t.source.error(join(t.path(key), i), f"must be a string (got {show(item)})")
+        try:
+            out.append(parse(item))
+        except ValueError as e:
+            raise t.source.error(join(t.path(key), i), str(e)) from None
+    return tuple(dict.fromkeys(out))

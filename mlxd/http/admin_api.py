@@ -6,14 +6,12 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
 import trio
 from quart import Blueprint, Response, request
 
 from mlxd import __version__
-from mlxd.config import Config
 from mlxd.engines import prompt_disk
 from mlxd.errors import ConfigError, InvalidRequest, JournalError, ModelNotFound
 from mlxd.faults import crash_point
@@ -22,6 +20,7 @@ from mlxd.http.context import AppState, state
 from mlxd.http.metrics import CONTENT_TYPE
 from mlxd.http.openai_api import model_object
 from mlxd.http.preferences import parse_contention
+from mlxd.http.reload import reload_config
 from mlxd.residency import views
 from mlxd.residency.plan import plan
 from mlxd.residency.states import Reason
@@ -148,7 +147,7 @@ async def admin_plan() -> Any:
         raise InvalidRequest("model: required (the model to plan for)", param="model")
     if not st.manager.has_model(model):
         raise ModelNotFound(model)
-    contention = parse_contention(request.args.get("contention"))
+    contention = parse_contention(request.args.get("contention"), "contention")
     return plan(st.manager.core, model, trio.current_time(), contention=contention).as_dict()
 
 
@@ -204,39 +203,7 @@ async def admin_history() -> Any:
 
 @bp.post("/admin/reload")
 async def admin_reload() -> Any:
-    st = state()
-    from mlxd.config import builtin_demo_config, load_config
-
-    measured = st.manager.measured()
-    path = st.config_path
-    try:  # reading and checking a large file takes seconds: never on the event loop
-        new = await trio.to_thread.run_sync(
-            lambda: builtin_demo_config(measured) if path is None else load_config(path, measured=measured, missing_ok=True)
-        )
-    except ConfigError as e:
-        raise InvalidRequest(f"the config was not reloaded: {e.message}") from None
-    restart = restart_needed(st.config, new)
-    # the server and journal keep running as they started: report, and keep their settings
-    new = replace(new, server=st.config.server, journal=st.config.journal)
-    report = await st.manager.reload(new)
-    st.config = new
-    await _committed()
-    log.info("config reloaded: %s", report)
-    for change in restart:
-        log.warning("config reload: %s: takes effect at the next start", change)
-    return {"reloaded": True, **report, "restart_needed": restart, "warnings": list(new.warnings)}
-
-
-def restart_needed(old: Config, new: Config) -> list[str]:
-    """The ``server`` and ``journal`` settings that differ (``server.port: 8080 -> 8081``)."""
-    changes: list[str] = []
-    for section in ("server", "journal"):
-        before, after = getattr(old, section), getattr(new, section)
-        for f in fields(before):
-            a, b = getattr(before, f.name), getattr(after, f.name)
-            if a != b:
-                changes.append(f"{section}.{f.name}: {a} -> {b}")
-    return changes
+    return await reload_config(state())
 
 
 def health_report(st: AppState) -> dict[str, Any]:

@@ -9,7 +9,7 @@ stream starts), ``ping``, then per content block ``content_block_start``,
 ``content_block_delta``..., ``content_block_stop``, and ends with
 ``message_delta`` (stop reason, usage) and ``message_stop``; an error mid-stream
 is an ``error`` event. Errors before the stream are rendered in Anthropic's
-envelope by the app's one error handler (:func:`is_anthropic_route`).
+envelope by the app's one error handler (:mod:`mlxd.http.envelopes`).
 """
 
 from __future__ import annotations
@@ -29,13 +29,6 @@ from mlxd.http.structured import schema_checks_off_loop
 from mlxd.residency.lease import Lease
 
 bp = Blueprint("anthropic", __name__)
-
-PREFIX = "/v1/messages"
-
-
-def is_anthropic_route(path: str) -> bool:
-    return path == PREFIX or path.startswith(PREFIX + "/")
-
 
 async def _parse(*, counting: bool) -> ParsedMessages:
     st = state()

@@ -1,7 +1,8 @@
 """The Quart-Trio application: routes, the one error handler, auth, limits.
 
 Errors: every :class:`mlxd.errors.MlxdError` is rendered by one handler in
-the OpenAI envelope with its status and ``Retry-After``; Quart's own HTTP
+its route family's envelope (:mod:`mlxd.http.envelopes`; OpenAI's by default)
+with its status and ``Retry-After``; Quart's own HTTP
 errors (unknown route, wrong method, body too large) get the same envelope;
 anything unexpected becomes a 500 whose message is only an opaque id, logged
 with its traceback. No route answers with a traceback.
@@ -36,15 +37,14 @@ from mlxd.http import (
     auth,
     dashboard,
     embeddings_api,
+    envelopes,
     ollama_api,
     openai_api,
+    origins,
     responses_api,
 )
 from mlxd.http.access_log import AccessLog
-from mlxd.http.anthropic_api import is_anthropic_route
-from mlxd.http.anthropic_shapes import error_body as anthropic_error_body
 from mlxd.http.context import AppState, state
-from mlxd.http.ollama_api import is_ollama_route
 from mlxd.http.openapi import openapi_document
 
 log = logging.getLogger("mlxd.http")
@@ -54,18 +54,12 @@ OPEN_WHILE_DRAINING = ("/health", "/metrics", "/admin/status", "/admin/events", 
 
 
 def error_response(err: MlxdError) -> Response:
-    """The one rendering of an error: OpenAI's envelope, Anthropic's on the Messages routes, or
-    Ollama's ``{"error": "..."}`` on ``/api/`` (same status and ``Retry-After`` every way)."""
+    """The one rendering of an error: its route family's body (:mod:`mlxd.http.envelopes`),
+    with the same status and ``Retry-After`` on every route."""
     headers = err.headers()
     if err.http_status == 400 and err.code == "model_exceeds_budget":
         headers["x-should-retry"] = "false"  # retrying can never help
-    path = request.path if has_request_context() else ""
-    if is_anthropic_route(path):
-        body = anthropic_error_body(err)
-    elif is_ollama_route(path):
-        body = {"error": err.message}
-    else:
-        body = err.body()
+    body = envelopes.error_body(err, request.path if has_request_context() else None)
     return Response(
         json.dumps(body), status=err.http_status, headers=headers, mimetype="application/json"
     )
@@ -146,12 +140,16 @@ def create_app(app_state: AppState) -> QuartTrio:
 
 
 async def guard() -> Response | None:
-    """Before every route: the key and its scope, shutdown, repeated query parameters."""
+    """Before every route: Host and Origin (:mod:`mlxd.http.origins`), the key and its scope,
+    shutdown, repeated query parameters."""
     st = state()
     path = request.path
     entry = access_log.current()
     if entry is not None and request.url_rule is not None:
         entry.route = request.url_rule.rule
+    refused = origins.refusal(st.browser, request.method, request.headers)
+    if refused is not None:
+        return error_response(refused)
     scope = st.auth.required(request.method, path)
     if scope is not None:
         token = auth.presented_key(

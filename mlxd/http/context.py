@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 import trio
 from quart import current_app
 
-from mlxd.config import Config
+from mlxd.config import Config, Overrides
+from mlxd.config.origins import BrowserRules
 from mlxd.http import access_log
 from mlxd.http.access_log import Entry, LogFormat
 from mlxd.http.auth import Auth
@@ -34,6 +35,10 @@ class AppState:
     log_format: LogFormat = "logfmt"
     #: where /admin/reload re-reads the config from (None: the built-in demo config)
     config_path: Path | None = None
+    #: what the command line set over the file (applied again to each reloaded file)
+    overrides: Overrides = field(default_factory=Overrides)
+    #: reloads (POST /admin/reload, SIGHUP) run one at a time
+    reload_lock: trio.Lock = field(default_factory=trio.Lock)
     #: set on the first SIGTERM/SIGINT: new requests get 503 shutting_down
     draining: bool = False
     started_at: float = field(default_factory=time.time)
@@ -48,6 +53,9 @@ class AppState:
 
     def __post_init__(self) -> None:
         self._write_access = access_log.writer(self.log_format)
+        server = self.config.server
+        #: Host and Origin rules (the server section does not change while it runs)
+        self.browser = BrowserRules.of(server.host, server.allowed_hosts, server.allowed_origins)
 
     def request_ended(self, entry: Entry, seconds: float) -> None:
         """A request's response has ended: its access log line and per-client counters."""

@@ -19,7 +19,7 @@ one, the model's ``idle_unload_seconds`` applies (not Ollama's 5 minutes:
 mlxd's config decides).
 
 Errors are Ollama's ``{"error": "..."}`` with mlxd's status codes (the app's one
-handler renders them on these paths: :func:`is_ollama_route`). ``/api/delete``,
+handler renders them on these paths: :data:`mlxd.http.envelopes.FAMILIES`). ``/api/delete``,
 ``/api/copy``, ``/api/create``, ``/api/push`` and ``/api/blobs``: 501, since
 mlxd reads its models from its config.
 """
@@ -68,10 +68,6 @@ bp = Blueprint("ollama", __name__)
 PREFIX = "/api/"
 FROM_CONFIG = ("mlxd reads its models from its config: edit the models: list there and "
                "POST /admin/reload (or send SIGHUP)")
-
-
-def is_ollama_route(path: str) -> bool:
-    return path.startswith(PREFIX)
 
 
 def _arrived() -> float:

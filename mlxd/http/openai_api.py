@@ -35,6 +35,7 @@ from mlxd.http import bodyscan, generation, sse
 from mlxd.http.context import AppState, state
 from mlxd.http.generation import Collected
 from mlxd.http.structured import schema_checks_off_loop
+from mlxd.http.text import check_text
 from mlxd.http.validation import ParsedRequest, parse_request
 
 log = logging.getLogger("mlxd.http")
@@ -77,6 +78,7 @@ async def get_model(model_id: str) -> Any:
 
 
 async def read_json_body() -> object:
+    """The request's JSON body, checked: the one place where every route reads one."""
     if request.mimetype != "application/json":
         from mlxd.errors import UnsupportedMediaType
 
@@ -90,11 +92,13 @@ async def read_json_body() -> object:
     if param is not None and isinstance(raw, bytes) and len(raw) > bodyscan.INLINE_BYTES:
         await _check_large_body(raw, param)
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except ValueError as e:  # bad UTF-8, bad JSON, or an integer past Python's 4300 digits
         raise InvalidRequest(f"the request body is not valid JSON: {e}") from None
     except RecursionError:
         raise InvalidRequest("the request body is nested too deeply") from None
+    check_text(raw, body)  # every string of every route: valid Unicode (mlxd.http.text)
+    return body
 
 
 #: the routes whose bodies carry a prompt, and the field it is in

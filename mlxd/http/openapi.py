@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd import __version__
 from mlxd.config.model import SCOPES
+from mlxd.http import origins
 from mlxd.http.openapi_anthropic import ERROR as ANTHROPIC_ERROR
 from mlxd.http.openapi_anthropic import anthropic_paths
 from mlxd.http.openapi_chat import STREAM_OPTIONS_NEED_STREAM, chat_request, engine_groups
@@ -572,7 +573,7 @@ _HTML = {"description": "HTML", "content": {"text/html": {"schema": {"type": "st
 def openapi_document(config: Config | None = None) -> dict[str, Any]:
     """The document; with ``config``, model ids are an enum of its model names."""
     model_id = _model_id([m.name for m in config.models] if config is not None else [])
-    return {
+    return origins.describe({
         "openapi": "3.1.0",
         "info": {
             "title": "mlxd",
@@ -595,4 +596,5 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
         "components": {"schemas": {"Error": _ERROR, "AnthropicError": ANTHROPIC_ERROR,
                                    "CachedTokens": CACHED_TOKENS,
                                    "OllamaError": OLLAMA_ERROR}},
-    }
+    })
+

@@ -87,12 +87,12 @@ def parse_keep_alive(value: object, param: str = "keep_alive") -> float | None:
     return -1.0 if seconds < 0 else seconds
 
 
-def parse_contention(value: str | None) -> ContentionPolicy | None:
-    """The policy an ``X-Mlxd-Contention`` header asks for (None when absent)."""
+def parse_contention(value: str | None, param: str = CONTENTION_HEADER) -> ContentionPolicy | None:
+    """The policy an ``X-Mlxd-Contention`` header (or the ``param`` given) asks for (None when absent)."""
     if value is None:
         return None
     if value not in STRATEGIES:
-        raise _bad(CONTENTION_HEADER, f"must be one of {', '.join(STRATEGIES)} (got {value[:40]!r})")
+        raise _bad(param, f"must be one of {', '.join(STRATEGIES)} (got {value[:40]!r})")
     return ContentionPolicy.of(value)  # checked just above
 
 

@@ -9,9 +9,9 @@ beyond plain generation (``tools``, ``tool_choice``, ``response_format``,
 ``logprobs``, tool history) are checked in :mod:`mlxd.http.structured`. The
 extension field ``keep_alive`` is read by :mod:`mlxd.http.preferences`.
 
-Text must be valid Unicode: JSON lets a body carry a lone UTF-16 surrogate
-(``"\\ud800"``), which no tokenizer can encode, so any such string is a 400
-naming its field. ``top_p: 0`` keeps only the most likely token: the request is
+Text must be valid Unicode: every string of every body (a lone UTF-16
+surrogate is a 400 naming its JSON path) is checked where bodies are read, by
+:mod:`mlxd.http.text`, before this module sees it. ``top_p: 0`` keeps only the most likely token: the request is
 greedy (temperature 0), whatever its ``temperature``.
 
 Every optional field may be ``null`` (it then takes its default). Integer
@@ -68,20 +68,6 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _text(v: str, param: str) -> str:
-    """``v`` if it is valid Unicode (no lone surrogate), else a 400 naming ``param``."""
-    if v.isascii():
-        return v
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise _bad(
-            param,
-            f"is not valid Unicode: a lone surrogate (\\u{ord(v[e.start]):04x}) at character {e.start}",
-        ) from None
-    return v
-
-
 def _model(body: dict[str, Any]) -> str:
     model = body.get("model")
     if model is None:
@@ -90,7 +76,7 @@ def _model(body: dict[str, Any]) -> str:
         raise _bad("model", "must be a non-empty string")
     if len(model) > MAX_MODEL_NAME:
         raise _bad("model", "is too long")
-    return _text(model, "model")
+    return model
 
 
 def _optional_number(body: dict[str, Any], key: str, lo: float, hi: float, default: float) -> float:
@@ -132,7 +118,6 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
             raise _bad(f"stop[{i}]", "must be a non-empty string")
         if len(s) > 256:
             raise _bad(f"stop[{i}]", "is too long (at most 256 characters)")
-        _text(s, "stop" if isinstance(body.get("stop"), str) else f"stop[{i}]")
     return tuple(v)
 
 
@@ -177,7 +162,7 @@ def _n(body: dict[str, Any]) -> None:
 
 def _content(v: object, param: str, *, allow_images: bool) -> str | list[dict[str, Any]]:
     if isinstance(v, str):
-        return _text(v, param)
+        return v
     if not isinstance(v, list) or not v:
         raise _bad(param, "must be a string or a non-empty list of content parts")
     parts: list[dict[str, Any]] = []
@@ -189,7 +174,6 @@ def _content(v: object, param: str, *, allow_images: bool) -> str | list[dict[st
         if kind == "text":
             if not isinstance(part.get("text"), str):
                 raise _bad(f"{p}.text", "must be a string")
-            _text(part["text"], f"{p}.text")
             parts.append({"type": "text", "text": part["text"]})
         elif kind == "image_url":
             if not allow_images:
@@ -247,7 +231,7 @@ def _prompt(body: dict[str, Any]) -> str:
         v = v[0]
     if not isinstance(v, str):
         raise _bad("prompt", "must be a string")
-    return _text(v, "prompt")
+    return v
 
 
 def parse_request(

@@ -30,6 +30,10 @@ Making room takes **victims** in this order, until the room suffices:
    they drain (``draining``: no new leases). Preempting policies cancel their
    leases once the waiters' ``preempt_at`` has come.
 
+Victims are taken in that order only until the room suffices, and a victim
+taken early that the later ones make unnecessary is given back (:func:`enough`):
+no model leaves for nothing.
+
 Anti-thrash protects some victims for a while: an idle model loaded less than
 ``min_resident_s`` ago is no victim yet, and a model in use since the waiters
 came (busy, or used after they came) keeps serving its own requests until
@@ -75,6 +79,27 @@ class _Room:
     claimed: dict[str, str] = field(default_factory=dict)
     #: loaded models a deferred waiter counts on: no one else takes them this pass
     reserved: set[str] = field(default_factory=set)
+
+
+def enough(victims: list[ModelRecord], have: int, need: int) -> list[ModelRecord]:
+    """The victims, in their order, that make ``have`` reach ``need``, and no more.
+
+    They are taken in order until the room suffices; then each one taken
+    before the last, the latest first, is given back if the others still make
+    the room (an LRU model of 40 MB is not evicted when the 300 MB one after
+    it makes the room alone). If all of them are not enough, all are taken.
+    """
+    chosen: list[ModelRecord] = []
+    for v in victims:
+        if have >= need:
+            break
+        chosen.append(v)
+        have += v.committed_bytes
+    for v in reversed(chosen[:-1]):
+        if have - v.committed_bytes >= need:
+            chosen.remove(v)
+            have -= v.committed_bytes
+    return chosen
 
 
 class Scheduler(CoreState):
@@ -151,19 +176,18 @@ class Scheduler(CoreState):
             if now_bytes + sum(v.committed_bytes for v in later) >= need:
                 self._defer(r, need, room, idle + busy + later)
             return  # else no victim can make room now: claim nothing, touch nothing
-        for v in idle:  # a queue that never waits does not count on a drain
-            if room.free + (room.incoming if waits else self._unloading(room)) >= need:
-                break
-            room.incoming += v.committed_bytes
-            self._record_victim(v, r, self._idle_why())
-            self._begin_unload(v, Reason.EVICTED)
+        # a queue that never waits does not count on a drain
+        have = room.free + (room.incoming if waits else self._unloading(room))
+        chosen = enough(idle + busy, have, need)
         drain_reason = Reason.PREEMPTED if r.preempters else Reason.EVICTED
-        for v in busy:
-            if room.free + room.incoming >= need:
-                break
+        for v in chosen:
             room.incoming += v.committed_bytes
-            self._record_victim(v, r, self._busy_why(v, r))
-            self._begin_drain(v, drain_reason, owner=None)
+            if v.leases:
+                self._record_victim(v, r, self._busy_why(v, r))
+                self._begin_drain(v, drain_reason, owner=None)
+            else:
+                self._record_victim(v, r, self._idle_why())
+                self._begin_unload(v, Reason.EVICTED)
         self._take(r, need, room)
 
     def _take(self, r: ModelRecord, need: int, room: _Room) -> int:

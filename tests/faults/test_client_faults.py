@@ -125,7 +125,7 @@ def test_clients_that_leave_misbehave_or_idle_keep_every_promise(tmp_path: Path)
             stalled.wait_stalled()
             for _ in range(1000):
                 s = socket.create_connection((urlsplit(d.url).hostname, urlsplit(d.url).port))
-                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
                 idle.append(s)
             for s in idle:
                 assert s.recv(4096).startswith(b"HTTP/1.1 200")

@@ -20,10 +20,11 @@ import pytest
 from tests.support.daemon import MLXD, REPO, DaemonProcess, fake_models_config, write_config
 
 
-def stream_until_end(url: str, model: str, results: list[str], started: threading.Barrier) -> None:
+def stream_until_end(url: str, model: str, results: list[str], started: threading.Barrier,
+                     max_tokens: int = 100_000) -> None:
     """Read one SSE stream to its end; record how it ended: 'done', 'error:<code>' or 'cut'."""
     payload = {"model": model, "messages": [{"role": "user", "content": "go"}],
-               "max_tokens": 100_000, "stream": True}
+               "max_tokens": max_tokens, "stream": True}
     last = None
     try:
         with httpx.stream("POST", url + "/v1/chat/completions", json=payload, timeout=60) as r:

@@ -34,12 +34,12 @@ async def test_an_oversized_declared_body_gets_413_before_100_continue(tmp_path:
     """A request that expects 100-continue and declares a body over max_body_mb gets 413 at once (no 100 Continue); one within the limit gets 100 Continue, then its answer."""
     config = config_of({"manager": {"memory_budget_gb": 1}, "models": [fake("a", 0.1)]}, tmp_path)
     async with serving(config, tmp_path, max_body_mb=1.0) as s:
-        big = (b"POST /v1/completions HTTP/1.1\r\nHost: mlxd\r\nContent-Type: application/json\r\n"
+        big = (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                b"Expect: 100-continue\r\nContent-Length: 5000000\r\n\r\n")
         answer = await trio.to_thread.run_sync(exchange, s.url, big, None)
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
         body = b'{"model": "a", "prompt": "x", "max_tokens": 2}'
-        small = (b"POST /v1/completions HTTP/1.1\r\nHost: mlxd\r\nContent-Type: application/json\r\n"
+        small = (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"Expect: 100-continue\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
         answer = await trio.to_thread.run_sync(exchange, s.url, small, body)
         assert answer.startswith(b"HTTP/1.1 100"), answer[:200]

@@ -15,7 +15,7 @@ from tests.support.daemon import DaemonProcess, write_config
 
 #: hypercorn's keep_alive_timeout as the daemon sets it
 KEEP_ALIVE_S = 5.0
-REQUEST = b"GET /health HTTP/1.1\r\nHost: mlxd\r\n\r\n"
+REQUEST = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
 
 
 def test_idle_connections_that_served_requests_are_closed(tmp_path: Path) -> None:

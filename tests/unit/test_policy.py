@@ -318,3 +318,43 @@ async def test_plan_names_the_victims_and_changes_nothing(autojump_clock: trio.a
         failing = plan_of(h, "b", contention=ContentionPolicy.of("fail")).as_dict()
         assert failing["action"] == "fail" and failing["error"]["code"] == "model_capacity"
         held.release.set()
+
+
+# ---- victims: only as many as the room needs -------------------------------------------------
+
+
+async def test_an_early_victim_made_unnecessary_by_a_later_one_stays(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Issue 32's demo case: idle models of 0.04, 0.26 and 0.32 GB fill 0.63 GB; loading another 0.32 GB model evicts only the 0.32 GB one, whose room alone suffices, though the two smaller ones are less recently used."""
+    async with running(make_config({"tiny": 0.04, "small": 0.26, "a": 0.32, "b": 0.32}, 0.63)) as h:
+        await _use(h, "tiny", "small", "a")
+        plan = plan_of(h, "b")
+        assert [(v.model, v.why) for v in plan.victims] == [("a", "idle_lru")]
+        await _use(h, "b")
+        assert [m for m in ("tiny", "small", "a", "b") if h.state(m) == "loaded"] == ["tiny", "small", "b"]
+        assert h.transitions("tiny")[-1][2] == "loaded" and h.transitions("small")[-1][2] == "loaded"
+
+
+async def test_victims_are_taken_in_lru_order_until_the_room_suffices(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """When two victims are needed, the least recently used ones go, and the most recently used stays."""
+    async with running(make_config({"x": 2, "y": 2, "z": 2, "w": 4}, 6)) as h:
+        await _use(h, "x", "y", "z")
+        assert [v.model for v in plan_of(h, "w").victims] == ["x", "y"]
+        await _use(h, "w")
+        assert [m for m in ("x", "y", "z", "w") if h.state(m) == "loaded"] == ["z", "w"]
+
+
+async def test_a_busy_victim_that_makes_the_room_alone_spares_the_idle_one(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """When a busy model must drain anyway and its room suffices alone, the idle model looked at first is not evicted for nothing."""
+    async with running(make_config({"idle": 1, "busy": 4, "w": 4}, 5)) as h:
+        await _use(h, "idle")
+        held = await h.hold("busy")
+        assert [(v.model, v.why) for v in plan_of(h, "w").victims] == [("busy", "drain")]
+        held.release.set()
+        await _use(h, "w")
+        assert h.state("idle") == "loaded" and h.state("busy") == "unloaded"

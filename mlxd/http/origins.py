@@ -1,0 +1,74 @@
+"""The browser guard: a request's ``Host``, ``Origin`` and body type, checked before routing.
+
+The rule (:class:`mlxd.config.origins.BrowserRules`) and why it exists are in
+:mod:`mlxd.config.origins` and ``docs/security.md``. Here it is applied to a
+request, in this order, before the key check and before any route runs:
+
+1. a ``Host`` that is not allowed: 421 ``host_not_allowed`` (a DNS-rebinding
+   page reads nothing, not even ``/health``);
+2. a state-changing method (anything but GET, HEAD, OPTIONS):
+
+   * a foreign ``Origin``: 403 ``origin_not_allowed``;
+   * a body type that any page may send without a CORS preflight
+     (``text/plain``, ``application/x-www-form-urlencoded``,
+     ``multipart/form-data``), whatever its ``Origin``: 403
+     ``json_body_required``. mlxd's bodies are JSON; a route that takes none
+     needs no ``Content-Type`` at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxd.config.origins import SAFE_METHODS, BrowserRules
+from mlxd.errors import FormBodyRefused, HostNotAllowed, MlxdError, OriginNotAllowed
+from mlxd.http.preferences import Headers
+
+#: the body types of a CORS "simple request": a page sends them without asking first
+SIMPLE_BODY_TYPES = frozenset(
+    {"text/plain", "application/x-www-form-urlencoded", "multipart/form-data"}
+)
+
+
+def refusal(rules: BrowserRules, method: str, headers: Headers) -> MlxdError | None:
+    """Why this request is refused (None: it may go on); ``headers`` is case-insensitive."""
+    host = headers.get("Host")
+    if not rules.host_allowed(host):
+        shown = (host or "")[:100]
+        return HostNotAllowed(
+            f"Host {shown!r} is not a name of this server: mlxd answers to loopback names and "
+            "addresses (localhost, 127.0.0.1, [::1]) and those in server.allowed_hosts"
+        )
+    if method.upper() in SAFE_METHODS:
+        return None
+    origin = headers.get("Origin")
+    if origin is not None and not rules.origin_allowed(origin, host):
+        return OriginNotAllowed(
+            f"a {method} from a web page of origin {origin[:100]!r} is refused: only the "
+            "server's own pages and the origins in server.allowed_origins may change its state"
+        )
+    mimetype = (headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+    if mimetype in SIMPLE_BODY_TYPES:
+        return FormBodyRefused(
+            f"a {method} with Content-Type {mimetype} is refused (any web page can send one "
+            "unasked): send JSON with 'Content-Type: application/json', or no body at all"
+        )
+    return None
+
+
+_HOST_REFUSED = ("host_not_allowed: the Host header is neither a loopback name nor in "
+                 "server.allowed_hosts (every route, before routing)")
+_ORIGIN_REFUSED = ("origin_not_allowed (a foreign Origin) or json_body_required (a text or form "
+                   "body): what a web page may send unasked (every state-changing route)")
+
+
+def describe(document: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI document with this guard's answers: 421 on every operation, 403 on every
+    state-changing one; written here once, so routes added later are described too."""
+    for operations in document["paths"].values():
+        for method, op in operations.items():
+            responses = op.setdefault("responses", {})
+            responses.setdefault("421", {"description": _HOST_REFUSED})
+            if method not in ("get", "head", "options"):
+                responses.setdefault("403", {"description": _ORIGIN_REFUSED})
+    return document
