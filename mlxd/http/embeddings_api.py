@@ -14,12 +14,13 @@ import base64
 import struct
 from typing import Any
 
-from quart import Blueprint
+from quart import Blueprint, request
 
 from mlxd.errors import InvalidRequest, ModelNotFound, ShuttingDown
 from mlxd.http import generation
 from mlxd.http.context import state
 from mlxd.http.openai_api import read_json_body, request_id
+from mlxd.http.preferences import preferences
 from mlxd.http.structured import bad, is_int, is_model_name
 
 bp = Blueprint("embeddings", __name__)
@@ -84,7 +85,8 @@ async def embeddings() -> Any:
     mc = st.config.model(model)
     if mc is None or not mc.embedding:
         raise bad("model", f"'{model}' is not an embedding model (set embedding: true)")
-    lease = await generation.acquire(st, model, request_id())
+    # X-Mlxd-Keep-Alive, X-Mlxd-Contention, X-Mlxd-Require-Resident
+    lease = await generation.acquire(st, model, request_id(), preferences({}, request.headers))
     async with lease:  # ends with the one outcome rule (mlxd.residency.lease.outcome_of)
         with lease.scope():
             vectors, tokens = await lease.engine.embed(inputs)  # type: ignore[attr-defined]

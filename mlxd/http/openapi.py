@@ -35,7 +35,12 @@ from mlxd.http.openapi_clients import (
     TEXT_LOGPROBS,
 )
 from mlxd.http.openapi_embeddings import embeddings_path
-from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
+from mlxd.http.preferences import (
+    CONTENTION_HEADER,
+    KEEP_ALIVE_HEADER,
+    KEEP_ALIVE_PATTERN,
+    REQUIRE_RESIDENT_HEADER,
+)
 from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT
 from mlxd.residency.plan import ACTIONS
 from mlxd.residency.policy import STRATEGIES
@@ -149,6 +154,10 @@ _PREFERENCE_HEADERS = [
      "description": "how long the model stays after this request (the body's keep_alive wins)"},
     {"name": CONTENTION_HEADER, "in": "header", "required": False, "schema": _STRATEGY,
      "description": "ask for less waiting or preemption than the model's policy (fail: fail fast)"},
+    {"name": REQUIRE_RESIDENT_HEADER, "in": "header", "required": False,
+     "schema": {"enum": ["1", "0", "true", "false"]},
+     "description": "1: serve only if the model is loaded now, else 503 model_not_resident "
+     "(Retry-After: 0) and nothing is loaded"},
 ]
 
 _PLAN = {
@@ -397,7 +406,9 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
     return {
         "/admin/status": {
             "get": {
-                "summary": "Budget, committed bytes, every model's state, waiters, leases",
+                "summary": "Budget, committed and free bytes, every model's state, waiters, "
+                "leases, and per model the routing facts (committed_bytes, queued, running, "
+                "kv_in_use, expected_load_seconds); loads nothing",
                 "responses": {"200": _json({"type": "object"}), **_errors(401, 403)},
             }
         },
