@@ -126,7 +126,6 @@ class Watch:
         """Each daemon's view for ``/health`` of the proxy: up, last error, its models' states."""
         return {
             name: {
-                "url": s.daemon.url,
                 "up": s.up,
                 "error": s.error,
                 "models": {m: f.state for m, f in s.facts.models.items()
