@@ -95,11 +95,10 @@ def serve(fleet: Fleet, *, host: str, port: int, strategy: str = "mlxd",
         path = Path(tmp) / "litellm.yaml"
         path.write_text(yaml.safe_dump(proxy_config(fleet, strategy, host=host), sort_keys=False))
         os.environ["CONFIG_FILE_PATH"] = str(path)
+        import litellm.proxy.proxy_server as proxy_server
         import uvicorn
 
         import mlxd.fleet.strategy  # noqa: F401 - sets LiteLLM's environment before its import
-
-        import litellm.proxy.proxy_server as proxy_server
 
         app = proxy_server.app
         if strategy == "mlxd":

@@ -39,9 +39,14 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("INITIAL_RETRY_DELAY", "0")
 os.environ.setdefault("JITTER", "0")
 
-import litellm  # noqa: E402
-from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
-from litellm.types.router import CustomRoutingStrategyBase  # noqa: E402
+from litellm.exceptions import (
+    APIConnectionError,
+    InternalServerError,
+    ServiceUnavailableError,
+    Timeout,
+)
+from litellm.integrations.custom_logger import CustomLogger
+from litellm.types.router import CustomRoutingStrategyBase
 
 from mlxd.fleet.facts import Choice, rank, without_model
 from mlxd.fleet.watch import Watch
@@ -75,7 +80,8 @@ class MlxdRouting(CustomRoutingStrategyBase):
 
     # -- LiteLLM's hook ----------------------------------------------------------------------
 
-    async def async_get_available_deployment(
+    # LiteLLM's base class declares None; the router takes the deployment a strategy returns
+    async def async_get_available_deployment(  # type: ignore[override]
         self,
         model: str,
         messages: list[dict[str, str]] | None = None,
@@ -93,7 +99,7 @@ class MlxdRouting(CustomRoutingStrategyBase):
             facts = await self.watch.fresh()
         return self._picked(model, choice, deployment, tried)
 
-    def get_available_deployment(
+    def get_available_deployment(  # type: ignore[override]
         self,
         model: str,
         messages: list[dict[str, str]] | None = None,
@@ -141,7 +147,7 @@ class MlxdRouting(CustomRoutingStrategyBase):
         self, model: str, choice: Choice | None, deployment: dict[str, Any] | None, tried: list[str]
     ) -> dict[str, Any]:
         if choice is None or deployment is None:
-            raise litellm.ServiceUnavailableError(
+            raise ServiceUnavailableError(
                 message=f"no mlxd daemon that serves '{model}' answers its status now",
                 llm_provider="openai",
                 model=model,
@@ -196,8 +202,9 @@ def refusal_of(exc: BaseException | None) -> tuple[str | None, float | None]:
         text = str(exc)
         code = next((c for c in REFUSALS if c in text), None)
     headers = getattr(response, "headers", None) or {}
+    raw = headers.get("retry-after")
     try:
-        retry_after = float(headers.get("retry-after")) if headers.get("retry-after") else None
+        retry_after = float(raw) if raw else None
     except (TypeError, ValueError):
         retry_after = None
     return code, retry_after
@@ -205,8 +212,8 @@ def refusal_of(exc: BaseException | None) -> tuple[str | None, float | None]:
 
 def _unreachable(exc: BaseException | None) -> bool:
     """A failure that means the daemon is not there (refused, reset, timed out), not a refusal."""
-    return isinstance(exc, litellm.APIConnectionError | litellm.Timeout) or (
-        isinstance(exc, litellm.InternalServerError) and getattr(exc, "status_code", 500) >= 500
+    return isinstance(exc, APIConnectionError | Timeout) or (
+        isinstance(exc, InternalServerError) and getattr(exc, "status_code", 500) >= 500
         and "Connection" in str(exc)
     )
 
