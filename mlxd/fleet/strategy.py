@@ -97,7 +97,7 @@ class MlxdRouting(CustomRoutingStrategyBase):
                 break
             await asyncio.sleep(wait)  # every daemon for it is held off: honour Retry-After
             facts = await self.watch.fresh()
-        return self._picked(model, choice, deployment, tried)
+        return self._picked(model, choice, deployment, tried, request_kwargs)
 
     def get_available_deployment(  # type: ignore[override]
         self,
@@ -110,7 +110,7 @@ class MlxdRouting(CustomRoutingStrategyBase):
         """The synchronous pick (``router.completion``): from the cached facts, never waiting."""
         tried = _tried(request_kwargs)
         choice, deployment, _wait = self._choose(model, self.watch.known(), tried)
-        return self._picked(model, choice, deployment, tried)
+        return self._picked(model, choice, deployment, tried, request_kwargs)
 
     # -- the choice --------------------------------------------------------------------------
 
@@ -144,7 +144,12 @@ class MlxdRouting(CustomRoutingStrategyBase):
         return None, None, min(min(holds), MAX_HOLD_S) if holds else None
 
     def _picked(
-        self, model: str, choice: Choice | None, deployment: dict[str, Any] | None, tried: list[str]
+        self,
+        model: str,
+        choice: Choice | None,
+        deployment: dict[str, Any] | None,
+        tried: list[str],
+        request_kwargs: dict[str, object] | None,
     ) -> dict[str, Any]:
         if choice is None or deployment is None:
             raise ServiceUnavailableError(
@@ -157,12 +162,12 @@ class MlxdRouting(CustomRoutingStrategyBase):
         deployment_id = (deployment.get("model_info") or {}).get("id")
         if deployment_id:
             self._picks[str(deployment_id)] = (choice.daemon, model)
+        # the header goes with the deployment's params, and with the request's own extra_headers
+        # when it has some (LiteLLM sends the request's in place of the deployment's)
         params = dict(deployment.get("litellm_params") or {})
-        headers = {k: v for k, v in dict(params.get("extra_headers") or {}).items()
-                   if k.lower() != REQUIRE_RESIDENT.lower()}
-        if choice.resident:
-            headers[REQUIRE_RESIDENT] = "1"
-        params["extra_headers"] = headers
+        params["extra_headers"] = _with_header(params.get("extra_headers"), choice.resident)
+        if request_kwargs is not None and isinstance(request_kwargs.get("extra_headers"), dict):
+            request_kwargs["extra_headers"] = _with_header(request_kwargs["extra_headers"], choice.resident)
         return {**deployment, "litellm_params": params}
 
     def attempt_of(self, kwargs: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -170,6 +175,15 @@ class MlxdRouting(CustomRoutingStrategyBase):
         params = kwargs.get("litellm_params") or {}
         deployment_id = kwargs.get("model_id") or (params.get("model_info") or {}).get("id")
         return self._picks.get(str(deployment_id)) if deployment_id else None
+
+
+def _with_header(headers: object, resident: bool) -> dict[str, object]:
+    """``headers`` with X-Mlxd-Require-Resident: 1 when ``resident``, without it otherwise."""
+    out = {k: v for k, v in dict(headers or {}).items()  # type: ignore[call-overload]
+           if str(k).lower() != REQUIRE_RESIDENT.lower()}
+    if resident:
+        out[REQUIRE_RESIDENT] = "1"
+    return out
 
 
 def _key(daemon: str, resident: bool) -> str:
