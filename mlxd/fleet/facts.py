@@ -17,8 +17,9 @@ anything.
    them) by the seconds it would take to load them back, then bytes; a
    daemon that would have to wait for busy models comes last.
 
-Ties go to the daemon listed first, so that concurrent requests for a model
-agree on where it should live, and it settles there. :func:`with_request`
+Among equal costs the less busy, then the emptier daemon wins (models spread
+over the fleet), then the daemon listed first, so that concurrent requests for
+a model agree on where it should live, and it settles there. :func:`with_request`
 writes a routed request into the facts at once (the status shows it only at
 the next refresh), so that the next choice already sees it.
 """
@@ -144,7 +145,9 @@ def _rank_key(facts: DaemonFacts, model: str, order: int) -> tuple[Any, ...]:
         return (0, m.busy, order)
     if m.state == "loading":
         return (1, m.busy, order)
-    return (2, *load_cost(facts, model).key(), sum(v.busy for v in facts.models.values()), order)
+    # then the less busy, then the emptier daemon: models spread over the fleet
+    busy = sum(v.busy for v in facts.models.values())
+    return (2, *load_cost(facts, model).key(), busy, -facts.free_bytes, order)
 
 
 def rank(model: str, daemons: Sequence[DaemonFacts]) -> list[Choice]:

@@ -9,8 +9,8 @@ never staler than that even without the task.
 A daemon that does not answer (refused, timed out, an error status) is
 ``down``: choices skip it, and only the background poll asks it again, until
 it answers. A request the router sends is written into the cached facts at once
-(:func:`~mlxd.fleet.facts.with_request`) and stays written over fetched
-facts that were asked for before it went out, so a burst of requests agrees on
+(:func:`~mlxd.fleet.facts.with_request`) and stays written over fetched facts
+until they can show it (:func:`_pending`), so a burst of requests agrees on
 where a model goes before any status shows it.
 """
 
@@ -31,6 +31,11 @@ EVERY_S = 0.25
 MAX_AGE_S = 1.0
 #: a status fetch that takes longer marks the daemon down
 FETCH_TIMEOUT_S = 1.0
+#: how long after a pick its request may still be on its way to the daemon (LiteLLM's own
+#: work comes between the pick and the request): a fetch sent earlier may not count it
+DISPATCH_S = 0.5
+#: a load the router asked for is assumed under way this long even if no status shows it yet
+LOAD_TTL_S = 5.0
 
 
 @dataclass
@@ -45,6 +50,17 @@ class _Seen:
     #: requests routed here and not yet in fetched facts: (sent at, model, resident)
     routed: list[tuple[float, str, bool]] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _pending(routed: tuple[float, str, bool], facts: DaemonFacts, sent: float) -> bool:
+    """Whether a routed request may be missing from ``facts`` (fetched at ``sent``): a request
+    for a resident model until fetches sent after it got there; a load until the facts show it
+    (or for LOAD_TTL_S at most: it may have failed)."""
+    at, model, resident = routed
+    m = facts.models.get(model)
+    if resident or (m is not None and m.state != "unloaded" and m.state != "failed"):
+        return sent < at + DISPATCH_S
+    return sent < at + LOAD_TTL_S
 
 
 class Watch:
@@ -79,7 +95,7 @@ class Watch:
             except (httpx.HTTPError, ValueError) as e:
                 seen.up, seen.error = False, f"{type(e).__name__}: {e}"
                 return
-            seen.routed = [r for r in seen.routed if r[0] >= sent]
+            seen.routed = [r for r in seen.routed if _pending(r, facts, sent)]
             for _t, model, resident in seen.routed:
                 facts = with_request(facts, model, resident=resident)
             seen.facts, seen.up, seen.error = facts, True, None
