@@ -15,10 +15,10 @@ import yaml
 
 pytest.importorskip("litellm", reason="the fleet extra (litellm) is not installed")
 
-import openai  # noqa: E402
+import openai
 
-from tests.support.daemon import REPO  # noqa: E402
-from tests.support.fleet import Rig, running_fleet  # noqa: E402
+from tests.support.daemon import REPO
+from tests.support.fleet import Rig, running_fleet
 
 SIZES, BUDGET = {"a": 0.6, "b": 0.6}, 1.0
 

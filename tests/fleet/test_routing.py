@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("litellm", reason="the fleet extra (litellm) is not installed")
 
-from tests.support.fleet import Rig, make_router, run_clients, running_fleet  # noqa: E402
+from tests.support.fleet import Rig, make_router, run_clients, running_fleet
 
 MODELS = ("a", "b", "c")
 #: each daemon's budget fits one of the three models (the bench's setting)
@@ -101,7 +101,7 @@ def test_a_killed_daemon_loses_only_its_in_flight_requests(tmp_path: Path, size:
             killed["at"] = time.time()
             rig.processes[0].kill()
 
-        work, since, routing = _run(rig, "mlxd", plans, stream=True, max_tokens=16,
+        work, _since, routing = _run(rig, "mlxd", plans, stream=True, max_tokens=16,
                                     after=(n // 2, kill))
         home_a = {o.daemon for o in work.outcomes if o.model == "a" and o.error is None
                   and o.daemon is not None}

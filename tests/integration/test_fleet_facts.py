@@ -32,7 +32,7 @@ async def test_status_carries_the_routing_facts(tmp_path: Path) -> None:
     async with serving(_config(tmp_path), tmp_path) as s, s.client() as c:
         before = (await c.get("/admin/status")).json()
         assert before["free_bytes"] == before["budget_bytes"] == 1 * GB
-        assert ROUTING_FACTS <= set(before["models"]["a"])
+        assert set(before["models"]["a"]) >= ROUTING_FACTS
         assert before["models"]["a"]["expected_load_seconds"] is None
         assert (await c.post("/admin/models/a/load")).status_code == 200
         body = {"model": "a", "stream": True, "max_tokens": 200,

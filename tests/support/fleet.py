@@ -86,11 +86,11 @@ def running_fleet(tmp: Path, n: int, sizes_gb: dict[str, float], budget_gb: floa
 
 def make_router(fleet: Fleet, strategy: str, *, num_retries: int = 3) -> tuple[Any, Any]:
     """LiteLLM's Router over ``fleet`` and, for ``"mlxd"``, mlxd's strategy registered on it."""
+    from litellm import Router
+
     from mlxd.fleet import strategy as mlxd_strategy  # LiteLLM's environment before its import
     from mlxd.fleet.proxy import deployments, router_settings
     from mlxd.fleet.watch import Watch
-
-    from litellm import Router
 
     settings = router_settings(fleet, strategy)
     settings["num_retries"] = num_retries
@@ -138,7 +138,7 @@ async def one_request(router: Any, client: int, model: str, *, stream: bool,
             async for chunk in r:
                 text += chunk.choices[0].delta.content or "" if chunk.choices else ""
         model_id = r._hidden_params.get("model_id")
-    except Exception as e:  # noqa: BLE001 - a workload counts every failure
+    except Exception as e:
         return Outcome(client, model, rid, None, time.monotonic() - t0, f"{type(e).__name__}: {e}"[:300])
     daemon = str(model_id).split("/")[0] if model_id else None
     return Outcome(client, model, rid, daemon, time.monotonic() - t0)
