@@ -207,7 +207,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args()
     results = [run(s, args) for s in args.strategies.split(",")]
-    text = report(results, args, "python bench/fleet.py " + " ".join(sys.argv[1:]))
+    text = report(results, args, " ".join(["python bench/fleet.py", *sys.argv[1:]]))
     print(text)
     args.out.write_text(text)
 
