@@ -29,20 +29,15 @@ import datetime as dt
 import os
 import platform
 import random
-import socket
 import statistics
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from importlib import metadata
 
-import httpx
 import openai
-import yaml
 
-from tests.support.daemon import REPO
-from tests.support.fleet import Rig, running_fleet
+from tests.support.fleet import routing_proxy, running_fleet
 
 MODELS = ("a", "b", "c")
 STRATEGIES = ("mlxd", "simple-shuffle", "least-busy")
@@ -71,12 +66,6 @@ def plans(requests: int, seed: int) -> list[list[str]]:
     rng = random.Random(seed)
     pinned = [[m] * per_client for m in MODELS for _ in range(2)]
     return [*pinned, [rng.choice(MODELS) for _ in range(requests - 6 * per_client)]]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -114,49 +103,20 @@ async def _workload(url: str, work: list[list[str]],
     return latencies, errors, warm
 
 
-def _proxy(rig: Rig, tmp: Path, strategy: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    fleet = tmp / "fleet.yaml"
-    fleet.write_text(yaml.safe_dump({"proxy": {"port": port, "num_retries": 3}, "daemons": [
-        {"name": d.name, "url": d.url, "models": list(d.models)} for d in rig.fleet.daemons]}))
-    log = (tmp / "route.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "mlxd", "route", "--config", str(fleet),
-                             "--strategy", strategy], stdout=log, stderr=subprocess.STDOUT,
-                            cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError((tmp / "route.log").read_text()[-2000:])
-        try:
-            if httpx.get(f"{url}/health/liveliness", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("the proxy did not start in 300 s")
-
-
 def run(strategy: str, args: argparse.Namespace) -> Result:
     with tempfile.TemporaryDirectory(prefix=f"fleet-{strategy}-") as tmp_dir:
         tmp = Path(tmp_dir)
         sizes = dict.fromkeys(MODELS, 0.6)  # a 1 GB budget holds one of them
-        with running_fleet(tmp / "daemons", 3, sizes, 1.0, load_seconds=args.load_seconds,
-                           tokens_per_second=args.tokens_per_second) as rig:
-            proc, url = _proxy(rig, tmp, strategy)
-            try:
-                work = plans(args.requests, args.seed)
-                latencies, errors, warm = asyncio.run(_workload(url, work, args.max_tokens))
-                took = time.time() - warm
-                in_all = len(rig.loads(0))
-                loads = len(rig.loads(warm))
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        with (
+            running_fleet(tmp / "daemons", 3, sizes, 1.0, load_seconds=args.load_seconds,
+                          tokens_per_second=args.tokens_per_second) as rig,
+            routing_proxy(rig, tmp, strategy) as (url, _fleet),
+        ):
+            work = plans(args.requests, args.seed)
+            latencies, errors, warm = asyncio.run(_workload(url, work, args.max_tokens))
+            took = time.time() - warm
+            in_all = len(rig.loads(0))
+            loads = len(rig.loads(warm))
     print(f"{strategy}: {loads} loads after warm-up ({in_all} in all), {len(errors)} errors"
           + (f" (first: {errors[0]})" if errors else ""), file=sys.stderr)
     return Result(strategy, args.requests, loads, statistics.median(latencies) if latencies else 0.0,

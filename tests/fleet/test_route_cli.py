@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,31 +10,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 pytest.importorskip("litellm", reason="the fleet extra (litellm) is not installed")
 
 import openai
 
 from tests.support.daemon import REPO
-from tests.support.fleet import Rig, running_fleet
+from tests.support.fleet import Rig, routing_proxy, running_fleet
 
 SIZES, BUDGET = {"a": 0.6, "b": 0.6}, 1.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _fleet_file(tmp: Path, rig: Rig, port: int) -> Path:
-    path = tmp / "fleet.yaml"
-    path.write_text(yaml.safe_dump({
-        "proxy": {"port": port},
-        "daemons": [{"name": d.name, "url": d.url, "models": list(d.models)} for d in rig.fleet.daemons],
-    }))
-    return path
 
 
 def _mlxd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -50,56 +33,34 @@ def _transitions(rig: Rig) -> int:
 
 def test_route_streams_through_litellms_proxy_and_never_loads_for_health(tmp_path: Path) -> None:
     """Through `mlxd route`, streamed chats for two models go to two daemons (each fits one); the proxy's /health, route --check and status --fleet load nothing."""
-    with running_fleet(tmp_path, 2, SIZES, BUDGET) as rig:
-        port = _free_port()
-        fleet = _fleet_file(tmp_path, rig, port)
-        log = (tmp_path / "route.log").open("wb")
-        proc = subprocess.Popen([sys.executable, "-m", "mlxd", "route", "--config", str(fleet)],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                env={**os.environ, "PYTHONWARNINGS": "ignore"})
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    health = httpx.get(f"{url}/health", timeout=5)
-                    if health.status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None, (tmp_path / "route.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "the proxy did not start"
-                time.sleep(0.5)
-            for _ in range(20):
-                assert httpx.get(f"{url}/health", timeout=5).json()["healthy_count"] == 2
-            check = _mlxd("route", "--config", str(fleet), "--check")
-            assert check.returncode == 0, check.stderr
-            assert "a: next request goes to d0" in check.stdout, check.stdout
-            assert _transitions(rig) == 0  # health, check: nothing loaded
+    with running_fleet(tmp_path, 2, SIZES, BUDGET) as rig, routing_proxy(rig, tmp_path) as (url, fleet):
+        for _ in range(100):  # the router's first status poll
+            if httpx.get(f"{url}/health", timeout=5).json()["healthy_count"] == 2:
+                break
+            time.sleep(0.1)
+        for _ in range(20):
+            assert httpx.get(f"{url}/health", timeout=5).json()["healthy_count"] == 2
+        check = _mlxd("route", "--config", str(fleet), "--check")
+        assert check.returncode == 0, check.stderr
+        assert "a: next request goes to d0" in check.stdout, check.stdout
+        assert _transitions(rig) == 0  # health, check: nothing loaded
 
-            client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-            for model in ("a", "b", "a"):
-                stream = client.chat.completions.create(
-                    model=model, stream=True, max_tokens=8,
-                    messages=[{"role": "user", "content": "hello"}])
-                text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-                assert text.strip(), model
-            assert sorted(rig.loads()) == [("d0", "a"), ("d1", "b")]
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        for model in ("a", "b", "a"):
+            stream = client.chat.completions.create(
+                model=model, stream=True, max_tokens=8,
+                messages=[{"role": "user", "content": "hello"}])
+            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            assert text.strip(), model
+        assert sorted(rig.loads()) == [("d0", "a"), ("d1", "b")]
 
-            status = _mlxd("status", "--fleet", str(fleet))
-            assert status.returncode == 0, status.stderr
-            rows = {line.split()[0]: line.split()[1:] for line in status.stdout.splitlines() if line}
-            assert rows["a"] == ["loaded", "unloaded"] and rows["b"] == ["unloaded", "loaded"], status.stdout
-            rig.processes[1].kill()
-            down = _mlxd("status", "--fleet", str(fleet))
-            assert down.returncode == 3 and "d1" in down.stderr, (down.stdout, down.stderr)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
+        status = _mlxd("status", "--fleet", str(fleet))
+        assert status.returncode == 0, status.stderr
+        rows = {line.split()[0]: line.split()[1:] for line in status.stdout.splitlines() if line}
+        assert rows["a"] == ["loaded", "unloaded"] and rows["b"] == ["unloaded", "loaded"], status.stdout
+        rig.processes[1].kill()
+        down = _mlxd("status", "--fleet", str(fleet))
+        assert down.returncode == 3 and "d1" in down.stderr, (down.stdout, down.stderr)
 
 
 def test_route_refuses_bad_fleet_files_and_an_open_proxy_off_loopback(tmp_path: Path) -> None:

@@ -4,13 +4,18 @@
 with its own journal; :func:`make_router` builds LiteLLM's ``Router`` over them
 with mlxd's strategy (``"mlxd"``) or one of LiteLLM's; :func:`run_clients`
 sends a workload through it (asyncio), one task per client, each request with
-its own ``X-Request-Id`` so the journals show which daemon served it.
+its own ``X-Request-Id`` so the journals show which daemon served it;
+:func:`routing_proxy` runs ``mlxd route`` (LiteLLM's proxy) over them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import sqlite3
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -20,8 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+import yaml
+
 from mlxd.fleet.config import Fleet, parse_fleet
-from tests.support.daemon import DaemonProcess, fake_models_config, write_config
+from tests.support.daemon import REPO, DaemonProcess, fake_models_config, write_config
 
 
 @dataclass
@@ -164,3 +172,55 @@ async def run_clients(router: Any, plans: Sequence[Sequence[str]], *, stream: bo
 
     await asyncio.gather(*(client(i, p) for i, p in enumerate(plans)))
     return work
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fleet_file(tmp: Path, rig: Rig, port: int) -> Path:
+    """A fleet file for ``mlxd route`` over ``rig``'s daemons, the proxy on ``port``."""
+    path = tmp / "fleet.yaml"
+    path.write_text(yaml.safe_dump({
+        "proxy": {"port": port, "num_retries": 3},
+        "daemons": [{"name": d.name, "url": d.url, "models": list(d.models)} for d in rig.fleet.daemons],
+    }))
+    return path
+
+
+@contextmanager
+def routing_proxy(rig: Rig, tmp: Path, strategy: str = "mlxd",
+                  timeout: float = 300) -> Iterator[tuple[str, Path]]:
+    """``mlxd route --strategy S`` (LiteLLM's real proxy) over ``rig``: its URL and fleet file."""
+    port = free_port()
+    fleet = fleet_file(tmp, rig, port)
+    log_path = tmp / "route.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlxd", "route", "--config", str(fleet), "--strategy", strategy],
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"mlxd route exited:\n{log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/health/liveliness", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"mlxd route not ready after {timeout} s")
+            time.sleep(0.5)
+        yield url, fleet
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
