@@ -105,9 +105,9 @@ def parse_require_resident(value: str | None) -> bool:
     """``X-Mlxd-Require-Resident``: ``1``/``true`` asks for it, ``0``/``false`` or absent does not."""
     if value is None:
         return False
-    flag = _FLAGS.get(value.strip().lower())
+    flag = _FLAGS.get(value)  # exactly the documented spellings (the OpenAPI enum)
     if flag is None:
-        raise _bad(REQUIRE_RESIDENT_HEADER, f"must be 1 or 0 (got {value[:40]!r})")
+        raise _bad(REQUIRE_RESIDENT_HEADER, f"must be 1, 0, true or false (got {value[:40]!r})")
     return flag
 
 
