@@ -103,8 +103,10 @@ class Watch:
     async def fresh(self) -> list[DaemonFacts]:
         """The facts of every daemon that answers, in fleet order, none older than MAX_AGE_S."""
         now = time.monotonic()
+        # a daemon that does not answer is asked again by the background poll (run), never
+        # while a pick waits, unless it was never asked at all
         stale = [s for s in self._seen.values()
-                 if now - s.fetched_at > (MAX_AGE_S if s.up else EVERY_S)]
+                 if (s.up and now - s.fetched_at > MAX_AGE_S) or s.fetched_at < 0]
         if stale:
             await asyncio.gather(*(self._refresh_if_stale(s) for s in stale))
         return self.known()
