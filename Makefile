@@ -13,11 +13,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# The vision extra (mlx-vlm) and the embeddings extra (mlx-embeddings, which rides on it)
 	# are part of the suite: if they do not install, this fails, unless MLXD_SKIP_VISION=1
-	# (then mlxd installs without them and the vision and embedding tests skip).
+	# (then mlxd installs without them and the vision and embedding tests skip). The fleet
+	# extra (LiteLLM, for `mlxd route` and tests/fleet) is part of the suite too.
 	if [ "$$MLXD_SKIP_VISION" = 1 ]; then \
-	  $(BIN)/pip install --quiet -e '.[test,vlm,embeddings]' || $(BIN)/pip install --quiet -e '.[test]'; \
+	  $(BIN)/pip install --quiet -e '.[test,vlm,embeddings,fleet]' || $(BIN)/pip install --quiet -e '.[test,fleet]'; \
 	else \
-	  $(BIN)/pip install --quiet -e '.[test,vlm,embeddings]'; \
+	  $(BIN)/pip install --quiet -e '.[test,vlm,embeddings,fleet]'; \
 	fi
 	# byte-compile mlxd as installing a wheel would (an editable install does not, and with
 	# PYTHONDONTWRITEBYTECODE set every start recompiled it: ~0.3 s of the daemon's cold start)
