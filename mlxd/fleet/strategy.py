@@ -48,7 +48,7 @@ from litellm.exceptions import (
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
-from mlxd.fleet.facts import Choice, rank, without_model
+from mlxd.fleet.facts import Choice, DaemonFacts, rank, without_model
 from mlxd.fleet.watch import Watch
 
 REQUIRE_RESIDENT = "X-Mlxd-Require-Resident"
@@ -125,7 +125,7 @@ class MlxdRouting(CustomRoutingStrategyBase):
         return out
 
     def _choose(
-        self, model: str, facts: Sequence[Any], tried: list[str]
+        self, model: str, facts: Sequence[DaemonFacts], tried: list[str]
     ) -> tuple[Choice | None, dict[str, Any] | None, float | None]:
         """The best daemon not yet tried by this request and not held off; else how long to wait
         for one to be allowed again (None: there is none to wait for)."""
