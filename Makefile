@@ -25,12 +25,13 @@ $(SERVE_STAMP): pyproject.toml
 
 # The tests need the test toolchain too. The vision extra (mlx-vlm) and the embeddings extra
 # (mlx-embeddings, which rides on it) are part of the suite: if they do not install, this
-# fails, unless MLXD_SKIP_VISION=1 (then the vision and embedding tests skip, saying why).
+# fails, unless MLXD_SKIP_VISION=1 (then the vision and embedding tests skip, saying why). The
+# fleet extra (LiteLLM, for `mlxd route` and tests/fleet) is part of the suite too.
 $(STAMP): $(SERVE_STAMP)
 	if [ "$$MLXD_SKIP_VISION" = 1 ]; then \
-	  $(BIN)/pip install --quiet -e '.[test,vlm,embeddings]' || $(BIN)/pip install --quiet -e '.[test]'; \
+	  $(BIN)/pip install --quiet -e '.[test,vlm,embeddings,fleet]' || $(BIN)/pip install --quiet -e '.[test,fleet]'; \
 	else \
-	  $(BIN)/pip install --quiet -e '.[test,vlm,embeddings]'; \
+	  $(BIN)/pip install --quiet -e '.[test,vlm,embeddings,fleet]'; \
 	fi
 	touch $(STAMP)
 

@@ -260,6 +260,26 @@ class Preempted(Unavailable):
     code = "preempted"
 
 
+class ModelNotResident(Unavailable):
+    """The request asked ``X-Mlxd-Require-Resident: 1`` and the model is not loaded.
+
+    Nothing was loaded, queued or leased. ``Retry-After: 0``: a router tries
+    another daemon at once (mlxd's LiteLLM strategy, :mod:`mlxd.fleet`).
+    """
+
+    code = "model_not_resident"
+    default_retry_after = 0.0
+
+    def __init__(self, model: str, state: str) -> None:
+        super().__init__(
+            f"'{model}' is not resident here ({state}) and X-Mlxd-Require-Resident asked not to load it",
+            param="model",
+        )
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "0"}
+
+
 class ShuttingDown(Unavailable):
     code = "shutting_down"
     default_retry_after = 5.0

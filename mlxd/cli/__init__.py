@@ -6,7 +6,7 @@ Errors are printed on stderr as one line, never as a traceback.
 Every ``argparse`` command and its printing lives in this package, one module
 per command family (:mod:`.serve`, :mod:`.client` for the commands that talk to
 a running daemon, :mod:`.plan`, :mod:`.history`, :mod:`.migrate`, :mod:`.check_config`,
-:mod:`.demo_model`, :mod:`.service_files`); this module only parses arguments
+:mod:`.demo_model`, :mod:`.service_files`, :mod:`.route` for the fleet); this module only parses arguments
 and dispatches (handlers are imported lazily so ``mlxd --help`` is instant).
 The CLI is the top layer: it may import anything; nothing imports it.
 """
@@ -106,7 +106,28 @@ def _add_daemon_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p = sub.add_parser("status", help="show the running daemon's residency status")
     _add_url(p)
     p.add_argument("--json", action="store_true", help="print the raw JSON status")
+    p.add_argument("--fleet", metavar="FLEET_YAML",
+                   help="show every daemon of this fleet file side by side (see `mlxd route`)")
     p.set_defaults(handler="mlxd.cli.client:cmd_status")
+
+    p = sub.add_parser(
+        "route",
+        help="run LiteLLM's proxy with mlxd's residency-aware strategy in front of several daemons",
+        description="Start LiteLLM's proxy server (the mlxd[fleet] extra) with one deployment per "
+        "daemon and model of the fleet file, routed by residency: a request goes to a daemon "
+        "where its model is loaded and least queued, else where loading it evicts the least.",
+    )
+    p.add_argument("--config", required=True, metavar="FLEET_YAML",
+                   help="fleet file: proxy settings and the daemons (url, api_key_env, models)")
+    p.add_argument("--check", action="store_true",
+                   help="start nothing: print which daemon has what and where requests would go")
+    p.add_argument("--host", help="proxy bind address (default: proxy.host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="proxy port (default: proxy.port, 4000)")
+    p.add_argument("--strategy", choices=["mlxd", "simple-shuffle", "least-busy"], default="mlxd",
+                   help="routing strategy (default: mlxd; LiteLLM's own ones for comparison)")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                   help="the proxy's log verbosity (default: warning)")
+    p.set_defaults(handler="mlxd.cli.route:cmd_route")
 
     p = sub.add_parser("load", help="ask the running daemon to load a model")
     p.add_argument("name", help="model name")

@@ -436,7 +436,12 @@ class Progress:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """``mlxd status [--json]``: every model's residency, the budget, waiters, leases, journal."""
+    """``mlxd status [--json]``: every model's residency, the budget, waiters, leases, journal.
+    ``--fleet FILE``: every daemon of a fleet file side by side (:mod:`mlxd.cli.route`)."""
+    if getattr(args, "fleet", None):
+        from mlxd.cli.route import cmd_status_fleet
+
+        return cmd_status_fleet(args)
     target = target_of(args)
     st = call(target, "GET", "/admin/status")
     if args.json:

@@ -55,7 +55,7 @@ async def messages() -> Any:
                 else await lease.engine.count_tokens(prepared)
             )
 
-    prefs = preferences({}, request.headers)  # X-Mlxd-Keep-Alive, X-Mlxd-Contention
+    prefs = preferences({}, request.headers)  # X-Mlxd-Keep-Alive, -Contention, -Require-Resident
     return await generation.run(
         parsed.model, parsed.generation, renderer, stream=parsed.stream, prefs=prefs, prepare=count
     )
@@ -66,7 +66,9 @@ async def count_tokens() -> Any:
     """The prompt's tokens under the model's own template (the model is loaded to count)."""
     parsed = await _parse(counting=True)
     st = state()
-    lease = await generation.acquire(st, parsed.model, parsed.generation.request_id)
+    lease = await generation.acquire(
+        st, parsed.model, parsed.generation.request_id, preferences({}, request.headers)
+    )
     async with lease:  # ends with the one outcome rule (mlxd.residency.lease.outcome_of)
         with lease.scope():
             n = await lease.engine.count_tokens(parsed.generation)

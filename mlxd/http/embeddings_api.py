@@ -14,13 +14,14 @@ import base64
 import struct
 from typing import Any
 
-from quart import Blueprint
+from quart import Blueprint, request
 
 from mlxd.engines.prompt_limits import check_chars, limits_for
 from mlxd.errors import InvalidRequest, ModelNotFound, ShuttingDown
 from mlxd.http import generation
 from mlxd.http.context import state
 from mlxd.http.openai_api import read_json_body, request_id
+from mlxd.http.preferences import preferences
 from mlxd.http.structured import bad, is_int, is_model_name
 
 bp = Blueprint("embeddings", __name__)
@@ -88,7 +89,8 @@ async def embeddings() -> Any:
     limits = limits_for(mc)  # before the lease and any tokenizing: an input too long by its
     for i, x in enumerate(inputs):  # length alone is refused at once (mlxd.engines.prompt_limits)
         check_chars(model, len(x) if isinstance(x, str) else 0, limits, f"input[{i}]")
-    lease = await generation.acquire(st, model, request_id())
+    # X-Mlxd-Keep-Alive, X-Mlxd-Contention, X-Mlxd-Require-Resident
+    lease = await generation.acquire(st, model, request_id(), preferences({}, request.headers))
     async with lease:  # ends with the one outcome rule (mlxd.residency.lease.outcome_of)
         with lease.scope():
             vectors, tokens = await lease.engine.embed(inputs)  # type: ignore[attr-defined]

@@ -43,14 +43,14 @@ from mlxd.engines.base import (
     TokenLogprob,
     ToolCallDelta,
 )
-from mlxd.errors import EngineError, MlxdError, Overloaded, ShuttingDown
+from mlxd.errors import EngineError, MlxdError, ModelNotResident, Overloaded, ShuttingDown
 from mlxd.http import access_log, auth, sse
 from mlxd.http.context import AppState, state
 from mlxd.http.preferences import Preferences
 from mlxd.http.server import Connections, Key
 from mlxd.residency import views
 from mlxd.residency.lease import Lease, Ticket
-from mlxd.residency.states import Outcome
+from mlxd.residency.states import Outcome, State
 
 log = logging.getLogger("mlxd.http")
 
@@ -131,8 +131,17 @@ PROGRESS_EVERY_S = 0.5
 Prepare = Callable[[Lease, GenerationRequest], Awaitable[None]]
 
 
-def _asked(request_id: str | None, prefs: Preferences) -> dict[str, Any]:
-    """What every model route asks of the manager with its lease (one place)."""
+def _asked(st: AppState, model: str, request_id: str | None, prefs: Preferences) -> dict[str, Any]:
+    """What every model route asks of the manager with its lease (one place).
+
+    ``X-Mlxd-Require-Resident`` is checked here, right before the (synchronous)
+    enqueue: no checkpoint lies between the check and the queue, so a model seen
+    ``loaded`` is the one the lease is granted on, and a refusal loads nothing.
+    """
+    if prefs.require_resident and st.manager.has_model(model):
+        resident = st.manager.core.state(model)
+        if resident is not State.LOADED:
+            raise ModelNotResident(model, resident.value)
     return {
         "request_id": request_id,
         "route": request.path,
@@ -149,7 +158,7 @@ async def acquire(
     """A lease on ``model`` for this request (routes without a generation: count_tokens,
     embeddings); the model and lease go to the access log."""
     access_log.note(model=model)
-    lease = await st.manager.acquire(model, **_asked(request_id, prefs or Preferences()))
+    lease = await st.manager.acquire(model, **_asked(st, model, request_id, prefs or Preferences()))
     access_log.note(lease=lease)
     return lease
 
@@ -197,7 +206,7 @@ async def run(
         raise ShuttingDown("mlxd is shutting down")
     t_request = trio.current_time()
     access_log.note(model=model)
-    ticket = st.manager.enqueue(model, **_asked(gen.request_id, prefs or Preferences()))
+    ticket = st.manager.enqueue(model, **_asked(st, model, gen.request_id, prefs or Preferences()))
     # A resident model's lease comes with the ticket: from here until the job is queued
     # (for a whole response: its checks are done), the engine expects it.
     with _on_its_way(ticket.lease):

@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mlxd import __version__
-from mlxd.config.model import SCOPES
 from mlxd.http import origins
 from mlxd.http.openapi_anthropic import ERROR as ANTHROPIC_ERROR
 from mlxd.http.openapi_anthropic import anthropic_paths
@@ -38,8 +37,14 @@ from mlxd.http.openapi_clients import (
 from mlxd.http.openapi_embeddings import embeddings_path
 from mlxd.http.openapi_ollama import ERROR as OLLAMA_ERROR
 from mlxd.http.openapi_ollama import ollama_paths
+from mlxd.http.openapi_operations import operations_paths
 from mlxd.http.openapi_responses import responses_paths, responses_request
-from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
+from mlxd.http.preferences import (
+    CONTENTION_HEADER,
+    KEEP_ALIVE_HEADER,
+    KEEP_ALIVE_PATTERN,
+    REQUIRE_RESIDENT_HEADER,
+)
 from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT
 from mlxd.residency.plan import ACTIONS
 from mlxd.residency.policy import STRATEGIES
@@ -153,6 +158,10 @@ _PREFERENCE_HEADERS = [
      "description": "how long the model stays after this request (the body's keep_alive wins)"},
     {"name": CONTENTION_HEADER, "in": "header", "required": False, "schema": _STRATEGY,
      "description": "ask for less waiting or preemption than the model's policy (fail: fail fast)"},
+    {"name": REQUIRE_RESIDENT_HEADER, "in": "header", "required": False,
+     "schema": {"enum": ["1", "0", "true", "false"]},
+     "description": "1: serve only if the model is loaded now, else 503 model_not_resident "
+     "(Retry-After: 0) and nothing is loaded"},
 ]
 
 _PLAN = {
@@ -411,7 +420,9 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
     return {
         "/admin/status": {
             "get": {
-                "summary": "Budget, committed bytes, every model's state, waiters, leases",
+                "summary": "Budget, committed and free bytes, every model's state, waiters, "
+                "leases, and per model the routing facts (committed_bytes, queued, running, "
+                "kv_in_use, expected_load_seconds); loads nothing",
                 "responses": {"200": _json({"type": "object"}), **_errors(401, 403)},
             }
         },
@@ -507,69 +518,6 @@ def _admin_journal_paths() -> dict[str, Any]:
     }
 
 
-def _operations_paths() -> dict[str, Any]:
-    return {
-        "/health": {
-            "get": {
-                "summary": "Liveness and readiness (ok / degraded with reasons)",
-                "responses": {
-                    "200": _json({"type": "object", "required": ["status", "ready", "reasons"],
-                                  "properties": {"status": {"enum": ["ok", "degraded"]},
-                                                 "ready": {"type": "boolean"},
-                                                 "reasons": {"type": "array",
-                                                             "items": {"type": "string"}}}}),
-                    "503": _json({"type": "object", "required": ["status"],
-                                  "properties": {"status": {"const": "shutting_down"}}},
-                                 "shutting down"),
-                },
-            }
-        },
-        "/metrics": {
-            "get": {
-                "summary": "Prometheus metrics (needs the read scope when server.keys is set)",
-                "responses": {"200": {"description": "Prometheus text format",
-                                      "content": {"text/plain": {"schema": {"type": "string"}}}},
-                              **_errors(401, 403)},
-            }
-        },
-        "/openapi.json": {
-            "get": {"summary": "This document", "responses": {"200": _json({"type": "object"})}}
-        },
-        "/admin/whoami": {
-            "get": {
-                "summary": "The key this request presented: its name (client) and scopes; any "
-                "known key may ask (the dashboard shows only what the scopes allow)",
-                "responses": {"200": _json(_WHOAMI), **_errors(401)},
-            }
-        },
-        "/": {"get": {"summary": "Redirects to the dashboard (/ui)",
-                      "responses": {"302": {"description": "Location: /ui"}}}},
-        "/ui": {"get": {"summary": "The dashboard page (no key needed; its data routes keep "
-                        "their auth)", "responses": {"200": _HTML}}},
-        "/ui/": {"get": {"summary": "The dashboard page", "responses": {"200": _HTML}}},
-        "/ui/{name}": {
-            "get": {
-                "summary": "The dashboard's static files (index.html, app.js, app.css)",
-                "parameters": [{"name": "name", "in": "path", "required": True,
-                                "schema": {"type": "string", "minLength": 1}}],
-                "responses": {"200": {"description": "the file"}, **_errors(404)},
-            }
-        },
-    }
-
-
-_WHOAMI = {
-    "type": "object",
-    "required": ["client", "scopes", "auth_required"],
-    "properties": {
-        "client": {"type": ["string", "null"], "description": "the key's name (null: no keys)"},
-        "scopes": {"type": "array", "items": {"enum": list(SCOPES)}},
-        "auth_required": {"type": "boolean"},
-    },
-}
-_HTML = {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}
-
-
 def openapi_document(config: Config | None = None) -> dict[str, Any]:
     """The document; with ``config``, model ids are an enum of its model names."""
     model_id = _model_id([m.name for m in config.models] if config is not None else [])
@@ -591,7 +539,7 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
             **ollama_paths(config),
             **_admin_paths(model_id),
             **_admin_journal_paths(),
-            **_operations_paths(),
+            **operations_paths(_json, _errors),
         },
         "components": {"schemas": {"Error": _ERROR, "AnthropicError": ANTHROPIC_ERROR,
                                    "CachedTokens": CACHED_TOKENS,

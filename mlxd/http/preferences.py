@@ -1,4 +1,4 @@
-"""What a request may ask of residency: ``keep_alive`` and ``X-Mlxd-Contention``.
+"""What a request may ask of residency: ``keep_alive``, ``X-Mlxd-Contention``, ``X-Mlxd-Require-Resident``.
 
 * ``keep_alive`` (a body field of the generation routes, or the header
   ``X-Mlxd-Keep-Alive``; the body wins when both are given), in Ollama's
@@ -12,6 +12,10 @@
   ``wait_then_fail``, ``preempt``, ``wait_then_preempt``). The request gets at
   most its model's policy (:meth:`ContentionPolicy.at_most`): ``fail`` fails
   fast instead of waiting; nothing asks for more waiting or preemption.
+* ``X-Mlxd-Require-Resident: 1`` (or ``true``; ``0``/``false`` = absent): serve
+  only if the model is ``loaded`` now, else 503 ``model_not_resident``
+  (``Retry-After: 0``) before any byte of the response, loading and queueing
+  nothing: a router (:mod:`mlxd.fleet`) tries the daemons that hold the model first.
 
 Each problem is a 400 :class:`~mlxd.errors.InvalidRequest` naming the field or header.
 """
@@ -29,6 +33,8 @@ from mlxd.residency.policy import STRATEGIES, ContentionPolicy
 
 KEEP_ALIVE_HEADER = "X-Mlxd-Keep-Alive"
 CONTENTION_HEADER = "X-Mlxd-Contention"
+REQUIRE_RESIDENT_HEADER = "X-Mlxd-Require-Resident"
+_FLAGS = {"1": True, "true": True, "0": False, "false": False}
 
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DECIMAL = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
@@ -52,6 +58,8 @@ class Preferences:
 
     keep_alive_s: float | None = None
     contention: ContentionPolicy | None = None
+    #: X-Mlxd-Require-Resident: refuse (model_not_resident) rather than load or wait for a load
+    require_resident: bool = False
 
 
 def _bad(param: str, message: str) -> InvalidRequest:
@@ -96,6 +104,16 @@ def parse_contention(value: str | None, param: str = CONTENTION_HEADER) -> Conte
     return ContentionPolicy.of(value)  # checked just above
 
 
+def parse_require_resident(value: str | None) -> bool:
+    """``X-Mlxd-Require-Resident``: ``1``/``true`` asks for it, ``0``/``false`` or absent does not."""
+    if value is None:
+        return False
+    flag = _FLAGS.get(value)  # exactly the documented spellings (the OpenAPI enum)
+    if flag is None:
+        raise _bad(REQUIRE_RESIDENT_HEADER, f"must be 1, 0, true or false (got {value[:40]!r})")
+    return flag
+
+
 def preferences(body: Mapping[str, object], headers: Headers) -> Preferences:
     """A request's preferences from its JSON body and headers (see the module doc)."""
     # the header is checked even when the body's keep_alive wins: a bad value is a 400 either way
@@ -103,4 +121,8 @@ def preferences(body: Mapping[str, object], headers: Headers) -> Preferences:
     keep_alive = parse_keep_alive(body.get("keep_alive"))
     if keep_alive is None:
         keep_alive = header
-    return Preferences(keep_alive, parse_contention(headers.get(CONTENTION_HEADER)))
+    return Preferences(
+        keep_alive,
+        parse_contention(headers.get(CONTENTION_HEADER)),
+        parse_require_resident(headers.get(REQUIRE_RESIDENT_HEADER)),
+    )

@@ -52,8 +52,20 @@ def load_estimate(manager: Manager, model: str) -> LoadEstimate | None:
 def model_status(manager: Manager, name: str) -> dict[str, Any]:
     r = manager.core.models[name]
     est = load_estimate(manager, name)
+    in_use = _in_use(manager, name)
     return {
         "state": r.state.value,
+        # the routing facts a fleet router reads (mlxd.fleet), cheap and read-only:
+        #: what this model holds of the budget now (0 unless loading, loaded, draining or unloading)
+        "committed_bytes": r.committed_bytes if r.holds_budget else 0,
+        #: requests waiting for a lease on it (its load, or room)
+        "queued": len(r.queue),
+        #: requests holding a lease on it (generating, or queued in its engine)
+        "running": len(r.leases),
+        #: KV bytes its running generations hold now (engines that measure it; else 0)
+        "kv_in_use": int(in_use.get("kv_cache", 0)) if in_use is not None else 0,
+        #: how long its last measured load took (journaled: survives restarts; None: never loaded)
+        "expected_load_seconds": _rounded(manager.expected_load_seconds(name)),
         "loaded": r.state is State.LOADED,
         "pinned": r.spec.pinned,
         "memory_bytes": r.committed_bytes if r.holds_budget else r.spec.size_bytes,
@@ -61,7 +73,7 @@ def model_status(manager: Manager, name: str) -> dict[str, Any]:
         #: what a load commits, by part (weights + kv_cache + prompt_cache = estimated_bytes)
         "memory": manager.memory_parts(name),
         #: what a resident engine holds now beyond its weights (batched mlx-lm models)
-        "memory_in_use": _in_use(manager, name),
+        "memory_in_use": in_use,
         "estimated_bytes": r.spec.size_bytes,
         "last_used_at": manager.wall_of(r.last_used),
         "last_error": r.last_error,
@@ -142,6 +154,8 @@ def status(manager: Manager) -> dict[str, Any]:
     return {
         "budget_bytes": manager.core.budget,
         "committed_bytes": manager.core.committed,
+        #: what is left of the budget: a model this size or smaller loads without evicting
+        "free_bytes": max(0, manager.core.budget - manager.core.committed),
         "policy": {
             "strategy": manager.core.policy.strategy,
             "wait_timeout_s": manager.core.policy.wait_timeout_s,
@@ -195,3 +209,7 @@ def failing_stops(manager: Manager) -> list[str]:
             f" its {format_bytes(r.committed_bytes)} stay counted ({r.state}); {retry}"
         )
     return lines
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)

@@ -123,6 +123,18 @@ def few_tokens(case: schemathesis.Case) -> schemathesis.Case:
     return case
 
 
+def never_refused_for_residency(case: schemathesis.Case) -> schemathesis.Case:
+    """Drop ``X-Mlxd-Require-Resident`` when it asks for residency: on a model that is not
+    loaded its documented answer is a 503 (``model_not_resident``), which the
+    ``not_a_server_error`` check would count as a failure; tests/integration/test_fleet_facts.py
+    pins that answer."""
+    if case.headers:
+        for name in [h for h in case.headers if h.lower() == "x-mlxd-require-resident"]:
+            if case.headers[name] in ("1", "true"):
+                del case.headers[name]
+    return case
+
+
 @dataclass
 class Report:
     seed: int
@@ -166,7 +178,7 @@ def run_schemathesis(url: str, max_examples: int, seed: int | None = None) -> Re
 
     @schema.hook
     def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> schemathesis.Case:
-        return few_tokens(case)
+        return never_refused_for_residency(few_tokens(case))
 
     report = Report(seed=config.seed)
     started = time.monotonic()

@@ -41,17 +41,20 @@ TABLE: dict[type[MlxdError], tuple[int, str, str | None, str | None]] = {
     errors.CapacityTimeout: (503, "service_unavailable_error", "capacity_timeout", "1"),
     errors.Preempted: (503, "service_unavailable_error", "preempted", "1"),
     errors.Overloaded: (503, "service_unavailable_error", "overloaded", "1"),
+    errors.ModelNotResident: (503, "service_unavailable_error", "model_not_resident", "0"),
     errors.ShuttingDown: (503, "service_unavailable_error", "shutting_down", "5"),
     errors.JournalError: (503, "service_unavailable_error", "journal_unavailable", "5"),
 }
 
 
 def make(cls: type[MlxdError]) -> MlxdError:
-    """One instance of ``cls`` (two classes take other arguments than a message)."""
+    """One instance of ``cls`` (three classes take other arguments than a message)."""
     if cls is errors.ModelNotFound:
         return errors.ModelNotFound("qwen")
     if cls is errors.ResponseNotFound:
         return errors.ResponseNotFound("resp_0")
+    if cls is errors.ModelNotResident:
+        return errors.ModelNotResident("qwen", "unloaded")
     if cls is errors.ClientError:
         return errors.ClientError("request header fields too large", 431)
     return cls("something went wrong")
