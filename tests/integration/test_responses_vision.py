@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import config_of
-from tests.integration.test_vision_http import png_data_url, vision_model  # noqa: F401
+from tests.integration.test_vision_http import png_data_url
 from tests.support.daemon import serving
 
 pytestmark = pytest.mark.usefixtures("vision_extra")
