@@ -13,7 +13,7 @@ from tests.support.daemon import serving
 pytestmark = pytest.mark.usefixtures("vision_extra")
 
 
-async def test_input_image_parts_reach_the_vision_model(vision_model: Path, tmp_path: Path) -> None:  # noqa: F811
+async def test_input_image_parts_reach_the_vision_model(vision_model: Path, tmp_path: Path) -> None:
     """A base64 PNG in an input_image part is read by the mllm model (its tokens are in the prompt); a text model's answer is a 400 naming the part."""
     cfg = config_of(
         {"manager": {"memory_budget_gb": 2},
