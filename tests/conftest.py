@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from mlxd.config import Config
 from tests.support.demo import demo_config
+
+
+# `make test` preloads OpenBLAS into this process (MLX runs here too; mlxd.blas). Its children
+# choose for themselves: `mlxd serve` re-executes itself with it, and Chromium, node and the
+# agent CLIs must not get it (Chromium's processes die with OpenBLAS preloaded).
+os.environ.pop("LD_PRELOAD", None)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
