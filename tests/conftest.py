@@ -10,7 +10,6 @@ import pytest
 from mlxd.config import Config
 from tests.support.demo import demo_config
 
-
 # `make test` preloads OpenBLAS into this process (MLX runs here too; mlxd.blas). Its children
 # choose for themselves: `mlxd serve` re-executes itself with it, and Chromium, node and the
 # agent CLIs must not get it (Chromium's processes die with OpenBLAS preloaded).
