@@ -24,6 +24,14 @@ never preempts, nor keeps draining, a model of higher priority; no idle model
 outlives its keep-alive; a scheduling pass is idempotent (stepping an unchanged
 core changes nothing); and a plan, computed at any moment, equals what the
 acquire then does.
+
+KV reservations run too (``ReserveKV``: a lease holder asks for more KV bytes
+of its model, as an engine admitting a request does; ``ReturnKV``: its batch
+shrank; a lease ending leaves its KV to the engine to give back). Checked with
+them: a model's ``kv_bytes`` is what was granted and not given back since its
+load started, they count in "committed never exceeds the budget", a KV request
+never makes its own model a victim, and a plan for a request of N tokens' KV
+on a loaded model equals what its acquire and reservation then do.
 """
 
 from __future__ import annotations
@@ -61,6 +69,8 @@ from mlxd.residency.messages import (
     Reconfigure,
     Reject,
     Release,
+    ReserveKV,
+    ReturnKV,
     Satisfy,
     SetLoadGate,
     SetLoadTime,
@@ -110,6 +120,12 @@ class CoreMachine(RuleBasedStateMachine):
         self.steps = 0
         self.admin_step = False  # the current step is an admin unload (it may preempt anyone)
         self.last_commands: list[Command] = []
+        #: KV requests in flight: waiter id -> (model, bytes)
+        self.kv_waiters: dict[int, tuple[str, int]] = {}
+        #: the lease each KV request in flight came from
+        self.kv_lease: dict[int, str] = {}
+        #: each model's KV granted and not given back since its last load started
+        self.kv_held: dict[str, int] = {}
 
     @initialize(
         sizes=st.lists(st.integers(2, 6), min_size=4, max_size=4),
@@ -175,11 +191,17 @@ class CoreMachine(RuleBasedStateMachine):
                 self.waiters.pop(cmd.waiter_id, None)
             elif isinstance(cmd, (Satisfy, Reject)):
                 self.waiters.pop(cmd.waiter_id, None)
+                kv = self.kv_waiters.pop(cmd.waiter_id, None)
+                self.kv_lease.pop(cmd.waiter_id, None)
+                if kv is not None and isinstance(cmd, Satisfy):
+                    assert self.shadow[kv[0]] in (State.LOADED, State.DRAINING), kv
+                    self.kv_held[kv[0]] = self.kv_held.get(kv[0], 0) + kv[1]
             elif isinstance(cmd, StartLoad):
                 assert cmd.model not in self.loads, f"second load of {cmd.model} in flight"
                 assert cmd.model not in self.holding, f"{cmd.model}: a second engine while one holds memory"
                 self.loads[cmd.model] = (cmd.load_id, False)
                 self.holding.add(cmd.model)
+                self.kv_held[cmd.model] = 0  # a residency starts with no KV beyond its load's
             elif isinstance(cmd, CancelLoad):
                 load_id, _ = self.loads[cmd.model]
                 assert load_id == cmd.load_id
@@ -191,6 +213,11 @@ class CoreMachine(RuleBasedStateMachine):
                 for lid in cmd.lease_ids:
                     assert self.leases[lid] == cmd.model
                     self.preempted.add(lid)
+                kv_for = {m for m, _ in self.kv_waiters.values()}
+                assert cmd.shutdown or self.admin_step or not (
+                    cmd.model in kv_for and cmd.model in self.core.models
+                    and cmd.model in self.core.models[cmd.model].claims
+                ), f"{cmd.model} preempted for its own KV"
                 if not (cmd.shutdown or self.admin_step):  # a waiter preempts: never upwards
                     victim = self.core.models[cmd.model].priority
                     assert any(
@@ -240,6 +267,84 @@ class CoreMachine(RuleBasedStateMachine):
         did = what_acquiring_did(core, event.waiter_id, model, self.last_commands)
         assert (p.action, [(v.model, v.bytes) for v in p.victims], p.error_code) == did
 
+    @precondition(lambda self: bool(set(self.leases) - self.preempted))
+    @rule(data=st.data(), gib=st.sampled_from([0.5, 1, 2, 3, 12]))
+    def reserve_kv(self, data: st.DataObject, gib: float) -> None:
+        """A lease holder's engine admits its request: it asks for KV beyond its model's."""
+        lid = data.draw(st.sampled_from(sorted(set(self.leases) - self.preempted)))
+        wid = next(self.ids)
+        model, nbytes = self.leases[lid], int(gib * GIB)
+        self.kv_waiters[wid], self.kv_lease[wid] = (model, nbytes), lid
+        self.feed(ReserveKV(wid, model, lid, nbytes, self.now))
+        assert self.core is not None
+        for v in self.core.victims:
+            assert v.model != v.for_model, f"{v.model} was made a victim of its own waiters"
+        answer = [c for c in self.last_commands if isinstance(c, Satisfy | Reject) and c.waiter_id == wid]
+        outcome = type(answer[0]).__name__ if answer else "waits"
+        note_event(f"KV {outcome}" + (" after evicting" if self.core.victims else ""))
+
+    @precondition(lambda self: self.core is not None and not self.core.shutting_down)
+    @rule(model=st.sampled_from(NAMES), gib=st.sampled_from([0.5, 1, 2, 3]), data=st.data())
+    def request_with_kv(self, model: str, gib: float, data: st.DataObject) -> None:
+        """A request on a loaded model: its lease at once, then its KV (idle models may go)."""
+        assert self.core is not None
+        r = self.core.models.get(model)
+        if r is None or r.state is not State.LOADED:
+            return
+        self.feed(self.acquire_event(model, False, None, None))
+        if set(self.leases) - self.preempted:
+            self.reserve_kv(data, gib)
+
+    @precondition(lambda self: bool(self.kv_waiters))
+    @rule(data=st.data())
+    def cancel_kv(self, data: st.DataObject) -> None:
+        wid = data.draw(st.sampled_from(sorted(self.kv_waiters)))
+        del self.kv_waiters[wid], self.kv_lease[wid]
+        self.feed(CancelWaiter(wid, self.now))
+
+    @precondition(lambda self: any(self.kv_held.values()))
+    @rule(data=st.data(), part=st.sampled_from([0.25, 0.5, 1.0, 2.0]))
+    def return_kv(self, data: st.DataObject, part: float) -> None:
+        """A batch shrank (its requests ended): the engine gives KV back."""
+        model = data.draw(st.sampled_from(sorted(m for m, n in self.kv_held.items() if n)))
+        nbytes = int(self.kv_held[model] * part)
+        self.kv_held[model] -= min(nbytes, self.kv_held[model])
+        self.feed(ReturnKV(model, nbytes, self.now))
+
+    @precondition(
+        lambda self: self.core is not None and not self.core.shutting_down and bool(self.core.models)
+    )
+    @rule(data=st.data(), gib=st.sampled_from([0.5, 1, 3, 12]))
+    def plan_kv_then_reserve(self, data: st.DataObject, gib: int) -> None:
+        """The plan for a request with KV on a loaded model says what its acquire and its
+        reservation then do, and changes nothing."""
+        core = self.core
+        assert core is not None
+        loaded = sorted(n for n, r in core.models.items() if r.state is State.LOADED and not r.queue)
+        if not loaded:
+            return
+        model, nbytes = data.draw(st.sampled_from(loaded), label="model"), int(gib * GIB)
+        before = fingerprint(core)
+        p = plan(core, model, self.now, kv_bytes=nbytes)
+        assert fingerprint(core) == before
+        event = self.acquire_event(model, False, None, None)
+        self.feed(event)
+        if event.lease_id not in self.leases:
+            return  # refused or queued behind another waiter: the KV part is not reached
+        wid = next(self.ids)
+        self.kv_waiters[wid], self.kv_lease[wid] = (model, nbytes), event.lease_id
+        self.feed(ReserveKV(wid, model, event.lease_id, nbytes, self.now))
+        answer = [c for c in self.last_commands if isinstance(c, Satisfy | Reject) and c.waiter_id == wid]
+        victims = [(v.model, v.bytes) for v in core.victims]
+        if answer and isinstance(answer[0], Satisfy):
+            assert (p.action, p.error_code) == ("ready", None), p
+        elif answer:
+            assert isinstance(answer[0], Reject)
+            assert (p.action, p.error_code) == ("fail", answer[0].error.code), p
+        else:
+            assert p.action in ("evict_then_load", "drain_then_load", "wait"), p
+        assert [(v.model, v.bytes) for v in p.victims] == victims
+
     @precondition(lambda self: self.core is not None)
     @rule(model=st.sampled_from(ALL_NAMES), seconds=st.sampled_from([0.5, 2.0, 8.0]))
     def measure(self, model: str, seconds: float) -> None:
@@ -258,7 +363,13 @@ class CoreMachine(RuleBasedStateMachine):
         lid = data.draw(st.sampled_from(sorted(self.leases)))
         del self.leases[lid]
         self.preempted.discard(lid)
+        self._lease_ended(lid)
         self.feed(Release(lid, self.now))
+
+    def _lease_ended(self, lid: str) -> None:
+        """The KV requests a lease left waiting are dropped with it."""
+        for wid in [w for w, x in self.kv_lease.items() if x == lid]:
+            del self.kv_waiters[wid], self.kv_lease[wid]
 
     @precondition(lambda self: bool(set(self.loads) - self.hung))
     @rule(data=st.data(), ok=st.booleans(), stop_ok=st.booleans())
@@ -305,6 +416,7 @@ class CoreMachine(RuleBasedStateMachine):
             del self.leases[lid]
             self.preempted.discard(lid)
             self.orphans.add(lid)
+            self._lease_ended(lid)
         self.holding.discard(model)  # its memory went with the process
         self.feed(EngineDeath(model, self.now, "killed by SIGKILL"))
         # failed (then unloaded if it was on its way out, or loading again for a waiter)
@@ -470,7 +582,12 @@ class CoreMachine(RuleBasedStateMachine):
                 assert r.leases, name
         assert set(self.leases) == set(core.lease_model)
         for w in core.waiters.values():  # nobody is left waiting on a model it could have
-            assert core.models[w.model].state is not State.LOADED, w
+            assert w.kind is WaiterKind.KV or core.models[w.model].state is not State.LOADED, w
+        for name, r in core.models.items():  # KV: what was granted and not given back
+            if r.holds_budget:
+                assert r.kv_bytes == self.kv_held.get(name, 0), (name, r.kv_bytes, self.kv_held)
+        # a KV request waits until answered, or until its lease ends (the core forgets it then)
+        assert set(self.kv_waiters) == {w.id for w in core.waiters.values() if w.kind is WaiterKind.KV}
         for lid in self.preempted:
             # preempted leases are on a victim, or on one whose drain was called off after
             assert core.models[self.leases[lid]].state in (State.DRAINING, State.LOADED)
