@@ -49,13 +49,15 @@ from mlxd.engines import imports_ahead, memory, prompt_limits, sources
 from mlxd.engines.base import (
     GenerationEvent,
     GenerationRequest,
+    KvBroker,
     LoadProgress,
     ProgressCallback,
 )
 from mlxd.engines.batch_loop import BatchLoop
-from mlxd.engines.batching import BatchScheduler, cap_to_kv
+from mlxd.engines.batching import BatchScheduler
 from mlxd.engines.constrained import GrammarCache, with_grammar
 from mlxd.engines.faults import Faults
+from mlxd.engines.kv_gate import GatedScheduler, KvBook
 from mlxd.engines.mlx_thread import (
     GenerationStats,
     Job,
@@ -143,6 +145,10 @@ class MlxTextEngine:
         self.kv_bytes_per_token: int | None = None
         self.kv_cache_bytes = 0
         self.prompt_cache_bytes = 0
+        #: the residency's side of this model's KV (set by the manager; None: not drawn)
+        self.kv_broker: KvBroker | None = None
+        #: the model's running KV: its floor, what the budget granted (set by the load)
+        self.kv = KvBook(0, None)
         self._ready = False
         #: stop() was called: no new generation, no new load
         self._stopped = False
@@ -259,11 +265,20 @@ class MlxTextEngine:
 
     def _size_caches(self, path: Path) -> None:
         """Whether this model can batch, and the KV sizes it may use (what its load committed)."""
-        from mlxd.config.kv import residency_cache_sizes
+        from mlxd.config.kv import eligibility, residency_cache_sizes
 
-        self.can_batch = self._cache_batchable()
+        # the rule first: the cache type is looked at only where the kind allows a batch
+        self.can_batch = eligibility(self.config).batches and (
+            eligibility(self.config, self._cache_batchable()).batches
+        )
         self.kv_bytes_per_token, self.kv_cache_bytes, self.prompt_cache_bytes = (
             residency_cache_sizes(self.config, path)
+        )
+        self.kv = KvBook(
+            self.kv_cache_bytes,
+            self.kv_bytes_per_token,
+            fixed=self.config.kv_cache_bytes is not None,
+            broker=self.kv_broker,
         )
 
     def _cache_batchable(self) -> bool:
@@ -275,11 +290,17 @@ class MlxTextEngine:
         except Exception:
             return False
 
+    def use_kv_broker(self, broker: KvBroker) -> None:
+        """Draw this residency's KV beyond its floor from the budget (before the load)."""
+        self.kv_broker = broker
+
     def _make_scheduler(self, thread: MlxThread, outbox: Outbox) -> SerialScheduler:
-        """Batched (continuous batching) when ``max_batch_size`` > 1 and the model can; else serial."""
+        """Batched (continuous batching) where the eligibility rule says so; else serial."""
         mc = self.config
-        if mc.max_batch_size <= 1 or not self.can_batch:
-            return SerialScheduler(thread, self._run_one, max_queue=mc.max_queue, name=self.name)
+        if not self.can_batch:
+            return GatedScheduler(
+                thread, self._run_one, max_queue=mc.max_queue, name=self.name, kv=self.kv
+            )
         assert self.prefill_step is not None
         scheduler = BatchScheduler.start(
             thread,
@@ -288,8 +309,7 @@ class MlxTextEngine:
             max_queue=mc.max_queue,
             max_batch=mc.max_batch_size,
             prefill_step=self.prefill_step,
-            kv_budget=self.kv_cache_bytes,
-            kv_bytes_per_token=self.kv_bytes_per_token,
+            kv=self.kv,
             prompt_cache_bytes=self.prompt_cache_bytes,
             outbox=outbox,
             output=self._output,
@@ -416,6 +436,15 @@ class MlxTextEngine:
     async def prepare(self, request: GenerationRequest) -> GenerationRequest:
         """Validate, tokenize off the MLX thread, check the prompt limits, cap ``max_tokens`` to
         the KV room, and add the grammar processor of a constraint (module docstring)."""
+        ids = await self._tokenized(request)
+        # what admission reserves is prompt + max_tokens: a request that could not fit even
+        # alone generates what fits (before its grammar processor plans its budget)
+        capped = self.kv.fit(self.name, len(ids), request.max_tokens)
+        request = replace(request, prompt_ids=tuple(ids), max_tokens=capped)
+        return await with_grammar(request, self._tokenizer, self._vocab_size, self._grammar)
+
+    async def _tokenized(self, request: GenerationRequest) -> list[int] | tuple[int, ...]:
+        """The prompt's token ids, validated and within the model's prompt limits."""
         if not self._ready:
             raise EngineError(f"{self.name}: the model is not loaded", retry_after=1.0)
         self._validate(request)
@@ -436,16 +465,12 @@ class MlxTextEngine:
                 partial(encode_prompt, self._tokenizer, request), abandon_on_cancel=True
             )
         prompt_limits.check_prompt_tokens(self.name, request, len(ids), self.limits)
-        # what batch admission reserves is prompt + max_tokens: a request that could not fit
-        # even alone generates what fits (before its grammar processor plans its budget)
-        capped = cap_to_kv(len(ids), request.max_tokens, self.kv_bytes_per_token, self.kv_cache_bytes)
-        request = replace(request, prompt_ids=tuple(ids), max_tokens=capped)
-        return await with_grammar(request, self._tokenizer, self._vocab_size, self._grammar)
+        return ids
 
     async def count_tokens(self, request: GenerationRequest) -> int:
-        """The prompt's tokens, as :meth:`prepare` counts them (off the MLX thread)."""
-        prepared = await self.prepare(replace(request, constraint=None))
-        return len(prepared.prompt_ids or ())
+        """The prompt's tokens, as :meth:`prepare` counts them (off the MLX thread; never
+        refused for KV: counting reserves nothing)."""
+        return len(await self._tokenized(replace(request, constraint=None)))
 
     async def start_generation(self, request: GenerationRequest) -> JobEvents:
         """Prepare ``request`` and put its job on the scheduler now; its events follow.

@@ -283,6 +283,8 @@ class Transition:
     reason: Reason
     memory_bytes: int
     error: str | None = None
+    #: what another model needed, when that caused the move (victims of a scheduling pass)
+    cause: str | None = None
 
 
 Command = StartLoad | CancelLoad | StartUnload | Grant | Satisfy | Reject | Preempt | Transition

@@ -178,9 +178,9 @@ class CoreState(Registry):
             r.drain_owner = owner
             r.out_reason = reason
 
-    def _begin_unload(self, r: ModelRecord, reason: Reason) -> None:
+    def _begin_unload(self, r: ModelRecord, reason: Reason, cause: str | None = None) -> None:
         r.out_reason = reason
-        self._move(r, State.UNLOADING, reason)
+        self._move(r, State.UNLOADING, reason, cause=cause)
         self._start_stop(r)
 
     def _start_stop(self, r: ModelRecord) -> None:
@@ -197,11 +197,13 @@ class CoreState(Registry):
         r.retry_at = None
         self._start_stop(r)
 
-    def _begin_drain(self, r: ModelRecord, reason: Reason, owner: int | None) -> None:
+    def _begin_drain(
+        self, r: ModelRecord, reason: Reason, owner: int | None, cause: str | None = None
+    ) -> None:
         r.out_reason = reason
         r.drain_owner = owner
         r.preempted = False
-        self._move(r, State.DRAINING, reason)
+        self._move(r, State.DRAINING, reason, cause=cause)
 
     def _preempt(self, r: ModelRecord, *, shutdown: bool) -> None:
         r.preempted = True
@@ -211,7 +213,13 @@ class CoreState(Registry):
             self._out.append(Preempt(r.spec.name, tuple(sorted(r.leases)), shutdown=shutdown))
 
     def _move(
-        self, r: ModelRecord, to: State, reason: Reason, *, error: str | None = None
+        self,
+        r: ModelRecord,
+        to: State,
+        reason: Reason,
+        *,
+        error: str | None = None,
+        cause: str | None = None,
     ) -> None:
         check_transition(r.spec.name, r.state, to)
         frm, r.state = r.state, to
@@ -220,7 +228,7 @@ class CoreState(Registry):
         if to in (State.UNLOADED, State.FAILED):  # no longer resident
             r.keep_alive_s = None
             r.loaded_at = None
-        self._out.append(Transition(r.spec.name, frm, to, reason, r.committed_bytes, error))
+        self._out.append(Transition(r.spec.name, frm, to, reason, r.committed_bytes, error, cause))
 
 
 def _shallow(value: list[Any] | set[Any] | dict[Any, Any]) -> list[Any] | set[Any] | dict[Any, Any]:

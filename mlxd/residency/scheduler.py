@@ -191,15 +191,22 @@ class Scheduler(CoreState):
                 break
             room.incoming += v.committed_bytes
             self._record_victim(v, r, self._idle_why())
-            self._begin_unload(v, Reason.EVICTED)
+            self._begin_unload(v, Reason.EVICTED, self._cause(r, need))
         drain_reason = Reason.PREEMPTED if r.preempters else Reason.EVICTED
         for v in busy:
             if room.free + room.incoming >= need:
                 break
             room.incoming += v.committed_bytes
             self._record_victim(v, r, self._busy_why(v, r))
-            self._begin_drain(v, drain_reason, owner=None)
+            self._begin_drain(v, drain_reason, owner=None, cause=self._cause(r, need))
         self._take(r, need, room)
+
+    @staticmethod
+    def _cause(r: ModelRecord, need: int) -> str:
+        """What the victims of ``r``'s waiters go for (the journal's ``cause``)."""
+        if r.kv_waiters:
+            return f"KV of a request on '{r.spec.name}' ({need} bytes)"
+        return f"load of '{r.spec.name}' ({need} bytes)"
 
     def _take(self, r: ModelRecord, need: int, room: _Room) -> int:
         """Let ``r`` take free bytes, then claim bytes on their way out; returns what is still missing."""
