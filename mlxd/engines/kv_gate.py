@@ -124,8 +124,10 @@ class GatedScheduler(SerialScheduler):
         if not self._has_slot():
             return False
         kv = self.kv
-        if kv is None or not kv.bytes_per_token or (not self._active and not kv.draws):
-            return True  # alone it fits: prepare capped or refused it otherwise
+        if kv is None or not kv.bytes_per_token or kv.limit() is None:
+            return True  # nothing to keep it within: the batch size bounds it
+        if not self._active and not kv.draws:
+            return True  # alone it fits its fixed region: prepare capped or refused it otherwise
         need = kv.need(self._tokens_with(job))
         if need <= kv.floor + kv.held:
             return True

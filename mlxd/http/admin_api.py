@@ -14,7 +14,14 @@ from quart import Blueprint, Response, request
 
 from mlxd import __version__
 from mlxd.config import Config
-from mlxd.errors import ConfigError, InvalidRequest, JournalError, ModelNotFound
+from mlxd.engines.prompt_limits import limits_for
+from mlxd.errors import (
+    ConfigError,
+    ContextLengthExceeded,
+    InvalidRequest,
+    JournalError,
+    ModelNotFound,
+)
 from mlxd.faults import crash_point
 from mlxd.http import access_log, sse
 from mlxd.http.context import AppState, state
@@ -22,6 +29,7 @@ from mlxd.http.metrics import CONTENT_TYPE
 from mlxd.http.openai_api import model_object
 from mlxd.http.preferences import parse_contention
 from mlxd.residency import views
+from mlxd.residency.kv import kv_bytes_for
 from mlxd.residency.plan import plan
 from mlxd.residency.states import Reason
 
@@ -136,7 +144,30 @@ async def admin_plan() -> Any:
     if not st.manager.has_model(model):
         raise ModelNotFound(model)
     contention = parse_contention(request.args.get("contention"))
-    return plan(st.manager.core, model, trio.current_time(), contention=contention).as_dict()
+    tokens = _tokens_arg(model)
+    kv = kv_bytes_for(st.manager, model, tokens) if tokens else 0
+    now = trio.current_time()
+    return plan(st.manager.core, model, now, contention=contention, kv_bytes=kv).as_dict()
+
+
+def _tokens_arg(model: str) -> int:
+    """``tokens=N``: plan for a request of N tokens (prompt + max_tokens); over the model's
+    context it is the 400 such a request would get."""
+    raw = request.args.get("tokens")
+    if raw is None or raw == "":
+        return 0
+    if not raw.isdigit() or not 0 < int(raw) <= 1 << 40:
+        raise InvalidRequest(f"tokens: must be a positive integer (got {raw!r})", param="tokens")
+    tokens = int(raw)
+    mc = state().config.model(model)
+    context = limits_for(mc).context if mc is not None else None
+    if context is not None and tokens > context:
+        raise ContextLengthExceeded(
+            f"model '{model}' has a context of {context:,} tokens; a request of {tokens:,} "
+            "tokens exceeds it",
+            param="tokens",
+        )
+    return tokens
 
 
 #: what /admin/history lists: journal rows, or where retention's pruning left each model

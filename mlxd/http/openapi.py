@@ -411,6 +411,11 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                     {"name": "contention", "in": "query", "required": False,
                      "description": "plan for a request with this X-Mlxd-Contention header",
                      "schema": _STRATEGY},
+                    {"name": "tokens", "in": "query", "required": False,
+                     "description": "plan for a request of this many tokens (prompt + "
+                     "max_tokens): its KV beyond the model's floor is reserved in the budget; "
+                     "over the model's context: 400 context_length_exceeded",
+                     "schema": {"type": "string", "pattern": "^[0-9]*$"}},
                 ],
                 "responses": {"200": _json(_PLAN), **_errors(400, 404, *_GUARDED)},
             }

@@ -335,7 +335,7 @@ def test_ceiling_is_lowest_utilization_of_batching_entries() -> None:
     assert not report.exceeds_ceiling
     text = sentences(describe_ceiling(report))
     assert "allocation ceiling 10.00 GiB (50% of the 20.00 GiB device working set" in text
-    assert "The budget covers each model's weights and, for batched text models, the KV" in text
+    assert "The budget covers each model's weights, the KV of its running generations" in text
 
 
 def test_budget_above_ceiling_warns_with_the_seed_advice() -> None:
