@@ -211,6 +211,11 @@ class KvBroker(Protocol):
     typed error that refused them (the lease's contention policy applies).
     """
 
+    def floor(self) -> int:
+        """The KV bytes its load committed (its ``kv_cache`` part: 0 when the model's KV
+        bytes per token were unknown when it was estimated)."""
+        ...
+
     def room(self) -> int:
         """The most KV bytes beyond what its load committed that the budget could ever give
         this model (every other model evicted)."""

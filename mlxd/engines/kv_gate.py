@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+import trio
+
 from mlxd.config.kv import kv_need_bytes
 from mlxd.engines.base import KvBroker
 from mlxd.engines.mlx_thread import Job, MlxThread, SerialScheduler
@@ -194,3 +196,63 @@ class GatedScheduler(SerialScheduler):
             kv.pending = kv._withdraw = None
             kv.broker = None  # the residency ends: its KV goes with it
         super().close(reason)
+
+
+class KvLedger:
+    """The KV of a model whose engine runs in a worker process, reserved by the daemon side.
+
+    The worker's queue cannot reach the residency core, so the daemon reserves before it
+    forwards a request: what every request in flight (queued or running, so at least what
+    the worker's batch holds) with the new one may grow to, beyond the floor and what is
+    held; requests are taken in arrival order, and what the rest no longer needs is given
+    back when one ends.
+    """
+
+    def __init__(self, book: KvBook) -> None:
+        self.book = book
+        self._tokens: dict[int, int] = {}
+        self._turn = trio.Lock()  # arrival order: one reservation asked at a time
+
+    async def hold(self, rid: int, tokens: int, lease_id: str | None) -> None:
+        """Reserve for request ``rid`` (``tokens``: prompt + max_tokens); raises the refusal."""
+        book = self.book
+        async with self._turn:
+            need = book.need([*self._tokens.values(), tokens])
+            missing = need - book.floor - book.held
+            if book.draws and missing > 0:
+                await self._reserve(missing, lease_id)
+                book.held += missing
+            self._tokens[rid] = tokens
+
+    async def _reserve(self, nbytes: int, lease_id: str | None) -> None:
+        broker = self.book.broker
+        assert broker is not None
+        answered = trio.Event()
+        box: list[MlxdError | None] = []
+        gone = False
+
+        def answer(error: MlxdError | None) -> None:
+            if gone and error is None and broker is not None:
+                broker.give_back(nbytes)  # granted after its request left
+            box.append(error)
+            answered.set()
+
+        withdraw = broker.reserve(lease_id, nbytes, answer)
+        try:
+            await answered.wait()
+        except BaseException:
+            gone = True
+            withdraw()
+            raise
+        if box[0] is not None:
+            raise box[0]
+
+    def release(self, rid: int) -> None:
+        """Request ``rid`` has ended: give back what the others no longer need."""
+        book = self.book
+        if self._tokens.pop(rid, None) is None or not book.draws:
+            return
+        keep = max(0, book.need(list(self._tokens.values())) - book.floor)
+        if book.held > keep and book.broker is not None:
+            book.broker.give_back(book.held - keep)
+            book.held = keep

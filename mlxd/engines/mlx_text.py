@@ -197,6 +197,8 @@ class MlxTextEngine:
             raise LoadFailed(f"{self.name}: {e.message}") from e
         except Exception as e:
             raise LoadFailed(f"{self.name}: cannot load {path}: {describe_load_error(e)}") from e
+        # again: a demo model's config.json is written by the load itself
+        self.limits = prompt_limits.limits_of(self.config, prompt_limits.context_length(path))
         self._outbox = outbox = Outbox()
         self._scheduler = self._make_scheduler(self._thread, outbox)
         self.load_seconds = time.monotonic() - t0
@@ -274,12 +276,11 @@ class MlxTextEngine:
         self.kv_bytes_per_token, self.kv_cache_bytes, self.prompt_cache_bytes = (
             residency_cache_sizes(self.config, path)
         )
-        self.kv = KvBook(
-            self.kv_cache_bytes,
-            self.kv_bytes_per_token,
-            fixed=self.config.kv_cache_bytes is not None,
-            broker=self.kv_broker,
-        )
+        fixed = self.config.kv_cache_bytes is not None
+        broker = self.kv_broker
+        # the floor is what the load committed (the residency's figure when it has one)
+        floor = self.kv_cache_bytes if fixed or broker is None else broker.floor()
+        self.kv = KvBook(floor, self.kv_bytes_per_token, fixed=fixed, broker=broker)
 
     def _cache_batchable(self) -> bool:
         """mlx-lm batches a model whose every per-layer KV cache can be merged into a batch."""

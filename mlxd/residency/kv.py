@@ -39,6 +39,9 @@ class ModelKv:
         self.model = model
         self._token = trio.lowlevel.current_trio_token()
 
+    def floor(self) -> int:
+        return self._manager.memory_parts(self.model)["kv_cache"]
+
     def room(self) -> int:
         r = self._manager.core.models.get(self.model)
         if r is None:

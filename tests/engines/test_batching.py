@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import trio
 
 from mlxd.config import Config, ContentionPolicy, ManagerConfig
+from mlxd.config.kv import kv_need_bytes as batch_kv_bytes
 from mlxd.engines import DefaultEngines
 from mlxd.engines.base import ChatMessage, Finished, GenerationRequest, TextDelta
-from mlxd.config.kv import kv_need_bytes as batch_kv_bytes
 from mlxd.engines.batching import BatchScheduler
 from mlxd.engines.kv_gate import KvBook
 from mlxd.engines.mlx_text import MlxTextEngine

@@ -20,7 +20,7 @@ from mlxd.config import Config, ContentionPolicy, FakeSettings, ManagerConfig, M
 from mlxd.engines import DefaultEngines
 from mlxd.engines.base import Finished, GenerationRequest
 from mlxd.errors import InvalidRequest
-from mlxd.residency.events import ManagerEvent, TransitionEvent
+from mlxd.residency.events import KvPeakEvent, ManagerEvent, TransitionEvent
 from mlxd.residency.manager import Manager
 from mlxd.residency.plan import plan
 from mlxd.residency.states import Reason, State
@@ -29,13 +29,16 @@ from tests.engines.mlx_helpers import tiny_config
 MIB = 1 << 20
 
 
-def _config(tiny_dir: Path, budget: int, strategy: str = "wait_then_fail") -> Config:
+def _config(
+    tiny_dir: Path, budget: int, strategy: str = "wait_then_fail", isolation: str = "thread"
+) -> Config:
     fakes = tuple(
         ModelConfig(name=n, source=f"fake/{n}", engine="fake", estimated_memory_bytes=10 * MIB,
                     fake=FakeSettings(load_seconds=0.0, tokens_per_second=100.0))
         for n in ("fake-a", "fake-b")
     )
-    tiny = tiny_config(tiny_dir, estimated_memory_bytes=8 * MIB, prompt_cache_bytes=MIB)
+    tiny = tiny_config(tiny_dir, estimated_memory_bytes=8 * MIB, prompt_cache_bytes=MIB,
+                       isolation=isolation)
     policy = ContentionPolicy.of(strategy, wait_timeout_s=5.0)
     return Config(manager=ManagerConfig(budget, contention_policy=policy), models=(*fakes, tiny))
 
@@ -74,12 +77,16 @@ async def _generate(manager: Manager, request: GenerationRequest) -> Finished:
         return fin
 
 
-async def test_kv_beyond_the_floor_evicts_the_idle_lru_model_and_comes_back(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+async def test_kv_beyond_the_floor_evicts_the_idle_lru_model_and_comes_back(
+    tiny_model_dir: Path, isolation: str
+) -> None:
     """A 3,000-token prompt needs 1.2 MiB of KV beyond tiny's floor with 0.5 MiB free: fake-a
     (idle, least recently used) is evicted for it and its transition says so; fake-b stays;
-    the KV is given back when the request ends."""
+    the KV is given back when the request ends. The same with the engine in a worker process
+    (the daemon side reserves)."""
     budget = 31 * MIB + MIB // 2  # 10 + 10 + (8 + 2 + 1) committed: 0.5 MiB free
-    async with _manager(_config(tiny_model_dir, budget)) as (manager, events):
+    async with _manager(_config(tiny_model_dir, budget, isolation=isolation)) as (manager, events):
         assert manager.core.models["tiny"].committed_bytes == 11 * MIB  # weights + floor + cache
         p = plan(manager.core, "tiny", trio.current_time(), kv_bytes=(3008 + 255) * 1024 - 2 * MIB)
         assert (p.action, [v.model for v in p.victims]) == ("evict_then_load", ["fake-a"])
@@ -91,7 +98,7 @@ async def test_kv_beyond_the_floor_evicts_the_idle_lru_model_and_comes_back(tiny
         assert evicted[0].cause is not None and "KV of a request on 'tiny'" in evicted[0].cause
         assert manager.core.state("fake-b") is State.LOADED
         with trio.fail_after(10):
-            while manager.core.models["tiny"].kv_bytes:  # given back as the batch empties
+            while manager.core.models["tiny"].kv_bytes:  # noqa: ASYNC110 (given back by the engine)
                 await trio.sleep(0.01)
         assert manager.core.models["tiny"].committed_bytes == 11 * MIB
 
@@ -129,3 +136,15 @@ async def test_fail_policy_refuses_kv_it_would_have_to_wait_for(tiny_model_dir: 
                 await _generate(manager, _ids(3000))
         assert getattr(err.value, "code", None) == "model_capacity", err.value
         assert manager.core.models["tiny"].kv_bytes == 0
+
+
+async def test_an_isolated_batched_model_reports_its_kv_like_a_thread_one(tiny_model_dir: Path) -> None:
+    """Under ``isolation: process`` a batched model shows memory_in_use (with its KV peak) in
+    the status, and its residency's end emits the kv_peaks record the journal writes."""
+    async with _manager(_config(tiny_model_dir, 64 * MIB, isolation="process")) as (manager, events):
+        await _generate(manager, _ids(300))
+        held = manager.status()["models"]["tiny"]["memory_in_use"]
+        assert held is not None and held["kv_cache_peak"] > 0, held
+        await manager.unload("tiny")
+        peaks = [e for e in events if isinstance(e, KvPeakEvent) and e.model == "tiny"]
+        assert len(peaks) == 1 and peaks[0].kv_peak_bytes == held["kv_cache_peak"], peaks
