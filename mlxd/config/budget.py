@@ -374,6 +374,8 @@ def describe_model(
     else:
         where = f"{model.source} (Hugging Face Hub, downloaded on first load)"
     kind = "vision, mlx-vlm" if model.mllm else "text, mlx-lm"
+    if model.embedding:
+        kind = "embedding, mlx-embeddings"
     engine = "fake" if model.engine == "fake" else f"mlx ({kind})"
     est = config.estimate(model.name, measured)
     residency = [
