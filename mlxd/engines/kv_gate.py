@@ -31,6 +31,7 @@ from functools import partial
 
 import trio
 
+from mlxd.config import ModelConfig
 from mlxd.config.kv import kv_need_bytes
 from mlxd.engines.base import KvBroker
 from mlxd.engines.mlx_thread import Job, MlxThread, SerialScheduler
@@ -52,6 +53,16 @@ class KvBook:
     #: the head of the queue whose reservation is asked for, and how to withdraw the ask
     pending: Job | None = None
     _withdraw: Callable[[], None] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(
+        cls, config: ModelConfig, per_token: int | None, kv_cache: int, broker: KvBroker | None
+    ) -> KvBook:
+        """A residency's book: ``kv_cache_gb`` set is a fixed region of ``kv_cache`` bytes;
+        else the floor is what its load committed (the residency's figure, via ``broker``)."""
+        fixed = config.kv_cache_bytes is not None
+        floor = kv_cache if fixed or broker is None else broker.floor()
+        return cls(floor, per_token, fixed, broker)
 
     @property
     def draws(self) -> bool:

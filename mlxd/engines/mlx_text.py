@@ -66,12 +66,12 @@ from mlxd.engines.mlx_thread import (
     PrefillProgress,
     SerialScheduler,
     Sink,
-    call_soon,
 )
 from mlxd.engines.prompts import check_tools, count_image_parts, encode_prompt
+from mlxd.engines.sources import demo_path, describe_load_error, progress_sink
 from mlxd.engines.streaming import JobEvents, Output, TokenTexts, deliver_token
 from mlxd.engines.tool_calls import ToolFormat, tool_format
-from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError, describe_error
+from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError
 
 PREFILL_STEP_ENV = "MLXD_PREFILL_STEP"
 #: prompt tokens per prefill chunk; a cancel during prefill waits at most one chunk.
@@ -276,11 +276,7 @@ class MlxTextEngine:
         self.kv_bytes_per_token, self.kv_cache_bytes, self.prompt_cache_bytes = (
             residency_cache_sizes(self.config, path)
         )
-        fixed = self.config.kv_cache_bytes is not None
-        broker = self.kv_broker
-        # the floor is what the load committed (the residency's figure when it has one)
-        floor = self.kv_cache_bytes if fixed or broker is None else broker.floor()
-        self.kv = KvBook(floor, self.kv_bytes_per_token, fixed=fixed, broker=broker)
+        self.kv = KvBook.of(self.config, self.kv_bytes_per_token, self.kv_cache_bytes, self.kv_broker)
 
     def _cache_batchable(self) -> bool:
         """mlx-lm batches a model whose every per-layer KV cache can be merged into a batch."""
@@ -600,26 +596,3 @@ def seed_rng(seed: int | None) -> None:
     import mlx.core as mx
 
     mx.random.seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
-
-
-def demo_path(source: str) -> Path:
-    return Path(source).expanduser()
-
-
-def progress_sink(progress: ProgressCallback) -> Callable[[LoadProgress], None]:
-    """A thread-safe wrapper that delivers ``progress`` calls on the Trio thread."""
-    token = trio.lowlevel.current_trio_token()
-
-    def report(p: LoadProgress) -> None:
-        call_soon(token, progress, p)
-
-    return report
-
-
-def describe_load_error(e: BaseException) -> str:
-    """One readable line for an exception raised by a model loader."""
-    if isinstance(e, FileNotFoundError):
-        return f"missing file: {e.filename or e}"
-    if isinstance(e, ImportError):
-        return f"a required package is missing: {e}"
-    return describe_error(e)

@@ -180,9 +180,8 @@ class ProcessEngine:
         if self.config.distributed is not None or not eligibility(self.config).kv:
             return  # a distributed model's ranks reserve nothing per request
         sizes = resolve_cache_sizes(self.config)  # config.json is on disk now: one small read
-        fixed, broker = self.config.kv_cache_bytes is not None, self.kv_broker
-        floor = sizes.kv_cache if fixed or broker is None else broker.floor()
-        self.kv = KvLedger(KvBook(floor, sizes.kv_bytes_per_token, fixed, broker))
+        book = KvBook.of(self.config, sizes.kv_bytes_per_token, sizes.kv_cache, self.kv_broker)
+        self.kv = KvLedger(book)
 
     async def stop(self) -> None:
         if self._stopped:

@@ -69,8 +69,6 @@ from mlxd.residency.messages import (
     Reconfigure,
     Reject,
     Release,
-    ReserveKV,
-    ReturnKV,
     Satisfy,
     SetLoadGate,
     SetLoadTime,
@@ -88,6 +86,7 @@ from mlxd.residency.plan import plan
 from mlxd.residency.policy import ResidencyRules
 from mlxd.residency.states import COMMITTED, TRANSITIONS, State
 from mlxd.units import GIB
+from tests.property.core_kv_rules import KvRules
 from tests.property.test_plan import ASKED, fingerprint, what_acquiring_did
 
 NAMES = ["a", "b", "c", "d"]
@@ -98,7 +97,7 @@ FEW_NAMES = st.sets(st.sampled_from(ALL_NAMES), max_size=2)
 SOME_NAMES = st.sets(st.sampled_from(ALL_NAMES))
 
 
-class CoreMachine(RuleBasedStateMachine):
+class CoreMachine(KvRules, RuleBasedStateMachine):
     """The shell, simulated: it carries out commands the way mlxd.residency.manager does."""
 
     def __init__(self) -> None:
@@ -267,84 +266,6 @@ class CoreMachine(RuleBasedStateMachine):
         did = what_acquiring_did(core, event.waiter_id, model, self.last_commands)
         assert (p.action, [(v.model, v.bytes) for v in p.victims], p.error_code) == did
 
-    @precondition(lambda self: bool(set(self.leases) - self.preempted))
-    @rule(data=st.data(), gib=st.sampled_from([0.5, 1, 2, 3, 12]))
-    def reserve_kv(self, data: st.DataObject, gib: float) -> None:
-        """A lease holder's engine admits its request: it asks for KV beyond its model's."""
-        lid = data.draw(st.sampled_from(sorted(set(self.leases) - self.preempted)))
-        wid = next(self.ids)
-        model, nbytes = self.leases[lid], int(gib * GIB)
-        self.kv_waiters[wid], self.kv_lease[wid] = (model, nbytes), lid
-        self.feed(ReserveKV(wid, model, lid, nbytes, self.now))
-        assert self.core is not None
-        for v in self.core.victims:
-            assert v.model != v.for_model, f"{v.model} was made a victim of its own waiters"
-        answer = [c for c in self.last_commands if isinstance(c, Satisfy | Reject) and c.waiter_id == wid]
-        outcome = type(answer[0]).__name__ if answer else "waits"
-        note_event(f"KV {outcome}" + (" after evicting" if self.core.victims else ""))
-
-    @precondition(lambda self: self.core is not None and not self.core.shutting_down)
-    @rule(model=st.sampled_from(NAMES), gib=st.sampled_from([0.5, 1, 2, 3]), data=st.data())
-    def request_with_kv(self, model: str, gib: float, data: st.DataObject) -> None:
-        """A request on a loaded model: its lease at once, then its KV (idle models may go)."""
-        assert self.core is not None
-        r = self.core.models.get(model)
-        if r is None or r.state is not State.LOADED:
-            return
-        self.feed(self.acquire_event(model, False, None, None))
-        if set(self.leases) - self.preempted:
-            self.reserve_kv(data, gib)
-
-    @precondition(lambda self: bool(self.kv_waiters))
-    @rule(data=st.data())
-    def cancel_kv(self, data: st.DataObject) -> None:
-        wid = data.draw(st.sampled_from(sorted(self.kv_waiters)))
-        del self.kv_waiters[wid], self.kv_lease[wid]
-        self.feed(CancelWaiter(wid, self.now))
-
-    @precondition(lambda self: any(self.kv_held.values()))
-    @rule(data=st.data(), part=st.sampled_from([0.25, 0.5, 1.0, 2.0]))
-    def return_kv(self, data: st.DataObject, part: float) -> None:
-        """A batch shrank (its requests ended): the engine gives KV back."""
-        model = data.draw(st.sampled_from(sorted(m for m, n in self.kv_held.items() if n)))
-        nbytes = int(self.kv_held[model] * part)
-        self.kv_held[model] -= min(nbytes, self.kv_held[model])
-        self.feed(ReturnKV(model, nbytes, self.now))
-
-    @precondition(
-        lambda self: self.core is not None and not self.core.shutting_down and bool(self.core.models)
-    )
-    @rule(data=st.data(), gib=st.sampled_from([0.5, 1, 3, 12]))
-    def plan_kv_then_reserve(self, data: st.DataObject, gib: int) -> None:
-        """The plan for a request with KV on a loaded model says what its acquire and its
-        reservation then do, and changes nothing."""
-        core = self.core
-        assert core is not None
-        loaded = sorted(n for n, r in core.models.items() if r.state is State.LOADED and not r.queue)
-        if not loaded:
-            return
-        model, nbytes = data.draw(st.sampled_from(loaded), label="model"), int(gib * GIB)
-        before = fingerprint(core)
-        p = plan(core, model, self.now, kv_bytes=nbytes)
-        assert fingerprint(core) == before
-        event = self.acquire_event(model, False, None, None)
-        self.feed(event)
-        if event.lease_id not in self.leases:
-            return  # refused or queued behind another waiter: the KV part is not reached
-        wid = next(self.ids)
-        self.kv_waiters[wid], self.kv_lease[wid] = (model, nbytes), event.lease_id
-        self.feed(ReserveKV(wid, model, event.lease_id, nbytes, self.now))
-        answer = [c for c in self.last_commands if isinstance(c, Satisfy | Reject) and c.waiter_id == wid]
-        victims = [(v.model, v.bytes) for v in core.victims]
-        if answer and isinstance(answer[0], Satisfy):
-            assert (p.action, p.error_code) == ("ready", None), p
-        elif answer:
-            assert isinstance(answer[0], Reject)
-            assert (p.action, p.error_code) == ("fail", answer[0].error.code), p
-        else:
-            assert p.action in ("evict_then_load", "drain_then_load", "wait"), p
-        assert [(v.model, v.bytes) for v in p.victims] == victims
-
     @precondition(lambda self: self.core is not None)
     @rule(model=st.sampled_from(ALL_NAMES), seconds=st.sampled_from([0.5, 2.0, 8.0]))
     def measure(self, model: str, seconds: float) -> None:
@@ -365,11 +286,6 @@ class CoreMachine(RuleBasedStateMachine):
         self.preempted.discard(lid)
         self._lease_ended(lid)
         self.feed(Release(lid, self.now))
-
-    def _lease_ended(self, lid: str) -> None:
-        """The KV requests a lease left waiting are dropped with it."""
-        for wid in [w for w, x in self.kv_lease.items() if x == lid]:
-            del self.kv_waiters[wid], self.kv_lease[wid]
 
     @precondition(lambda self: bool(set(self.loads) - self.hung))
     @rule(data=st.data(), ok=st.booleans(), stop_ok=st.booleans())
