@@ -74,6 +74,7 @@ from mlxd.residency.messages import (
     UnloadFinished,
     WaiterKind,
 )
+from mlxd.residency.policy import ContentionPolicy
 from mlxd.residency.records import ADMIN_DRAIN, SHUTDOWN_DRAIN, ModelRecord, Waiter
 from mlxd.residency.scheduler import Scheduler
 from mlxd.residency.states import Reason, State
@@ -122,23 +123,21 @@ class Core(Scheduler):
             )
             return
         p = self.policy if ev.contention is None else self.policy.at_most(ev.contention)
-        bound = p.wait_timeout_s  # every strategy: also what `fail` waits for (a load it joins)
-        delay = p.preempt_delay_s
         keep = ev.keep_alive_s
-        w = Waiter(
-            id=ev.waiter_id,
-            model=ev.model,
-            lease_id=ev.lease_id,
-            kind=ev.kind,
-            reason=ev.reason,
-            since=ev.now,
-            deadline=ev.now + bound if bound is not None else None,
-            preempt_at=ev.now + delay if delay is not None else None,
-            policy=p,
-            keep_alive_s=None if keep is None else self.rules.keep_alive(keep),
-        )
+        clamped = None if keep is None else self.rules.keep_alive(keep)
+        self._wait(Waiter(ev.waiter_id, ev.model, ev.lease_id, ev.kind, ev.reason, ev.now,
+                          *self._bounds(p, ev.now), policy=p, keep_alive_s=clamped))
+
+    @staticmethod
+    def _bounds(p: ContentionPolicy, now: float) -> tuple[float | None, float | None]:
+        """A waiter's deadline and preempt_at under ``p``: every strategy has the deadline
+        (also what `fail` waits for: a load it joins)."""
+        bound, delay = p.wait_timeout_s, p.preempt_delay_s
+        return (now + bound if bound is not None else None, now + delay if delay is not None else None)
+
+    def _wait(self, w: Waiter) -> None:
         self.waiters[w.id] = w
-        self.models[ev.model].enqueue(w)
+        self.models[w.model].enqueue(w)
 
     def _on_ReserveKV(self, ev: ReserveKV) -> None:
         r = self.models.get(ev.model)
@@ -147,21 +146,8 @@ class Core(Scheduler):
             self._out.append(Reject(ev.waiter_id, ev.model, error))
             return
         p = self.lease_policy.get(ev.lease_id, self.policy)
-        bound, delay = p.wait_timeout_s, p.preempt_delay_s
-        w = Waiter(
-            id=ev.waiter_id,
-            model=ev.model,
-            lease_id=ev.lease_id,
-            kind=WaiterKind.KV,
-            reason=Reason.REQUEST,
-            since=ev.now,
-            deadline=ev.now + bound if bound is not None else None,
-            preempt_at=ev.now + delay if delay is not None else None,
-            policy=p,
-            kv_bytes=max(0, ev.nbytes),
-        )
-        self.waiters[w.id] = w
-        r.enqueue(w)
+        self._wait(Waiter(ev.waiter_id, ev.model, ev.lease_id, WaiterKind.KV, Reason.REQUEST,
+                          ev.now, *self._bounds(p, ev.now), policy=p, kv_bytes=max(0, ev.nbytes)))
 
     def _on_ReturnKV(self, ev: ReturnKV) -> None:
         r = self.models.get(ev.model)
