@@ -30,7 +30,7 @@ from mlxd.http.openai_api import model_object
 from mlxd.http.preferences import parse_contention
 from mlxd.residency import views
 from mlxd.residency.kv import kv_bytes_for
-from mlxd.residency.plan import plan
+from mlxd.residency.plan import Plan, plan
 from mlxd.residency.states import Reason
 
 if TYPE_CHECKING:
@@ -144,30 +144,35 @@ async def admin_plan() -> Any:
     if not st.manager.has_model(model):
         raise ModelNotFound(model)
     contention = parse_contention(request.args.get("contention"))
-    tokens = _tokens_arg(model)
-    kv = kv_bytes_for(st.manager, model, tokens) if tokens else 0
-    now = trio.current_time()
-    return plan(st.manager.core, model, now, contention=contention, kv_bytes=kv).as_dict()
-
-
-def _tokens_arg(model: str) -> int:
-    """``tokens=N``: plan for a request of N tokens (prompt + max_tokens); over the model's
-    context it is the 400 such a request would get."""
-    raw = request.args.get("tokens")
-    if raw is None or raw == "":
-        return 0
-    if not raw.isdigit() or not 0 < int(raw) <= 1 << 40:
-        raise InvalidRequest(f"tokens: must be a positive integer (got {raw!r})", param="tokens")
-    tokens = int(raw)
-    mc = state().config.model(model)
-    context = limits_for(mc).context if mc is not None else None
-    if context is not None and tokens > context:
-        raise ContextLengthExceeded(
+    tokens = _tokens_arg()
+    core = st.manager.core
+    mc = st.config.model(model)
+    context = limits_for(mc).context if mc is not None and tokens else None
+    if context is not None and tokens > context:  # the 400 such a request would get
+        error = ContextLengthExceeded(
             f"model '{model}' has a context of {context:,} tokens; a request of {tokens:,} "
-            "tokens exceeds it",
+            "tokens exceeds it"
+        )
+        return Plan(model, "fail", (), error.code, error.message, core.committed, None).as_dict()
+    kv = kv_bytes_for(st.manager, model, tokens) if tokens else 0
+    return plan(core, model, trio.current_time(), contention=contention, kv_bytes=kv).as_dict()
+
+
+def _tokens_arg() -> int:
+    """``tokens=N``: plan for a request of N tokens (prompt + max_tokens); 0 when absent."""
+    raw = request.args.get("tokens")
+    if raw is None:
+        return 0
+    if not raw.isdigit() or not 0 < int(raw) <= MAX_PLAN_TOKENS:
+        raise InvalidRequest(
+            f"tokens: must be an integer from 1 to {MAX_PLAN_TOKENS:,} (got {raw!r})",
             param="tokens",
         )
-    return tokens
+    return int(raw)
+
+
+#: the largest ``tokens`` a plan takes (12 digits)
+MAX_PLAN_TOKENS = 999_999_999_999
 
 
 #: what /admin/history lists: journal rows, or where retention's pruning left each model

@@ -414,8 +414,8 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                     {"name": "tokens", "in": "query", "required": False,
                      "description": "plan for a request of this many tokens (prompt + "
                      "max_tokens): its KV beyond the model's floor is reserved in the budget; "
-                     "over the model's context: 400 context_length_exceeded",
-                     "schema": {"type": "string", "pattern": "^[0-9]*$"}},
+                     "over the model's context the plan fails with context_length_exceeded",
+                     "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,11}$"}},
                 ],
                 "responses": {"200": _json(_PLAN), **_errors(400, 404, *_GUARDED)},
             }
