@@ -35,7 +35,7 @@ from mlxd.config import ModelConfig
 from mlxd.config.kv import kv_need_bytes
 from mlxd.engines.base import KvBroker
 from mlxd.engines.mlx_thread import Job, MlxThread, SerialScheduler
-from mlxd.errors import InvalidRequest, MlxdError
+from mlxd.errors import InvalidRequest, MlxdError, ModelExceedsBudget
 from mlxd.units import format_bytes
 
 
@@ -94,9 +94,10 @@ class KvBook:
             f"the model's kv_cache_gb ({format_bytes(limit)})"
             if self.fixed
             else f"the memory budget, with every other model evicted ({format_bytes(limit)} "
-            f"for '{model}''s KV)"
+            f"for the KV of '{model}')"
         )
-        raise InvalidRequest(
+        error = InvalidRequest if self.fixed else ModelExceedsBudget
+        raise error(
             f"the prompt's KV cache ({prompt_tokens:,} tokens, "
             f"{format_bytes(prompt_tokens * per)}) does not fit {where}: {room:,} tokens fit, "
             f"{short} short; shorten the prompt",

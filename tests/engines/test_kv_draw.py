@@ -123,6 +123,7 @@ async def test_kv_that_cannot_fit_the_budget_is_a_400_that_says_by_how_much(tiny
             with pytest.raises(InvalidRequest) as err:
                 await lease.engine.prepare(big)
         text = err.value.message
+        assert err.value.code == "model_exceeds_budget" and err.value.http_status == 400
         assert "memory budget" in text and "short" in text and "30,000 tokens" in text, text
         assert manager.core.state("fake-a") is State.LOADED  # nothing was evicted for it
 
