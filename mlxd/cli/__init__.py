@@ -150,6 +150,11 @@ def _add_daemon_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         choices=STRATEGIES,
         help="plan for a request sent with this X-Mlxd-Contention header",
     )
+    p.add_argument(
+        "--tokens",
+        type=int,
+        help="plan for a request of this many tokens (prompt + max_tokens): its KV is reserved too",
+    )
     _add_url(p)
     p.set_defaults(handler="mlxd.cli.plan:cmd_plan")
 

@@ -7,7 +7,9 @@ computes the answer on a copy of its state, so nothing changes. The text form::
       small  loaded  4.00 GiB  drain: busy; its leases finish first
       committed after: 9.00 GiB of 12.00 GiB
 
-``--contention fail`` plans for a request sent with ``X-Mlxd-Contention: fail``.
+``--contention fail`` plans for a request sent with ``X-Mlxd-Contention: fail``;
+``--tokens N`` for a request of N tokens (prompt + max_tokens), whose KV beyond the
+model's floor is reserved in the budget too (victims may be evicted for it).
 """
 
 from __future__ import annotations
@@ -52,11 +54,13 @@ def render_plan(p: dict[str, Any], budget: int | None) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """``mlxd plan NAME [--json] [--contention S]``: the plan; exit 0 whatever it says."""
+    """``mlxd plan NAME [--json] [--contention S] [--tokens N]``: the plan; exit 0 whatever it says."""
     target = target_of(args)
     params = {"model": args.name}
     if args.contention:
         params["contention"] = args.contention
+    if args.tokens:
+        params["tokens"] = str(args.tokens)
     p = call(target, "GET", "/admin/plan", params=params)
     if args.json:
         print(json.dumps(p, indent=2))

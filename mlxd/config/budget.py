@@ -29,7 +29,7 @@ from pathlib import Path
 from types import EllipsisType
 
 from mlxd.config import Config, ContentionPolicy, Measurement, MemoryEstimate, ModelConfig
-from mlxd.config.kv import resolve_cache_sizes
+from mlxd.config.kv import eligibility, resolve_cache_sizes
 from mlxd.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -235,9 +235,10 @@ def describe_ceiling(report: MemoryBudgetReport) -> list[tuple[int, str]]:
         out.append(
             (
                 logging.INFO,
-                "The budget covers each model's weights and, for batched text models, the KV "
-                "of its running generations (kv_cache_gb) and its prompt cache "
-                "(prompt_cache_gb); activations are additional and are not reserved by it.",
+                "The budget covers each model's weights, the KV of its running generations "
+                "(a floor reserved at load, the rest reserved per request while it runs) and, "
+                "for batched text models, its prompt cache (prompt_cache_gb); activations are "
+                "additional and are not reserved by it.",
             )
         )
     if report.host_memory_bytes is not None:
@@ -373,6 +374,8 @@ def describe_model(
     else:
         where = f"{model.source} (Hugging Face Hub, downloaded on first load)"
     kind = "vision, mlx-vlm" if model.mllm else "text, mlx-lm"
+    if model.embedding:
+        kind = "embedding, mlx-embeddings"
     engine = "fake" if model.engine == "fake" else f"mlx ({kind})"
     est = config.estimate(model.name, measured)
     residency = [
@@ -394,36 +397,32 @@ def describe_model(
 
 
 def describe_batching(model: ModelConfig) -> str:
-    """What ``max_batch_size`` means for this model (what the engine will do)."""
-    if model.engine == "fake":
-        return f"max_batch_size {model.max_batch_size} (the fake engine serves one at a time)"
-    if model.mllm:
+    """What ``max_batch_size`` means for this model (the eligibility rule, in words)."""
+    rule = eligibility(model)
+    if rule.serial_because is None:
         return (
-            f"max_batch_size {model.max_batch_size} ignored: mllm models generate one at a time "
-            "(mlx-vlm's batch generator has no per-request sampling)"
+            f"up to {model.max_batch_size} generations share each decode step "
+            "(one at a time if the model's KV cache cannot be batched)"
         )
-    if model.distributed is not None:
-        return (
-            f"max_batch_size {model.max_batch_size} ignored: distributed models generate one "
-            "at a time (their ranks run in lockstep)"
-        )
-    if model.max_batch_size == 1:
-        return "max_batch_size 1: one generation at a time"
-    return (
-        f"up to {model.max_batch_size} generations share each decode step "
-        "(one at a time if the model's KV cache cannot be batched)"
-    )
+    if model.max_batch_size <= 1 or model.embedding:
+        return rule.serial_because
+    return f"max_batch_size {model.max_batch_size} ignored: {rule.serial_because}"
 
 
 def describe_caches(model: ModelConfig, est: MemoryEstimate) -> str:
     """The KV cache and prompt cache parts of a model's commitment, and where they come from."""
     sizes = resolve_cache_sizes(model)
+    if sizes.source == "none":
+        return "nothing else (an embedding model keeps no KV cache or prompt cache: weights only)"
     text = f"KV cache {format_bytes(est.kv_cache)} + prompt cache {format_bytes(est.prompt_cache)}"
     if sizes.source == "derived" and sizes.kv_bytes_per_token is not None:
         per = sizes.kv_bytes_per_token
         text += f" (from the model config: {per:,} KV bytes per token"
         if model.kv_cache_bytes is None:
-            text += f"; KV for {model.max_batch_size} x {est.kv_cache // max(1, per * model.max_batch_size):,} tokens"
+            text += (
+                f"; KV floor of one {est.kv_cache // max(1, per):,}-token sequence, more drawn "
+                "from the budget per request while it runs"
+            )
         if model.prompt_cache_bytes is None and est.prompt_cache:
             text += f"; {est.prompt_cache // per:,} prompt tokens kept"
         text += ")"
@@ -434,6 +433,8 @@ def describe_caches(model: ModelConfig, est: MemoryEstimate) -> str:
         )
     elif sizes.source == "config":
         text += " (from kv_cache_gb and prompt_cache_gb)"
+    if model.kv_cache_bytes is not None and model.engine != "fake":
+        text += "; kv_cache_gb is a fixed KV region: the cap of its running KV"
     return text
 
 

@@ -1,20 +1,35 @@
 """Memory beyond the weights: the KV cache of running generations and the prompt cache.
 
-A loaded model commits ``weights + kv_cache + prompt_cache`` bytes (DESIGN.md,
-"Wave 2 contracts / Generation"). Both caches hold keys and values, whose size
-per token follows from the model's ``config.json``:
+A loaded model commits ``weights + kv_cache + prompt_cache`` bytes at load, and
+its requests' KV beyond that is drawn from the budget while they run
+(docs/memory.md). Both caches hold keys and values, whose size per token follows
+from the model's ``config.json``:
 
     KV bytes per token = 2 (keys and values) x layers x KV heads x head size x dtype bytes
 
+**One eligibility rule** (:func:`eligibility`) says, from the model's kind and
+its cache type, whether it batches, keeps a prompt cache and commits KV; the
+budget report, the engines and ``check-config`` all read it:
+
+* ``embedding: true``: none of the three (an encoder keeps no KV): weights only;
+* fake engines: no KV of their own (their committed bytes stay their configured
+  size, ``kv_cache_gb`` / ``prompt_cache_gb`` included if set), and no request of
+  theirs asks KV of the budget;
+* ``mllm: true`` (mlx-vlm samples a batch with one sampler), distributed (ranks run
+  in lockstep), ``max_batch_size: 1``, or a KV cache mlx-lm cannot merge (known
+  once loaded): one generation at a time, no prompt cache, KV committed;
+* otherwise: batched, with a prompt cache, KV committed.
+
 Defaults when the config leaves ``kv_cache_gb`` / ``prompt_cache_gb`` out:
 
-* ``kv_cache``: room for ``max_batch_size`` sequences of :data:`DEFAULT_SEQUENCE_TOKENS`
-  tokens each (capped by the model's context length), because a batch keeps
-  every sequence as long as its longest one (mlx-lm's ``BatchKVCache``);
+* ``kv_cache``: the floor reserved at load, one sequence of
+  :data:`DEFAULT_SEQUENCE_TOKENS` tokens (capped by the context length), so a small
+  request never waits for a reservation; KV beyond it is reserved per request.
+  Set, ``kv_cache_gb`` is a fixed KV region instead: reserved at load and the cap
+  of the model's running KV (requests beyond it wait in the model's queue);
 * ``prompt_cache``: :data:`DEFAULT_PROMPT_CACHE_TOKENS` tokens of earlier prompts,
-  only where the engine keeps a prompt cache (batched mlx-lm models); 0 for
-  serial models (``max_batch_size: 1``, ``mllm: true``, distributed);
-* fake engines: 0 and 0, so their committed bytes stay their configured size.
+  only where the engine keeps a prompt cache; 0 elsewhere;
+* fake engines: 0 and 0.
 
 The prompt cache also has a disk tier (``manager.prompt_cache_disk_gb``,
 docs/prompt-cache.md): a directory under the state dir where a model's prompt
@@ -65,7 +80,8 @@ class CacheSizes:
     prompt_cache: int
     #: KV bytes per token read from config.json (None: unknown)
     kv_bytes_per_token: int | None
-    #: ``config`` (both keys set), ``derived`` (from the model config), ``unknown``, ``fake``
+    #: ``config`` (both keys set), ``derived`` (from the model config), ``unknown``, ``fake``,
+    #: ``none`` (an embedding model: weights only)
     source: str
 
 
@@ -118,14 +134,59 @@ def context_length(cfg: dict[str, Any]) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
+#: mlx-lm's KV caches grow by this many tokens at a time (``KVCache.step``)
+KV_STEP = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Eligibility:
+    """What a model's engine does with memory beyond its weights (module docstring)."""
+
+    #: generations share decode steps (continuous batching)
+    batches: bool
+    #: earlier prompts' KV is kept for reuse
+    prompt_cache: bool
+    #: running generations hold KV (committed at load and drawn from the budget per request)
+    kv: bool
+    #: why it does not batch (None when it does), in words for check-config
+    serial_because: str | None = None
+
+
+def eligibility(model: ModelConfig, cache_batchable: bool | None = None) -> Eligibility:
+    """The one rule (module docstring); ``cache_batchable``: whether mlx-lm can merge the
+    loaded model's KV caches (None before a load: assumed, as check-config says)."""
+    if model.embedding:
+        return Eligibility(False, False, False, "an embedding model generates nothing")
+    if model.engine == "fake":
+        return Eligibility(False, False, False, "the fake engine serves one at a time")
+    why = None
+    if model.mllm:
+        why = "mllm models generate one at a time (mlx-vlm's batch generator has no per-request sampling)"
+    elif model.distributed is not None:
+        why = "distributed models generate one at a time (their ranks run in lockstep)"
+    elif model.max_batch_size <= 1:
+        why = "max_batch_size 1: one generation at a time"
+    elif cache_batchable is False:
+        why = "its KV cache cannot be batched by mlx-lm: one generation at a time"
+    return Eligibility(why is None, why is None, True, why)
+
+
 def keeps_prompt_cache(model: ModelConfig) -> bool:
-    """Whether the engine of ``model`` keeps a prompt cache (batched mlx-lm text models)."""
-    return (
-        model.engine == "mlx"
-        and not model.mllm
-        and model.distributed is None
-        and model.max_batch_size > 1
-    )
+    """Whether the engine of ``model`` keeps a prompt cache (:func:`eligibility`)."""
+    return eligibility(model).prompt_cache
+
+
+def kv_need_bytes(tokens: list[int], bytes_per_token: int) -> int:
+    """The most KV a batch of sequences growing to ``tokens`` tokens each can hold.
+
+    mlx-lm's ``BatchKVCache`` keeps every sequence as long as the longest one (left
+    padding) and grows by :data:`KV_STEP` tokens from wherever it starts, so the last
+    step may be all but one token unused: ``n x (longest + KV_STEP - 1)`` tokens.
+    One sequence (a serial model) is the case ``n = 1``.
+    """
+    if not tokens:
+        return 0
+    return len(tokens) * (max(tokens) + KV_STEP - 1) * bytes_per_token
 
 
 def resolve_cache_sizes(model: ModelConfig) -> CacheSizes:
@@ -135,6 +196,9 @@ def resolve_cache_sizes(model: ModelConfig) -> CacheSizes:
         if kv_set is None and pc_set is None:
             return _FAKE_DEFAULT  # one shared value: a reload of 10,000 fakes stays quick
         return CacheSizes(kv_set or 0, pc_set or 0, None, "fake")
+    rule = eligibility(model)
+    if not rule.kv:
+        return CacheSizes(0, 0, None, "none")
     cfg = read_model_config(model.source)
     bpt = kv_bytes_per_token(cfg) if cfg is not None else None
     if kv_set is not None and pc_set is not None:
@@ -144,11 +208,11 @@ def resolve_cache_sizes(model: ModelConfig) -> CacheSizes:
     per_sequence = min(
         DEFAULT_SEQUENCE_TOKENS, context_length(cfg or {}) or DEFAULT_SEQUENCE_TOKENS
     )
-    kv = kv_set if kv_set is not None else bpt * per_sequence * model.max_batch_size
+    kv = kv_set if kv_set is not None else bpt * per_sequence
     if pc_set is not None:
         pc = pc_set
     else:
-        pc = bpt * DEFAULT_PROMPT_CACHE_TOKENS if keeps_prompt_cache(model) else 0
+        pc = bpt * DEFAULT_PROMPT_CACHE_TOKENS if rule.prompt_cache else 0
     return CacheSizes(kv, pc, bpt, "derived")
 
 

@@ -497,6 +497,12 @@ class Parser:
         value = t.raw.get(key)
         if value is None:
             return None
+        if t.raw.get("embedding") is True:
+            self.warnings.append(
+                f"{t.path(key)}: ignored: an embedding model keeps no KV or prompt cache "
+                "(it commits its weights only)"
+            )
+            return None
         positive = key == "kv_cache_gb" and engine == "mlx"
         return int(check_number(self.source, t.path(key), value, positive=positive) * GIB)
 

@@ -32,6 +32,8 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from mlxd.errors import MlxdError
+
 #: mlx-lm's logits processor: ``(generated tokens so far, logits (1, vocab)) -> logits``
 LogitsProcessor = Callable[[Any, Any], Any]
 
@@ -143,6 +145,8 @@ class GenerationRequest:
     #: report each generated token's log-probability and this many top alternatives
     #: (:attr:`TextDelta.logprobs`); None: off (no per-token cost)
     logprobs: int | None = None
+    #: the lease the request runs under (set by the HTTP layer): its KV is reserved for it
+    lease_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +221,33 @@ class LoadProgress:
 
 
 ProgressCallback = Callable[[LoadProgress], None]
+
+
+KvAnswer = Callable[[MlxdError | None], None]
+
+
+class KvBroker(Protocol):
+    """The residency's side of a model's KV (``mlxd.residency.kv``), as an engine sees it.
+
+    All on the Trio thread. ``reserve`` asks for ``nbytes`` more for the request of
+    ``lease_id`` and returns a function that withdraws the ask; ``answer`` is called
+    later (never from inside ``reserve``) with None once they are committed, or the
+    typed error that refused them (the lease's contention policy applies).
+    """
+
+    def floor(self) -> int:
+        """The KV bytes its load committed (its ``kv_cache`` part: 0 when the model's KV
+        bytes per token were unknown when it was estimated)."""
+        ...
+
+    def room(self) -> int:
+        """The most KV bytes beyond what its load committed that the budget could ever give
+        this model (every other model evicted)."""
+        ...
+
+    def reserve(self, lease_id: str | None, nbytes: int, answer: KvAnswer) -> Callable[[], None]: ...
+
+    def give_back(self, nbytes: int) -> None: ...
 
 
 @runtime_checkable

@@ -40,6 +40,8 @@ TEXT_SHAPES: dict[str, dict[str, Any]] = {
         intermediate_size=128,
         num_attention_heads=4,
         num_key_value_heads=4,
+        # long prompts (an agent's first request is 15-60k tokens) fit; 1 KiB of KV a token
+        max_position_embeddings=65536,
     ),
     "small": dict(
         hidden_size=512,
@@ -47,6 +49,7 @@ TEXT_SHAPES: dict[str, dict[str, Any]] = {
         intermediate_size=1536,
         num_attention_heads=8,
         num_key_value_heads=8,
+        max_position_embeddings=32768,
     ),
 }
 VOCAB_SIZE = {"tiny": 512, "small": 512, "vision": 512, "embedding": 512}

@@ -110,11 +110,6 @@ class DistributedTextEngine(MlxTextEngine):
         self._lockstep = Lockstep(group)
         return model, tokenizer
 
-    def _cache_batchable(self) -> bool:
-        """Never batched: the ranks run one generation at a time in lockstep, agreeing on each
-        stop; a batch would need them to agree on its membership at every step as well."""
-        return False
-
     # ---- on the MLX thread -----------------------------------------------------------------
 
     def _run_one(self, job: Job) -> None:

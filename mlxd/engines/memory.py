@@ -67,9 +67,6 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-#: mlx-lm's KV caches grow by this many tokens when full (``KVCache.step``)
-KV_STEP = 256
-
 
 @dataclass(frozen=True, slots=True)
 class MemorySnapshot:

@@ -48,13 +48,15 @@ from mlxd.engines import imports_ahead, memory, prompt_disk, prompt_limits, sour
 from mlxd.engines.base import (
     GenerationEvent,
     GenerationRequest,
+    KvBroker,
     LoadProgress,
     ProgressCallback,
 )
 from mlxd.engines.batch_loop import BatchLoop
-from mlxd.engines.batching import BatchScheduler, cap_to_kv
+from mlxd.engines.batching import BatchScheduler
 from mlxd.engines.constrained import GrammarCache, with_grammar
 from mlxd.engines.faults import Faults
+from mlxd.engines.kv_gate import GatedScheduler, KvBook
 from mlxd.engines.mlx_thread import (
     GenerationStats,
     Job,
@@ -63,12 +65,12 @@ from mlxd.engines.mlx_thread import (
     PrefillProgress,
     SerialScheduler,
     Sink,
-    call_soon,
 )
 from mlxd.engines.prompts import check_tools, count_image_parts, think_markers, tokenize
+from mlxd.engines.sources import describe_load_error, progress_sink
 from mlxd.engines.streaming import JobEvents, Output, TokenTexts, deliver_token
 from mlxd.engines.tool_calls import ToolFormat, tool_format
-from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError, describe_error
+from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError
 
 PREFILL_STEP_ENV = "MLXD_PREFILL_STEP"
 #: prompt tokens per prefill chunk; a cancel during prefill waits at most one chunk.
@@ -139,6 +141,10 @@ class MlxTextEngine:
         self.kv_cache_bytes = 0
         self.prompt_cache_bytes = 0
         self.disk: prompt_disk.PromptDisk | None = None  # the prompt cache's disk tier (the load's)
+        #: the residency's side of this model's KV (set by the manager; None: not drawn)
+        self.kv_broker: KvBroker | None = None
+        #: the model's running KV: its floor, what the budget granted (set by the load)
+        self.kv = KvBook(0, None)
         self._ready = False
         #: stop() was called: no new generation, no new load
         self._stopped = False
@@ -187,6 +193,8 @@ class MlxTextEngine:
             raise LoadFailed(f"{self.name}: {e.message}") from e
         except Exception as e:
             raise LoadFailed(f"{self.name}: cannot load {path}: {describe_load_error(e)}") from e
+        # again: a demo model's config.json is written by the load itself
+        self.limits = prompt_limits.limits_of(self.config, prompt_limits.context_length(path))
         self._outbox = outbox = Outbox()
         self._scheduler = self._make_scheduler(self._thread, outbox)
         self.load_seconds = time.monotonic() - t0
@@ -255,14 +263,18 @@ class MlxTextEngine:
 
     def _size_caches(self, path: Path) -> None:
         """Whether this model can batch, and the KV sizes it may use (what its load committed)."""
-        from mlxd.config.kv import residency_cache_sizes
+        from mlxd.config.kv import eligibility, residency_cache_sizes
 
-        self.can_batch = self._cache_batchable()
+        # the rule first: the cache type is looked at only where the kind allows a batch
+        self.can_batch = eligibility(self.config).batches and (
+            eligibility(self.config, self._cache_batchable()).batches
+        )
         self.kv_bytes_per_token, self.kv_cache_bytes, self.prompt_cache_bytes = (
             residency_cache_sizes(self.config, path)
         )
         self.disk = prompt_disk.open_tier(self.config, path, self._model, self.can_batch,
                                           self.prompt_cache_bytes)
+        self.kv = KvBook.of(self.config, self.kv_bytes_per_token, self.kv_cache_bytes, self.kv_broker)
 
     def _cache_batchable(self) -> bool:
         """mlx-lm batches a model whose every per-layer KV cache can be merged into a batch."""
@@ -273,11 +285,17 @@ class MlxTextEngine:
         except Exception:
             return False
 
+    def use_kv_broker(self, broker: KvBroker) -> None:
+        """Draw this residency's KV beyond its floor from the budget (before the load)."""
+        self.kv_broker = broker
+
     def _make_scheduler(self, thread: MlxThread, outbox: Outbox) -> SerialScheduler:
-        """Batched (continuous batching) when ``max_batch_size`` > 1 and the model can; else serial."""
+        """Batched (continuous batching) where the eligibility rule says so; else serial."""
         mc = self.config
-        if mc.max_batch_size <= 1 or not self.can_batch:
-            return SerialScheduler(thread, self._run_one, max_queue=mc.max_queue, name=self.name)
+        if not self.can_batch:
+            return GatedScheduler(
+                thread, self._run_one, max_queue=mc.max_queue, name=self.name, kv=self.kv
+            )
         assert self.prefill_step is not None
         scheduler = BatchScheduler.start(
             thread,
@@ -286,8 +304,7 @@ class MlxTextEngine:
             max_queue=mc.max_queue,
             max_batch=mc.max_batch_size,
             prefill_step=self.prefill_step,
-            kv_budget=self.kv_cache_bytes,
-            kv_bytes_per_token=self.kv_bytes_per_token,
+            kv=self.kv,
             prompt_cache_bytes=self.prompt_cache_bytes,
             outbox=outbox,
             output=self._output,
@@ -417,9 +434,9 @@ class MlxTextEngine:
         the KV room, and add the grammar processor of a constraint (module docstring)."""
         ids = await self._prompt_ids(request)
         prompt_limits.check_prompt_tokens(self.name, request, len(ids), self.limits)
-        # what batch admission reserves is prompt + max_tokens: a request that could not fit
-        # even alone generates what fits (before its grammar processor plans its budget)
-        capped = cap_to_kv(len(ids), request.max_tokens, self.kv_bytes_per_token, self.kv_cache_bytes)
+        # what admission reserves is prompt + max_tokens: a request that could not fit even
+        # alone generates what fits (before its grammar processor plans its budget)
+        capped = self.kv.fit(self.name, len(ids), request.max_tokens)
         request = replace(request, prompt_ids=tuple(ids), max_tokens=capped,
                           think_markers=think_markers(self._tokenizer, request, ids))
         return await with_grammar(request, self._tokenizer, self._vocab_size, self._grammar)
@@ -564,22 +581,3 @@ def seed_rng(seed: int | None) -> None:
     import mlx.core as mx
 
     mx.random.seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
-
-
-def progress_sink(progress: ProgressCallback) -> Callable[[LoadProgress], None]:
-    """A thread-safe wrapper that delivers ``progress`` calls on the Trio thread."""
-    token = trio.lowlevel.current_trio_token()
-
-    def report(p: LoadProgress) -> None:
-        call_soon(token, progress, p)
-
-    return report
-
-
-def describe_load_error(e: BaseException) -> str:
-    """One readable line for an exception raised by a model loader."""
-    if isinstance(e, FileNotFoundError):
-        return f"missing file: {e.filename or e}"
-    if isinstance(e, ImportError):
-        return f"a required package is missing: {e}"
-    return describe_error(e)

@@ -103,11 +103,6 @@ class MlxVisionEngine(MlxTextEngine):
     def _unload_extra(self) -> None:
         self._processor = None
 
-    def _cache_batchable(self) -> bool:
-        """Never: mlx-vlm 0.7's BatchGenerator samples a whole batch with one sampler (no
-        per-request temperature, top_p, seed or stop), so mllm models generate one at a time."""
-        return False
-
     def _validate(self, request: GenerationRequest) -> None:
         self._validate_common(request)
         if uses_tools(request):

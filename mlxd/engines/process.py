@@ -37,6 +37,7 @@ import logging
 import math
 import shutil
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -47,9 +48,11 @@ from mlxd.engines.base import (
     Finished,
     GenerationEvent,
     GenerationRequest,
+    KvBroker,
     LoadProgress,
     ProgressCallback,
 )
+from mlxd.engines.kv_gate import KvBook, KvLedger
 from mlxd.engines.wire import error_from_wire
 from mlxd.engines.worker import OUT_OF_STEP
 from mlxd.engines.worker_process import SPARES, WorkerProcess
@@ -95,6 +98,12 @@ class ProcessEngine:
         self._ready = False
         self._stopping = False
         self._stopped = False
+        #: the residency's side of this model's KV; the worker's engine reserves nothing, so
+        #: the daemon side does (:class:`~mlxd.engines.kv_gate.KvLedger`)
+        self.kv_broker: KvBroker | None = None
+        self.kv = KvLedger(KvBook(0, None))
+        #: what the worker's engine last said it holds (``memory_usage``; batched models)
+        self._usage: dict[str, int] | None = None
 
     # ---- status ---------------------------------------------------------------------------
 
@@ -115,6 +124,15 @@ class ProcessEngine:
 
     def measured_bytes(self) -> int | None:
         return self._measured
+
+    def memory_usage(self) -> dict[str, int] | None:
+        """KV and prompt cache bytes the worker's batched engine holds, and its KV peak, as of
+        its last report (at load and after each generation); None when it is not batched."""
+        return self._usage
+
+    def use_kv_broker(self, broker: KvBroker) -> None:
+        """Draw this residency's KV beyond its floor from the budget (before the load)."""
+        self.kv_broker = broker
 
     def queue_depth(self) -> int:
         return len(self._streams)
@@ -152,7 +170,18 @@ class ProcessEngine:
             await SPARES.refill()  # for the next load, while this model serves
         if self._load_error is not None:
             raise self._load_error
+        self._size_kv()
         self._ready = True
+
+    def _size_kv(self) -> None:
+        """The floor and KV bytes per token its load committed, by the one rule (mlxd.config.kv)."""
+        from mlxd.config.kv import eligibility, resolve_cache_sizes
+
+        if self.config.distributed is not None or not eligibility(self.config).kv:
+            return  # a distributed model's ranks reserve nothing per request
+        sizes = resolve_cache_sizes(self.config)  # config.json is on disk now: one small read
+        book = KvBook.of(self.config, sizes.kv_bytes_per_token, sizes.kv_cache, self.kv_broker)
+        self.kv = KvLedger(book)
 
     async def stop(self) -> None:
         if self._stopped:
@@ -190,10 +219,14 @@ class ProcessEngine:
             raise EngineError(f"{self.name}: the model is not loaded", retry_after=1.0)
 
     async def prepare(self, request: GenerationRequest) -> GenerationRequest:
-        """The worker's engine prepares it (validation, tokenizing, prompt limits)."""
-        item = await self._ask("prepare", request)
-        assert isinstance(item, GenerationRequest)
-        return item
+        """The worker's engine prepares it (validation, tokenizing, prompt limits); its KV
+        must fit the budget with every other model evicted (400 otherwise)."""
+        prepared = await self._ask("prepare", request)
+        assert isinstance(prepared, GenerationRequest)
+        if prepared.prompt_ids is None:
+            return prepared
+        fit = self.kv.book.fit(self.name, len(prepared.prompt_ids), prepared.max_tokens)
+        return replace(prepared, max_tokens=fit) if fit != prepared.max_tokens else prepared
 
     async def _ask(self, kind: str, request: GenerationRequest) -> object:
         """Post ``(kind, rid, request)`` to the first worker and return its one answer."""
@@ -217,7 +250,7 @@ class ProcessEngine:
         return item
 
     async def count_tokens(self, request: GenerationRequest) -> int:
-        """The prompt's tokens, as the worker's engine counts them."""
+        """The prompt's tokens, as the worker's engine counts them (never refused for KV)."""
         n = await self._ask("count", request)
         assert isinstance(n, int)
         return n
@@ -233,9 +266,11 @@ class ProcessEngine:
         send, receive = trio.open_memory_channel[object](math.inf)
         self._streams[rid] = send
         rank0 = self._workers[0]
-        rank0.post(("generate", rid, request))
         finished = False
         try:
+            tokens = len(request.prompt_ids or ()) + request.max_tokens
+            await self.kv.hold(rid, tokens, request.lease_id)
+            rank0.post(("generate", rid, request))
             async with receive:
                 async for item in receive:
                     if isinstance(item, BaseException):
@@ -249,6 +284,7 @@ class ProcessEngine:
             raise EngineError(f"{self.name}: generation ended without a result")
         finally:
             self._streams.pop(rid, None)
+            self.kv.release(rid)
             if not finished:
                 rank0.post(("cancel", rid))
 
@@ -260,6 +296,8 @@ class ProcessEngine:
             stream = self._streams.get(message[1])
             if stream is not None:
                 _deliver(stream, message[2] if kind == "event" else error_from_wire(message[2]))
+        elif kind == "usage":
+            self._usage = message[1]
         elif kind == "progress":
             if w.rank == 0 and self._progress is not None and not self._load_done.is_set():
                 self._progress(message[1])

@@ -32,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mlxd.config.kv import KV_STEP
 from mlxd.engines.base import GenerationRequest
 from mlxd.engines.guard import Guard
-from mlxd.engines.memory import KV_STEP
 from mlxd.engines.mlx_thread import Job, PrefillProgress
 from mlxd.engines.streaming import Output
 

@@ -39,7 +39,8 @@ import trio
 
 from mlxd.config import SourceKind, classify_source
 from mlxd.engines.base import LoadProgress, ProgressCallback
-from mlxd.errors import LoadFailed
+from mlxd.engines.mlx_thread import call_soon
+from mlxd.errors import LoadFailed, describe_error
 
 HUB_TIMEOUT_ENV = "MLXD_HUB_TIMEOUT_S"
 DEFAULT_HUB_TIMEOUT_S = 30.0
@@ -307,3 +308,22 @@ def progress_bar_class(report: Callable[[int, int | None], None], cancel: thread
 def demo_path(source: str) -> Path:
     """Where a demo model's source is (its files are written on the MLX thread if missing)."""
     return Path(source).expanduser()
+
+
+def progress_sink(progress: ProgressCallback) -> Callable[[LoadProgress], None]:
+    """A thread-safe wrapper that delivers ``progress`` calls on the Trio thread."""
+    token = trio.lowlevel.current_trio_token()
+
+    def report(p: LoadProgress) -> None:
+        call_soon(token, progress, p)
+
+    return report
+
+
+def describe_load_error(e: BaseException) -> str:
+    """One readable line for an exception raised by a model loader."""
+    if isinstance(e, FileNotFoundError):
+        return f"missing file: {e.filename or e}"
+    if isinstance(e, ImportError):
+        return f"a required package is missing: {e}"
+    return describe_error(e)

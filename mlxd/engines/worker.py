@@ -190,6 +190,7 @@ class Worker:
         await self._flush()  # its progress reports are out, whatever happens next
         crash_point("worker.loaded")  # the memory is held; the daemon has not been told
         self.post(("loaded", engine.measured_bytes(), getattr(engine, "memory_source", None)))
+        self._post_usage()
         follow = getattr(engine, "follow", None)
         if rank is not None and rank.rank > 0 and follow is not None:
             try:
@@ -220,6 +221,14 @@ class Worker:
             self.post(("error", rid, error_to_wire(e, f"{name}: generation failed")))
         finally:
             self._generations.pop(rid, None)
+            self._post_usage()
+
+    def _post_usage(self) -> None:
+        """Tell the daemon what a batched engine holds (its /admin/status and kv_peaks row)."""
+        usage = getattr(self._engine, "memory_usage", None)
+        held = usage() if callable(usage) else None
+        if held is not None:
+            self.post(("usage", dict(held)))
 
     async def _prepare(
         self, rid: int, request: GenerationRequest, scope: trio.CancelScope, *, counting: bool = False

@@ -13,7 +13,14 @@ from quart import Blueprint, Response, request
 
 from mlxd import __version__
 from mlxd.engines import prompt_disk
-from mlxd.errors import ConfigError, InvalidRequest, JournalError, ModelNotFound
+from mlxd.engines.prompt_limits import limits_for
+from mlxd.errors import (
+    ConfigError,
+    ContextLengthExceeded,
+    InvalidRequest,
+    JournalError,
+    ModelNotFound,
+)
 from mlxd.faults import crash_point
 from mlxd.http import access_log, sse
 from mlxd.http.context import AppState, state
@@ -22,7 +29,8 @@ from mlxd.http.openai_api import model_object
 from mlxd.http.preferences import parse_contention
 from mlxd.http.reload import reload_config
 from mlxd.residency import views
-from mlxd.residency.plan import plan
+from mlxd.residency.kv import kv_bytes_for
+from mlxd.residency.plan import Plan, plan
 from mlxd.residency.states import Reason
 
 if TYPE_CHECKING:
@@ -148,7 +156,35 @@ async def admin_plan() -> Any:
     if not st.manager.has_model(model):
         raise ModelNotFound(model)
     contention = parse_contention(request.args.get("contention"), "contention")
-    return plan(st.manager.core, model, trio.current_time(), contention=contention).as_dict()
+    tokens = _tokens_arg()
+    core = st.manager.core
+    mc = st.config.model(model)
+    context = limits_for(mc).context if mc is not None and tokens else None
+    if context is not None and tokens > context:  # the 400 such a request would get
+        error = ContextLengthExceeded(
+            f"model '{model}' has a context of {context:,} tokens; a request of {tokens:,} "
+            "tokens exceeds it"
+        )
+        return Plan(model, "fail", (), error.code, error.message, core.committed, None).as_dict()
+    kv = kv_bytes_for(st.manager, model, tokens) if tokens else 0
+    return plan(core, model, trio.current_time(), contention=contention, kv_bytes=kv).as_dict()
+
+
+def _tokens_arg() -> int:
+    """``tokens=N``: plan for a request of N tokens (prompt + max_tokens); 0 when absent."""
+    raw = request.args.get("tokens")
+    if raw is None:
+        return 0
+    if not raw.isdigit() or not 0 < int(raw) <= MAX_PLAN_TOKENS:
+        raise InvalidRequest(
+            f"tokens: must be an integer from 1 to {MAX_PLAN_TOKENS:,} (got {raw!r})",
+            param="tokens",
+        )
+    return int(raw)
+
+
+#: the largest ``tokens`` a plan takes (12 digits)
+MAX_PLAN_TOKENS = 999_999_999_999
 
 
 #: what /admin/history lists: journal rows, or where retention's pruning left each model

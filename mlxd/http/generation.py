@@ -23,6 +23,7 @@ the shape of a whole response.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -116,8 +117,8 @@ async def prepare_under(st: AppState, lease: Lease, gen: GenerationRequest) -> G
     """
     try:
         _check_queue(st, lease)
-        with lease.scope():
-            return await lease.engine.prepare(gen)
+        with lease.scope():  # the lease's KV is reserved under it (mlxd.residency.kv)
+            return await lease.engine.prepare(dataclasses.replace(gen, lease_id=lease.id))
     except BaseException as e:
         lease.finish(e)
         raise

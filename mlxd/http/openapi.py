@@ -436,6 +436,11 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                     {"name": "contention", "in": "query", "required": False,
                      "description": "plan for a request with this X-Mlxd-Contention header",
                      "schema": _STRATEGY},
+                    {"name": "tokens", "in": "query", "required": False,
+                     "description": "plan for a request of this many tokens (prompt + "
+                     "max_tokens): its KV beyond the model's floor is reserved in the budget; "
+                     "over the model's context the plan fails with context_length_exceeded",
+                     "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,11}$"}},
                 ],
                 "responses": {"200": _json(_PLAN), **_errors(400, 404, *_GUARDED)},
             }

@@ -190,7 +190,7 @@ def event_row(seq: int, run_id: int, w: Wire) -> tuple[Any, ...]:
 
 
 def _transition_row(seq: int, run_id: int, w: Wire) -> tuple[Any, ...]:
-    _, model, from_state, to_state, reason, at, memory_bytes, error = w
+    _, model, from_state, to_state, reason, at, memory_bytes, error, _cause = w
     return (seq, run_id, at, model, from_state, to_state, reason, memory_bytes, error)
 
 

@@ -63,6 +63,8 @@ from mlxd.residency.messages import (
     Reconfigure,
     Reject,
     Release,
+    ReserveKV,
+    ReturnKV,
     SetLoadGate,
     SetLoadTime,
     SetSize,
@@ -70,7 +72,9 @@ from mlxd.residency.messages import (
     ShutdownDeadline,
     Tick,
     UnloadFinished,
+    WaiterKind,
 )
+from mlxd.residency.policy import ContentionPolicy
 from mlxd.residency.records import ADMIN_DRAIN, SHUTDOWN_DRAIN, ModelRecord, Waiter
 from mlxd.residency.scheduler import Scheduler
 from mlxd.residency.states import Reason, State
@@ -119,23 +123,36 @@ class Core(Scheduler):
             )
             return
         p = self.policy if ev.contention is None else self.policy.at_most(ev.contention)
-        bound = p.wait_timeout_s  # every strategy: also what `fail` waits for (a load it joins)
-        delay = p.preempt_delay_s
         keep = ev.keep_alive_s
-        w = Waiter(
-            id=ev.waiter_id,
-            model=ev.model,
-            lease_id=ev.lease_id,
-            kind=ev.kind,
-            reason=ev.reason,
-            since=ev.now,
-            deadline=ev.now + bound if bound is not None else None,
-            preempt_at=ev.now + delay if delay is not None else None,
-            policy=p,
-            keep_alive_s=None if keep is None else self.rules.keep_alive(keep),
-        )
+        clamped = None if keep is None else self.rules.keep_alive(keep)
+        self._wait(Waiter(ev.waiter_id, ev.model, ev.lease_id, ev.kind, ev.reason, ev.now,
+                          *self._bounds(p, ev.now), policy=p, keep_alive_s=clamped))
+
+    @staticmethod
+    def _bounds(p: ContentionPolicy, now: float) -> tuple[float | None, float | None]:
+        """A waiter's deadline and preempt_at under ``p``: every strategy has the deadline
+        (also what `fail` waits for: a load it joins)."""
+        bound, delay = p.wait_timeout_s, p.preempt_delay_s
+        return (now + bound if bound is not None else None, now + delay if delay is not None else None)
+
+    def _wait(self, w: Waiter) -> None:
         self.waiters[w.id] = w
-        self.models[ev.model].enqueue(w)
+        self.models[w.model].enqueue(w)
+
+    def _on_ReserveKV(self, ev: ReserveKV) -> None:
+        r = self.models.get(ev.model)
+        if r is None or self.lease_model.get(ev.lease_id) != ev.model:
+            error = refusals.kv_without_lease(ev.model)
+            self._out.append(Reject(ev.waiter_id, ev.model, error))
+            return
+        p = self.lease_policy.get(ev.lease_id, self.policy)
+        self._wait(Waiter(ev.waiter_id, ev.model, ev.lease_id, WaiterKind.KV, Reason.REQUEST,
+                          ev.now, *self._bounds(p, ev.now), policy=p, kv_bytes=max(0, ev.nbytes)))
+
+    def _on_ReturnKV(self, ev: ReturnKV) -> None:
+        r = self.models.get(ev.model)
+        if r is not None and r.holds_budget:
+            self._return_kv(r, ev.nbytes)
 
     def _on_CancelWaiter(self, ev: CancelWaiter) -> None:
         w = self.waiters.get(ev.waiter_id)
@@ -167,9 +184,8 @@ class Core(Scheduler):
         r = self.models.get(ev.model)
         if r is None or r.state not in (State.LOADED, State.DRAINING):
             return  # an unload already has it (stopping a dead engine succeeds)
-        for lid in r.leases:
-            self.lease_model.pop(lid, None)
-            self.lease_keep_alive.pop(lid, None)
+        for lid in list(r.leases):
+            self._forget_lease(lid)
         r.leases.clear()
         r.last_error = ev.error
         owner, reason = r.drain_owner, r.out_reason
@@ -216,13 +232,14 @@ class Core(Scheduler):
             self._move(r, State.UNLOADED, r.out_reason)
 
     def _on_Release(self, ev: Release) -> None:
-        model = self.lease_model.pop(ev.lease_id, None)
+        model = self.lease_model.get(ev.lease_id)
         if model is None:
             return
         r = self.models[model]
         r.leases.discard(ev.lease_id)
         r.last_used = ev.now
-        r.keep_alive_s = self.lease_keep_alive.pop(ev.lease_id, None)
+        r.keep_alive_s = self.lease_keep_alive.get(ev.lease_id)
+        self._forget_lease(ev.lease_id)
         if r.state is State.DRAINING and not r.leases:
             self._move(r, State.UNLOADING, r.out_reason)
             self._start_stop(r)
@@ -240,7 +257,8 @@ class Core(Scheduler):
             for w in list(r.queue.values()):
                 if w.deadline is not None and ev.now >= w.deadline:
                     waited = ev.now - w.since
-                    self._reject(w, refusals.waited_too_long(w.model, waited, w.policy.wait_timeout_s))
+                    timeout = w.policy.wait_timeout_s
+                    self._reject(w, refusals.waited_too_long(w.model, waited, timeout, kv=w.kv_bytes))
             deadlines = [w.deadline for w in r.queue.values() if w.deadline is not None]
             r.queue_deadline = min(deadlines) if deadlines else None
             self._maybe_abandon_load(r.spec.name)

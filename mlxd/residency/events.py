@@ -23,6 +23,9 @@ class TransitionEvent:
     at: float
     memory_bytes: int | None = None
     error: str | None = None
+    #: what the move was for, when another model's need caused it (an eviction or drain:
+    #: ``load of 'big'``, ``KV of a request on 'tiny'``); in the events payload
+    cause: str | None = None
 
     kind = "transition"
 

@@ -251,11 +251,15 @@ class Ticket:
     status: dict[str, Any] | None = None
     #: the name of the request's API key (journaled as ``leases.client``)
     client: str | None = None
+    #: called once settled (a KV ask: hands the answer to its engine, mlxd.residency.kv)
+    on_settle: Callable[[], None] | None = None
 
     def settle(self) -> None:
         """It got its lease, residency or error (the manager's side)."""
         self.done.set()
         self.moved.set()
+        if self.on_settle is not None:
+            self.on_settle()
 
     def result(self) -> Lease:
         """The lease (call once ``done``); raises the typed error if there is none."""

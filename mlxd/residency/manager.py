@@ -54,6 +54,7 @@ from mlxd.residency.events import (
     MeasurementEvent,
     TransitionEvent,
 )
+from mlxd.residency.kv import draw_kv
 from mlxd.residency.lease import Lease, Ticket, abandon, end_when_overdue, new_lease_id
 from mlxd.residency.messages import (
     Acquire,
@@ -168,11 +169,12 @@ class Manager:
         return est.parts() if est is not None else {"weights": 0, "kv_cache": 0, "prompt_cache": 0}
 
     def _engine_config(self, mc: ModelConfig) -> ModelConfig:
-        """The model's config with the cache sizes this load committed, for its engine."""
+        """The model's config with the prompt cache this load committed, for its engine (its
+        KV floor is the same rule's; a ``kv_cache_gb`` left out stays out: KV is drawn)."""
         est = self._estimates.get(mc.name)
         if est is None or mc.engine == "fake" or not est.kv_cache:
             return mc  # unknown KV size: the engine bounds its batch by max_batch_size only
-        return replace(mc, kv_cache_bytes=est.kv_cache, prompt_cache_bytes=est.prompt_cache)
+        return replace(mc, prompt_cache_bytes=est.prompt_cache)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -245,11 +247,8 @@ class Manager:
         return ticket
 
     @asynccontextmanager
-    async def lease(
-        self, model: str, *, request_id: str | None = None, route: str | None = None
-    ) -> AsyncIterator[Lease]:
-        lease = await self.acquire(model, request_id=request_id, route=route)
-        async with lease:
+    async def lease(self, model: str, **asked: Any) -> AsyncIterator[Lease]:
+        async with await self.acquire(model, **asked) as lease:
             yield lease
 
     async def load(self, model: str, *, reason: Reason = Reason.ADMIN) -> dict[str, Any]:
@@ -465,7 +464,7 @@ class Manager:
                     w.error = cmd.error
                     if w.kind is WaiterKind.RESIDENT:
                         log.warning("residency of %s refused: %s", cmd.model, cmd.error.message)
-                else:
+                elif w.kind is WaiterKind.RESIDENT:
                     w.status = self.model_status(cmd.model)
                 w.settle()
         elif self._nursery is None or self._closed.is_set():
@@ -508,6 +507,7 @@ class Manager:
                 at=self._wall(),
                 memory_bytes=t.memory_bytes,
                 error=t.error,
+                cause=t.cause,
             )
         )
         self._changed.set()
@@ -531,6 +531,7 @@ class Manager:
                     if mc is None:
                         raise ModelNotFound(model)
                     engine = self._engines_factory(self._engine_config(mc))
+                    draw_kv(self, model, engine)
                     await engine.load(progress)
                     weights = await loaded_weights(mc)
                 except Exception as e:

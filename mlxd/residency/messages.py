@@ -35,6 +35,7 @@ class ModelSpec:
 class WaiterKind(StrEnum):
     LEASE = "lease"  # a request: gets a lease, may leave at any time
     RESIDENT = "resident"  # preload, admin load, restore: wants residency, never leaves
+    KV = "kv"  # a lease holder's request for more KV bytes of its loaded model
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,31 @@ class Acquire:
     keep_alive_s: float | None = None
     #: the policy the request asked for (``X-Mlxd-Contention``); it gets at most its model's
     contention: ContentionPolicy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveKV:
+    """The holder of lease ``lease_id`` needs ``nbytes`` more KV on its (loaded) model.
+
+    It waits in the model's queue like an acquire, with the lease's contention policy:
+    granted (:class:`Satisfy`) once the bytes are committed, refused (:class:`Reject`)
+    when they could not fit even with every other model gone, or by the policy.
+    """
+
+    waiter_id: int
+    model: str
+    lease_id: str
+    nbytes: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReturnKV:
+    """``nbytes`` of ``model``'s KV reservation are given back (its batch shrank)."""
+
+    model: str
+    nbytes: int
+    now: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +209,8 @@ class Reconfigure:
 
 Event = (
     Acquire
+    | ReserveKV
+    | ReturnKV
     | CancelWaiter
     | LoadFinished
     | EngineDeath
@@ -255,6 +283,8 @@ class Transition:
     reason: Reason
     memory_bytes: int
     error: str | None = None
+    #: what another model needed, when that caused the move (victims of a scheduling pass)
+    cause: str | None = None
 
 
 Command = StartLoad | CancelLoad | StartUnload | Grant | Satisfy | Reject | Preempt | Transition

@@ -94,12 +94,35 @@ class CoreState(Registry):
         if w.kind is WaiterKind.LEASE:
             r.leases.add(w.lease_id)
             self.lease_model[w.lease_id] = r.spec.name
+            self.lease_policy[w.lease_id] = w.policy
             if w.keep_alive_s is not None:
                 self.lease_keep_alive[w.lease_id] = w.keep_alive_s
             r.last_used = self.now
             self._out.append(Grant(w.id, r.spec.name, w.lease_id))
         else:
             self._out.append(Satisfy(w.id, r.spec.name))
+
+    def _grant_kv(self, w: Waiter, r: ModelRecord) -> None:
+        """Commit the KV bytes ``w`` asked for to its model's residency."""
+        self._drop(w)
+        r.kv_bytes += w.kv_bytes
+        r.committed_bytes += w.kv_bytes
+        r.last_used = self.now
+        self._out.append(Satisfy(w.id, r.spec.name))
+
+    def _return_kv(self, r: ModelRecord, nbytes: int) -> None:
+        """Give back up to ``nbytes`` of its KV reservation (never what its load committed)."""
+        back = min(max(0, nbytes), r.kv_bytes)
+        r.kv_bytes -= back
+        r.committed_bytes -= back
+
+    def _forget_lease(self, lid: str) -> None:
+        """A lease has ended: its bookkeeping goes, and so do KV requests it left waiting."""
+        self.lease_model.pop(lid, None)
+        self.lease_keep_alive.pop(lid, None)
+        self.lease_policy.pop(lid, None)
+        for w in [w for w in self.waiters.values() if w.kind is WaiterKind.KV and w.lease_id == lid]:
+            self._drop(w)
 
     def _reject(self, w: Waiter, error: MlxdError) -> None:
         self._drop(w)
@@ -123,6 +146,7 @@ class CoreState(Registry):
         r.load_started = self.now
         r.load_reason = reason
         r.committed_bytes = r.spec.size_bytes
+        r.kv_bytes = 0
         r.load_cancelling = False
         r.abort_reason = Reason.ABANDONED
         self._move(r, State.LOADING, reason)
@@ -154,9 +178,9 @@ class CoreState(Registry):
             r.drain_owner = owner
             r.out_reason = reason
 
-    def _begin_unload(self, r: ModelRecord, reason: Reason) -> None:
+    def _begin_unload(self, r: ModelRecord, reason: Reason, cause: str | None = None) -> None:
         r.out_reason = reason
-        self._move(r, State.UNLOADING, reason)
+        self._move(r, State.UNLOADING, reason, cause=cause)
         self._start_stop(r)
 
     def _start_stop(self, r: ModelRecord) -> None:
@@ -173,11 +197,13 @@ class CoreState(Registry):
         r.retry_at = None
         self._start_stop(r)
 
-    def _begin_drain(self, r: ModelRecord, reason: Reason, owner: int | None) -> None:
+    def _begin_drain(
+        self, r: ModelRecord, reason: Reason, owner: int | None, cause: str | None = None
+    ) -> None:
         r.out_reason = reason
         r.drain_owner = owner
         r.preempted = False
-        self._move(r, State.DRAINING, reason)
+        self._move(r, State.DRAINING, reason, cause=cause)
 
     def _preempt(self, r: ModelRecord, *, shutdown: bool) -> None:
         r.preempted = True
@@ -187,7 +213,13 @@ class CoreState(Registry):
             self._out.append(Preempt(r.spec.name, tuple(sorted(r.leases)), shutdown=shutdown))
 
     def _move(
-        self, r: ModelRecord, to: State, reason: Reason, *, error: str | None = None
+        self,
+        r: ModelRecord,
+        to: State,
+        reason: Reason,
+        *,
+        error: str | None = None,
+        cause: str | None = None,
     ) -> None:
         check_transition(r.spec.name, r.state, to)
         frm, r.state = r.state, to
@@ -196,7 +228,7 @@ class CoreState(Registry):
         if to in (State.UNLOADED, State.FAILED):  # no longer resident
             r.keep_alive_s = None
             r.loaded_at = None
-        self._out.append(Transition(r.spec.name, frm, to, reason, r.committed_bytes, error))
+        self._out.append(Transition(r.spec.name, frm, to, reason, r.committed_bytes, error, cause))
 
 
 def _shallow(value: list[Any] | set[Any] | dict[Any, Any]) -> list[Any] | set[Any] | dict[Any, Any]:

@@ -21,6 +21,14 @@ drift from what an acquire does, because it *is* the acquire's decision
 * ``fail``: refused at once (``error.code``: ``model_capacity``,
   ``model_exceeds_budget``, ``shutting_down``, ...).
 
+With ``kv_bytes`` (what a request of N tokens asks beyond what the model's load
+reserves: ``GET /admin/plan?model=X&tokens=N``), the plan is that request's: on
+a ``loaded`` model the acquire is granted on the copy and the copy is then
+stepped with the :class:`~mlxd.residency.messages.ReserveKV` that request
+would bring (``ready`` when the bytes are free, ``evict_then_load`` /
+``drain_then_load`` when victims make room for them); on a model still to load,
+the copy's load is counted with those bytes added, since both must fit.
+
 ``committed_after`` is the committed bytes once the action is done (victims
 gone, the model loaded); for ``wait`` and ``fail``, what is committed now.
 ``eta_s`` is the seconds until the model is ready counted from its measured
@@ -30,12 +38,12 @@ load time (unloads taken as instant); None when it depends on leases ending
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mlxd.errors import ModelNotFound
 from mlxd.residency.core import Core
-from mlxd.residency.messages import Acquire, Grant, Reject, Satisfy
+from mlxd.residency.messages import Acquire, Command, Grant, Reject, ReserveKV, Satisfy
 from mlxd.residency.moves import Victim
 from mlxd.residency.policy import ContentionPolicy
 from mlxd.residency.states import State
@@ -73,32 +81,56 @@ class Plan:
 
 
 def plan(
-    core: Core, model: str, now: float, *, contention: ContentionPolicy | None = None
+    core: Core,
+    model: str,
+    now: float,
+    *,
+    contention: ContentionPolicy | None = None,
+    kv_bytes: int = 0,
 ) -> Plan:
-    """What an acquire of ``model`` at ``now`` would do; ``core`` is left as it was."""
+    """What an acquire of ``model`` at ``now`` (then, with ``kv_bytes``, that request's KV
+    reservation) would do; ``core`` is left as it was."""
     if model not in core.models:
         raise ModelNotFound(model)
     sim = core.copy()
+    before, after = core.models[model], sim.models[model]
+    extra = 0 if before.holds_budget else max(0, kv_bytes)  # to load: weights and KV together
+    if extra:
+        after.spec = replace(after.spec, size_bytes=after.spec.size_bytes + extra)
     wid = max(sim.waiters, default=0) + 1  # after every waiter already queued, as a new one is
     commands = sim.step(Acquire(wid, model, "plan", now, contention=contention))
+    answer = _answer(commands, wid)
+    if isinstance(answer, Grant) and kv_bytes > 0 and "plan" in sim.lease_model:
+        sim.victims = []
+        wid += 1
+        answer = _answer(sim.step(ReserveKV(wid, model, "plan", kv_bytes, now)), wid)
+        if answer is None:  # room is being made for the KV: the request waits for it
+            victims = tuple(sim.victims)
+            action = classify(False, victims)
+            committed = core.committed
+            if action != "wait":
+                committed += kv_bytes - sum(v.bytes for v in victims)
+            return Plan(model, action, victims, None, None, committed, None)
     victims = tuple(sim.victims)
-    before, after = core.models[model], sim.models[model]
-    answer = next(
-        (c for c in commands if isinstance(c, Grant | Satisfy | Reject) and c.waiter_id == wid),
-        None,
-    )
     if isinstance(answer, Reject):
         e = answer.error
         return Plan(model, "fail", victims, e.code, e.message, core.committed, None)
     if answer is not None:
-        return Plan(model, "ready", victims, None, None, core.committed, 0.0)
+        return Plan(model, "ready", victims, None, None, core.committed + max(0, kv_bytes), 0.0)
     action = classify(after.state is State.LOADING and not after.load_cancelling, victims)
     committed = core.committed
     if action != "wait":
         committed -= sum(v.bytes for v in victims)
         if not before.holds_budget:
-            committed += before.spec.size_bytes
+            committed += before.spec.size_bytes + extra
     return Plan(model, action, victims, None, None, committed, _eta(sim, model, action, victims))
+
+
+def _answer(commands: list[Command], wid: int) -> Grant | Satisfy | Reject | None:
+    return next(
+        (c for c in commands if isinstance(c, Grant | Satisfy | Reject) and c.waiter_id == wid),
+        None,
+    )
 
 
 def classify(loading: bool, victims: tuple[Victim, ...] | list[Victim]) -> str:

@@ -21,8 +21,12 @@ SHUTDOWN_DRAIN = -2
 class ModelRecord:
     spec: ModelSpec
     state: State = State.UNLOADED
-    #: bytes this residency holds or reserves (set when its load starts)
+    #: bytes this residency holds or reserves: what its load committed (set when the load
+    #: starts) plus ``kv_bytes``
     committed_bytes: int = 0
+    #: KV reserved for its running requests beyond what its load committed; invariant:
+    #: ``0 <= kv_bytes <= committed_bytes``; 0 whenever a load starts
+    kv_bytes: int = 0
     leases: set[str] = field(default_factory=set)
     last_used: float | None = None
     #: when its current residency became ``loaded`` (min_resident_s, max_swap_delay_s)
@@ -72,6 +76,8 @@ class ModelRecord:
     preempters: int = 0
     #: the earliest ``preempt_at`` of its waiters (None: none of them preempts)
     preempt_at: float | None = None
+    #: waiters in its queue that ask for KV (``WaiterKind.KV``), not for a lease
+    kv_waiters: int = 0
 
     @property
     def holds_budget(self) -> bool:
@@ -116,6 +122,8 @@ class ModelRecord:
             self.preempt_at = min(times) if times else None
 
     def _count(self, w: Waiter, n: int) -> None:
+        if w.kind is WaiterKind.KV:
+            self.kv_waiters += n
         if not w.policy.waits:
             self.fail_waiters += n
         if w.policy.strategy == "preempt":
@@ -140,3 +148,5 @@ class Waiter:
     policy: ContentionPolicy = field(default_factory=ContentionPolicy)
     #: the request's keep_alive, already clamped (None: the model's default)
     keep_alive_s: float | None = None
+    #: KV bytes it asks for (``WaiterKind.KV`` only)
+    kv_bytes: int = 0

@@ -39,10 +39,32 @@ def model_leaving(model: str, state: str, retry_at: float | None, now: float) ->
     )
 
 
-def waited_too_long(model: str, waited_s: float, wait_timeout_s: float | None) -> CapacityTimeout:
-    return CapacityTimeout(
-        f"waited {waited_s:.0f} s for room to load '{model}' (wait_timeout_s={wait_timeout_s})"
+def waited_too_long(
+    model: str, waited_s: float, wait_timeout_s: float | None, *, kv: int = 0
+) -> CapacityTimeout:
+    what = f"{format_bytes(kv)} of KV for a request on '{model}'" if kv else f"room to load '{model}'"
+    return CapacityTimeout(f"waited {waited_s:.0f} s for {what} (wait_timeout_s={wait_timeout_s})")
+
+
+def kv_exceeds_budget(model: str, need: int, room: int, budget: int) -> ModelExceedsBudget:
+    """A request whose KV could not fit even with every other model evicted (400)."""
+    return ModelExceedsBudget(
+        f"the request's KV cache on '{model}' needs {format_bytes(need)} more; with every other "
+        f"model evicted the {format_bytes(budget)} memory budget leaves {format_bytes(room)} "
+        f"for it, {format_bytes(need - room)} short: shorten the prompt or lower max_tokens",
+        param="messages",
     )
+
+
+def kv_no_room(model: str, need: int, committed: int, budget: int) -> ModelCapacity:
+    return ModelCapacity(
+        f"the request's KV cache on '{model}' ({format_bytes(need)}) does not fit now: "
+        f"{format_bytes(committed)} of {format_bytes(budget)} are committed to models in use"
+    )
+
+
+def kv_without_lease(model: str) -> Conflict:
+    return Conflict(f"KV for '{model}' is asked for by a request that holds no lease on it")
 
 
 def live_models_in_reload(live: list[tuple[str, str]]) -> Conflict:

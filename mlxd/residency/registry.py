@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mlxd.residency.messages import ModelSpec
+from mlxd.residency.messages import ModelSpec, WaiterKind
 from mlxd.residency.policy import ContentionPolicy, ResidencyRules
 from mlxd.residency.records import ModelRecord, Waiter
 from mlxd.residency.states import State
@@ -37,6 +37,8 @@ class Registry:
         self.lease_model: dict[str, str] = {}
         #: the clamped keep_alive of live leases that asked for one
         self.lease_keep_alive: dict[str, float] = {}
+        #: the contention policy each live lease was granted under: its KV requests wait by it
+        self.lease_policy: dict[str, ContentionPolicy] = {}
         #: None, or why new loads are refused (the journal cannot write)
         self.load_gate: str | None = None
         self.shutting_down = False
@@ -107,9 +109,14 @@ class Registry:
         """Raise AssertionError if a promise of the module docstring is broken."""
         assert self.committed <= self.budget, (self.committed, self.budget)
         for name, r in self.models.items():
+            assert 0 <= r.kv_bytes <= r.committed_bytes, (name, r.kv_bytes, r.committed_bytes)
             if r.leases:
                 assert r.state in (State.LOADED, State.DRAINING), (name, r.state)
             for lid in r.leases:
                 assert self.lease_model[lid] == name
         assert len(self.lease_model) == sum(len(r.leases) for r in self.models.values())
         assert self.lease_keep_alive.keys() <= self.lease_model.keys()
+        assert self.lease_policy.keys() <= self.lease_model.keys()
+        for w in self.waiters.values():  # KV is asked for by a live lease of its own model
+            if w.kind is WaiterKind.KV:
+                assert self.lease_model.get(w.lease_id) == w.model, (w.lease_id, w.model)

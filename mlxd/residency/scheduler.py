@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 
 from mlxd.errors import JournalError, MlxdError
 from mlxd.residency import refusals
+from mlxd.residency.messages import WaiterKind
 from mlxd.residency.moves import CoreState, Victim
 from mlxd.residency.records import ModelRecord
 from mlxd.residency.states import Reason, State
@@ -114,7 +115,8 @@ class Scheduler(CoreState):
                 break
 
     def _pass(self) -> bool:
-        """One pass over the models with waiters; returns True if a drain was called off."""
+        """One pass over the models with waiters; True if another is due (a drain was called
+        off, or KV requests wait on a model that began draining during this one)."""
         room = _Room(
             free=self.budget - self.committed,
             incoming=sum(r.committed_bytes for r in self.models.values() if self._outgoing(r)),
@@ -124,7 +126,8 @@ class Scheduler(CoreState):
         for r in self.models.values():
             if r.queue and r.state is State.LOADED:
                 for w in list(r.queue.values()):
-                    self._satisfy(w, r)
+                    if w.kind is not WaiterKind.KV:
+                        self._satisfy(w, r)
         waiting = sorted(
             (r for r in self.models.values() if r.queue),
             key=lambda r: (-r.priority, next(iter(r.queue))),
@@ -133,11 +136,18 @@ class Scheduler(CoreState):
             self._serve(r, room)
         called_off = self._call_off_unclaimed(room.claimed)
         self._preempt_due()
-        return called_off
+        # a model drained by a later waiter of this pass left KV requests waiting on it:
+        # the next pass answers them (granted from free bytes, else refused)
+        kv_left = any(r.kv_waiters and r.state is State.DRAINING for r in self.models.values())
+        return called_off or kv_left
 
     def _serve(self, r: ModelRecord, room: _Room) -> None:
         r.claims = []
         r.defer_until = None
+        if r.kv_waiters:
+            self._serve_kv(r, room)
+            if r.state is State.LOADED or not r.queue:
+                return
         if r.state is State.LOADING and not r.load_cancelling:
             r.blocked = False
             return
@@ -159,6 +169,30 @@ class Scheduler(CoreState):
         else:
             self._make_room(r, need, room)
 
+    def _serve_kv(self, r: ModelRecord, room: _Room) -> None:
+        """KV asked for by requests on ``r`` (``loaded`` or ``draining``): the bytes it holds
+        beyond its load's stay; room is made as for a load, never by ``r`` itself."""
+        kv = [w for w in r.queue.values() if w.kind is WaiterKind.KV]
+        room_max = self.budget - (r.committed_bytes - r.kv_bytes)  # every other model gone
+        for w in kv:
+            if r.kv_bytes + w.kv_bytes > room_max:
+                self._reject(w, refusals.kv_exceeds_budget(
+                    r.spec.name, w.kv_bytes, max(0, room_max - r.kv_bytes), self.budget))
+        kv = [w for w in kv if w.id in r.queue]
+        need = sum(w.kv_bytes for w in kv)
+        if not kv:
+            return
+        if need <= room.free:
+            room.free -= need
+            for w in kv:
+                self._grant_kv(w, r)
+        elif r.state is not State.LOADED:  # draining: no victims are taken for a model leaving
+            for w in kv:
+                self._reject(w, refusals.model_leaving(r.spec.name, r.state, None, self.now))
+        else:
+            r.blocked = True
+            self._make_room(r, need, room)
+
     def _make_room(self, r: ModelRecord, need: int, room: _Room) -> None:
         """``r``'s waiters need ``need`` bytes more than are free: evict, drain, defer or refuse."""
         waits = r.fail_waiters < len(r.queue)
@@ -167,7 +201,8 @@ class Scheduler(CoreState):
         idle_bytes = sum(v.committed_bytes for v in idle)
         at_hand = room.free + room.incoming + idle_bytes
         if r.fail_waiters and room.free + self._unloading(room) + idle_bytes < need:
-            self._reject_failing(r, refusals.no_room(r.spec.name, need, self.committed, self.budget))
+            no_room = refusals.kv_no_room if r.kv_waiters else refusals.no_room
+            self._reject_failing(r, no_room(r.spec.name, need, self.committed, self.budget))
             if not r.queue:
                 return
         now_bytes = at_hand + sum(v.committed_bytes for v in busy)
@@ -184,11 +219,18 @@ class Scheduler(CoreState):
             room.incoming += v.committed_bytes
             if v.leases:
                 self._record_victim(v, r, self._busy_why(v, r))
-                self._begin_drain(v, drain_reason, owner=None)
+                self._begin_drain(v, drain_reason, owner=None, cause=self._cause(r, need))
             else:
                 self._record_victim(v, r, self._idle_why())
-                self._begin_unload(v, Reason.EVICTED)
+                self._begin_unload(v, Reason.EVICTED, self._cause(r, need))
         self._take(r, need, room)
+
+    @staticmethod
+    def _cause(r: ModelRecord, need: int) -> str:
+        """What the victims of ``r``'s waiters go for (the journal's ``cause``)."""
+        if r.kv_waiters:
+            return f"KV of a request on '{r.spec.name}' ({need} bytes)"
+        return f"load of '{r.spec.name}' ({need} bytes)"
 
     def _take(self, r: ModelRecord, need: int, room: _Room) -> int:
         """Let ``r`` take free bytes, then claim bytes on their way out; returns what is still missing."""

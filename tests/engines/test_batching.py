@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import trio
 
 from mlxd.config import Config, ContentionPolicy, ManagerConfig
+from mlxd.config.kv import kv_need_bytes as batch_kv_bytes
 from mlxd.engines import DefaultEngines
 from mlxd.engines.base import ChatMessage, Finished, GenerationRequest, TextDelta
-from mlxd.engines.batching import BatchScheduler, batch_kv_bytes
+from mlxd.engines.batching import BatchScheduler
+from mlxd.engines.kv_gate import KvBook
 from mlxd.engines.mlx_text import MlxTextEngine
 from mlxd.errors import InvalidRequest, Preempted
 from mlxd.residency.manager import Manager
@@ -245,7 +248,8 @@ async def test_logits_processors_and_logprobs_are_per_request(batched: MlxTextEn
 
 
 async def test_kv_admission_keeps_the_batch_within_kv_cache(tiny_model_dir: Path) -> None:
-    """With room for two sequences' KV, four requests run at most two at a time and all finish;
+    """With kv_cache_gb set (a fixed region) holding two sequences' KV, four requests run at most
+    two at a time and all finish;
     a request that could not fit even alone is capped to the room, or refused if its prompt
     alone does not fit."""
     eng = MlxTextEngine(tiny_config(tiny_model_dir, max_batch_size=4), prefill_step=8)
@@ -256,13 +260,13 @@ async def test_kv_admission_keeps_the_batch_within_kv_cache(tiny_model_dir: Path
         eng.kv_cache_bytes = batch_kv_bytes([longest] * 2, 1024)  # two of them, not three
         sched = eng._scheduler
         assert isinstance(sched, BatchScheduler)
-        sched.kv_budget = eng.kv_cache_bytes
+        sched.kv = eng.kv = KvBook(eng.kv_cache_bytes, 1024, fixed=True)
         most = 0
 
         def watch(_event: str, _stats: object) -> None:
             nonlocal most
             most = max(most, len(sched._active))
-            assert sched.kv_reserved() <= sched.kv_budget
+            assert sched.kv_reserved() <= eng.kv_cache_bytes
 
         eng.observer = watch
         results = await _together(eng, [completion(p, max_tokens=100) for p in PROMPTS])
@@ -307,7 +311,7 @@ async def test_preempting_a_batched_model_stops_all_its_leases(tiny_model_dir: P
         async with manager.lease("tiny") as lease:
             try:
                 with lease.scope():
-                    async for ev in lease.engine.generate(endless):
+                    async for ev in lease.engine.generate(replace(endless, lease_id=lease.id)):
                         if isinstance(ev, TextDelta):
                             streaming[i].set()
             except Exception as e:

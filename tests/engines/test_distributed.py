@@ -124,7 +124,7 @@ async def test_a_remote_rank_runs_through_ssh_and_its_death_ends_the_residency(
         rank0, rank1 = engine.pids()  # rank 1's is the "ssh" client's (the shim execs the worker)
         seen = 0
         with pytest.raises(EngineDied):
-            async for ev in engine.generate(completion("x", max_tokens=100_000)):
+            async for ev in engine.generate(completion("x", max_tokens=60_000)):
                 seen += isinstance(ev, TextDelta)
                 if seen == 3:
                     os.kill(rank1, signal.SIGKILL)

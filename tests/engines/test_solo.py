@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from mlxd.config.kv import kv_need_bytes as batch_kv_bytes
 from mlxd.engines.base import GenerationRequest, TextDelta
-from mlxd.engines.batching import batch_kv_bytes
 from mlxd.engines.mlx_text import MlxTextEngine
 from tests.engines.mlx_helpers import (
     batched_engine,

@@ -67,7 +67,7 @@ async def test_a_distributed_model_lives_like_any_model(tmp_path: Path, tiny_mod
         lines: list[str] = []
         started = trio.Event()
         async with trio.open_nursery() as n:
-            n.start_soon(stream_lines, c, body("d", stream=True, max_tokens=100_000), lines, started)
+            n.start_soon(stream_lines, c, body("d", stream=True, max_tokens=60_000), lines, started)
             await started.wait()
             second = ranks(s)
             assert (await c.post(CHAT, json=body("f"))).status_code == 200

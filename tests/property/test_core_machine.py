@@ -24,6 +24,14 @@ never preempts, nor keeps draining, a model of higher priority; no idle model
 outlives its keep-alive; a scheduling pass is idempotent (stepping an unchanged
 core changes nothing); and a plan, computed at any moment, equals what the
 acquire then does.
+
+KV reservations run too (``ReserveKV``: a lease holder asks for more KV bytes
+of its model, as an engine admitting a request does; ``ReturnKV``: its batch
+shrank; a lease ending leaves its KV to the engine to give back). Checked with
+them: a model's ``kv_bytes`` is what was granted and not given back since its
+load started, they count in "committed never exceeds the budget", a KV request
+never makes its own model a victim, and a plan for a request of N tokens' KV
+on a loaded model equals what its acquire and reservation then do.
 """
 
 from __future__ import annotations
@@ -78,6 +86,7 @@ from mlxd.residency.plan import plan
 from mlxd.residency.policy import ResidencyRules
 from mlxd.residency.states import COMMITTED, TRANSITIONS, State
 from mlxd.units import GIB
+from tests.property.core_kv_rules import KvRules
 from tests.property.test_plan import ASKED, fingerprint, what_acquiring_did
 
 NAMES = ["a", "b", "c", "d"]
@@ -88,7 +97,7 @@ FEW_NAMES = st.sets(st.sampled_from(ALL_NAMES), max_size=2)
 SOME_NAMES = st.sets(st.sampled_from(ALL_NAMES))
 
 
-class CoreMachine(RuleBasedStateMachine):
+class CoreMachine(KvRules, RuleBasedStateMachine):
     """The shell, simulated: it carries out commands the way mlxd.residency.manager does."""
 
     def __init__(self) -> None:
@@ -110,6 +119,12 @@ class CoreMachine(RuleBasedStateMachine):
         self.steps = 0
         self.admin_step = False  # the current step is an admin unload (it may preempt anyone)
         self.last_commands: list[Command] = []
+        #: KV requests in flight: waiter id -> (model, bytes)
+        self.kv_waiters: dict[int, tuple[str, int]] = {}
+        #: the lease each KV request in flight came from
+        self.kv_lease: dict[int, str] = {}
+        #: each model's KV granted and not given back since its last load started
+        self.kv_held: dict[str, int] = {}
 
     @initialize(
         sizes=st.lists(st.integers(2, 6), min_size=4, max_size=4),
@@ -175,11 +190,17 @@ class CoreMachine(RuleBasedStateMachine):
                 self.waiters.pop(cmd.waiter_id, None)
             elif isinstance(cmd, (Satisfy, Reject)):
                 self.waiters.pop(cmd.waiter_id, None)
+                kv = self.kv_waiters.pop(cmd.waiter_id, None)
+                self.kv_lease.pop(cmd.waiter_id, None)
+                if kv is not None and isinstance(cmd, Satisfy):
+                    assert self.shadow[kv[0]] in (State.LOADED, State.DRAINING), kv
+                    self.kv_held[kv[0]] = self.kv_held.get(kv[0], 0) + kv[1]
             elif isinstance(cmd, StartLoad):
                 assert cmd.model not in self.loads, f"second load of {cmd.model} in flight"
                 assert cmd.model not in self.holding, f"{cmd.model}: a second engine while one holds memory"
                 self.loads[cmd.model] = (cmd.load_id, False)
                 self.holding.add(cmd.model)
+                self.kv_held[cmd.model] = 0  # a residency starts with no KV beyond its load's
             elif isinstance(cmd, CancelLoad):
                 load_id, _ = self.loads[cmd.model]
                 assert load_id == cmd.load_id
@@ -191,6 +212,11 @@ class CoreMachine(RuleBasedStateMachine):
                 for lid in cmd.lease_ids:
                     assert self.leases[lid] == cmd.model
                     self.preempted.add(lid)
+                kv_for = {m for m, _ in self.kv_waiters.values()}
+                assert cmd.shutdown or self.admin_step or not (
+                    cmd.model in kv_for and cmd.model in self.core.models
+                    and cmd.model in self.core.models[cmd.model].claims
+                ), f"{cmd.model} preempted for its own KV"
                 if not (cmd.shutdown or self.admin_step):  # a waiter preempts: never upwards
                     victim = self.core.models[cmd.model].priority
                     assert any(
@@ -258,6 +284,7 @@ class CoreMachine(RuleBasedStateMachine):
         lid = data.draw(st.sampled_from(sorted(self.leases)))
         del self.leases[lid]
         self.preempted.discard(lid)
+        self._lease_ended(lid)
         self.feed(Release(lid, self.now))
 
     @precondition(lambda self: bool(set(self.loads) - self.hung))
@@ -305,6 +332,7 @@ class CoreMachine(RuleBasedStateMachine):
             del self.leases[lid]
             self.preempted.discard(lid)
             self.orphans.add(lid)
+            self._lease_ended(lid)
         self.holding.discard(model)  # its memory went with the process
         self.feed(EngineDeath(model, self.now, "killed by SIGKILL"))
         # failed (then unloaded if it was on its way out, or loading again for a waiter)
@@ -470,7 +498,12 @@ class CoreMachine(RuleBasedStateMachine):
                 assert r.leases, name
         assert set(self.leases) == set(core.lease_model)
         for w in core.waiters.values():  # nobody is left waiting on a model it could have
-            assert core.models[w.model].state is not State.LOADED, w
+            assert w.kind is WaiterKind.KV or core.models[w.model].state is not State.LOADED, w
+        for name, r in core.models.items():  # KV: what was granted and not given back
+            if r.holds_budget:
+                assert r.kv_bytes == self.kv_held.get(name, 0), (name, r.kv_bytes, self.kv_held)
+        # a KV request waits until answered, or until its lease ends (the core forgets it then)
+        assert set(self.kv_waiters) == {w.id for w in core.waiters.values() if w.kind is WaiterKind.KV}
         for lid in self.preempted:
             # preempted leases are on a victim, or on one whose drain was called off after
             assert core.models[self.leases[lid]].state in (State.DRAINING, State.LOADED)

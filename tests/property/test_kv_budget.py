@@ -5,18 +5,27 @@ models (weights, KV cache and prompt cache sizes) and a random sequence of
 requests run through the real :class:`~mlxd.residency.manager.Manager` under
 virtual time; after every request the committed bytes (which count each
 resident model's caches) are within the budget, and each resident model
-commits exactly its three parts.
+commits exactly its three parts plus the KV its requests hold.
+
+KV reservations run through the real shell too: a request holding its lease
+asks its model's broker (:class:`~mlxd.residency.kv.ModelKv`, what an MLX
+engine's queue asks) for random KV bytes beyond the floor, which may evict idle
+models, wait under the policy, or be refused; granted bytes are given back
+when the request ends. Fake engines never ask by themselves (docs/memory.md).
+40 examples by default, 5,000 under ``--stress``.
 """
 
 from __future__ import annotations
 
 import trio
 import trio.testing
+from hypothesis import event as note_event
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlxd.config import Config, ContentionPolicy, FakeSettings, ManagerConfig, ModelConfig
 from mlxd.errors import MlxdError
+from mlxd.residency.kv import ModelKv
 from tests.support.harness import running
 
 MB = 1 << 20
@@ -24,17 +33,24 @@ sizes = st.integers(min_value=1, max_value=400).map(lambda n: n * MB)
 caches = st.integers(min_value=0, max_value=300).map(lambda n: n * MB)
 
 
-@settings(max_examples=40, deadline=None)
+#: the stress profile's count, else the default suite's 40 (each example is a real manager run)
+EXAMPLES = 5000 if settings.default.max_examples >= 5000 else 40
+kv_asks = st.integers(min_value=0, max_value=600).map(lambda n: n * MB)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(
     parts=st.lists(st.tuples(sizes, caches, caches), min_size=1, max_size=4),
     budget_mb=st.integers(min_value=200, max_value=1500),
-    requests=st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=12),
+    requests=st.lists(st.tuples(st.integers(min_value=0, max_value=3), kv_asks), min_size=1,
+                      max_size=12),
 )
 def test_committed_bytes_with_kv_never_exceed_the_budget(
-    parts: list[tuple[int, int, int]], budget_mb: int, requests: list[int]
+    parts: list[tuple[int, int, int]], budget_mb: int, requests: list[tuple[int, int]]
 ) -> None:
-    """Whatever the sizes and the order of requests, committed (weights + KV + prompt cache)
-    stays within the budget, and a model too big with its caches is refused, not loaded."""
+    """Whatever the sizes, the order of requests and the KV they reserve, committed (weights +
+    KV + prompt cache + reservations) stays within the budget, a model too big with its caches
+    is refused, not loaded, and every reservation is given back when its request ends."""
     budget = budget_mb * MB
     models = tuple(
         ModelConfig(
@@ -56,7 +72,7 @@ def test_committed_bytes_with_kv_never_exceed_the_budget(
 
     async def scenario() -> None:
         async with running(config) as h:
-            for pick in requests:
+            for pick, kv in requests:
                 name = f"m{pick % len(models)}"
                 assert h.manager.memory_parts(name) == dict(
                     zip(
@@ -67,14 +83,43 @@ def test_committed_bytes_with_kv_never_exceed_the_budget(
                 )
                 try:
                     with trio.move_on_after(60):
-                        async with h.manager.lease(name):
-                            await trio.sleep(1)
+                        async with h.manager.lease(name) as lease:
+                            await _hold_kv(ModelKv(h.manager, name), lease.id, kv, budget)
                 except MlxdError:
                     pass  # refused (too big with its caches) or timed out: nothing was committed
                 core = h.manager.core
                 assert core.committed <= budget
                 for r in core.models.values():
                     if r.holds_budget:
-                        assert r.committed_bytes == want[r.spec.name]
+                        assert r.committed_bytes == want[r.spec.name] and r.kv_bytes == 0
 
     trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def _hold_kv(broker: ModelKv, lease_id: str, nbytes: int, budget: int) -> None:
+    """Reserve ``nbytes`` of KV as an engine admitting a request does, run, give them back."""
+    answered = trio.Event()
+    box: list[MlxdError | None] = []
+
+    def answer(error: MlxdError | None) -> None:
+        box.append(error)
+        answered.set()
+
+    t0 = trio.current_time()
+    withdraw = broker.reserve(lease_id, nbytes, answer)
+    try:
+        await answered.wait()
+        waited = trio.current_time() > t0
+    except BaseException:
+        withdraw()
+        raise
+    r = broker._manager.core.models[broker.model]
+    assert broker._manager.core.committed <= budget
+    note_event(f"KV {'granted' if box[0] is None else box[0].code}" + (" (waited)" if waited else ""))
+    if box[0] is not None:
+        if box[0].code == "model_exceeds_budget":  # only when it could never fit
+            assert nbytes > budget - (r.committed_bytes - r.kv_bytes)
+        return
+    assert r.kv_bytes >= nbytes
+    await trio.sleep(1)
+    broker.give_back(nbytes)

@@ -335,7 +335,7 @@ def test_ceiling_is_lowest_utilization_of_batching_entries() -> None:
     assert not report.exceeds_ceiling
     text = sentences(describe_ceiling(report))
     assert "allocation ceiling 10.00 GiB (50% of the 20.00 GiB device working set" in text
-    assert "The budget covers each model's weights and, for batched text models, the KV" in text
+    assert "The budget covers each model's weights, the KV of its running generations" in text
 
 
 def test_budget_above_ceiling_warns_with_the_seed_advice() -> None:
@@ -397,3 +397,28 @@ def test_sizes_print_in_binary_units() -> None:
     assert format_bytes(GIB // 2) == "512.0 MiB"
     assert format_bytes(GIB // 100) == "10.2 MiB"
     assert format_bytes(512) == "512 B" and format_bytes(None) == "-"
+
+
+def test_check_config_on_an_embedding_model_shows_weights_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An embedding model commits its weights only (no KV cache, no prompt cache, no batch),
+    even where its config.json would give a 24-layer encoder hundreds of MiB of KV."""
+    import json
+
+    import yaml
+
+    model = tmp_path / "encoder"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(
+        {"model_type": "bert", "num_hidden_layers": 24, "num_attention_heads": 16,
+         "hidden_size": 1024, "max_position_embeddings": 512}))
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump({"manager": {"memory_budget_gb": 8}, "models": [
+        {"name": "embed", "path": str(model), "embedding": True, "estimated_memory_gb": 1}]}))
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    block = out.split("embed: ")[1].split("Budget:")[0]
+    assert "commits 1.00 GiB when loaded: weights 1.00 GiB" in block, block
+    assert "weights only" in block and "KV cache 0" not in block, block
+    assert "an embedding model generates nothing" in block, block

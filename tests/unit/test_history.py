@@ -317,9 +317,16 @@ def run_query(journal: Path, sql: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-def test_docs_have_eight_queries() -> None:
-    """docs/journal.md documents exactly the eight tested queries."""
-    assert len(doc_queries()) == 8
+def test_docs_have_nine_queries() -> None:
+    """docs/journal.md documents exactly the nine tested queries."""
+    assert len(doc_queries()) == 9
+
+
+async def test_doc_query_what_evictions_were_for(journal: Path) -> None:
+    """Query 9 lists evictions and preemptions newest first with their cause column."""
+    rows = run_query(journal, doc_queries()[8])
+    assert rows and all(len(r) == 4 for r in rows)
+    assert all(r[2] in ("unloading", "draining") for r in rows)
 
 
 async def test_doc_query_recent_transitions(journal: Path) -> None:

@@ -229,7 +229,7 @@ async def test_subscribers_hear_only_committed_events(tmp_path: Path) -> None:
             assert got == (seq, j.events_after(seq - 1)[0]["payload"])
             assert got[1] == {
                 "kind": "transition", "model": "m", "from_state": "unloaded", "to_state": "loading",
-                "reason": "request", "at": 1.0, "memory_bytes": None, "error": None,
+                "reason": "request", "at": 1.0, "memory_bytes": None, "error": None, "cause": None,
             }  # fmt: skip
             assert sub.last_seq == seq
 
