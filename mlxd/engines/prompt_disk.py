@@ -46,6 +46,7 @@ import json
 import logging
 import os
 import queue
+import stat
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -183,6 +184,9 @@ class PromptDisk:
                 continue
             if not f.name.endswith(SUFFIX):
                 self._remove(f, "not an entry")
+                continue
+            if not _regular(f):  # opening a FIFO blocks for ever; a link may lead anywhere
+                self._remove(f, "not a regular file")
                 continue
             meta = self._header(f)
             tokens = self._tokens(meta) if meta is not None else None
@@ -411,6 +415,14 @@ class PromptDisk:
                 break
             self._unlink(path)
             total -= size
+
+
+def _regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file itself (not a link, FIFO, device or directory)."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def _writer_alive(name: str) -> bool:
