@@ -407,8 +407,10 @@ class PromptDisk:
                 self._unlink(e.path)
 
     def _enforce_bound(self) -> None:
-        """Remove the least recently used entries of the whole tier until it fits its bound."""
-        files = sorted(_files(self.root), key=lambda f: f[2])
+        """Remove the least recently used entries of the whole tier until it fits its bound;
+        first any file larger than the whole bound (it can never stay, and removing the others
+        first would empty the tier for nothing)."""
+        files = sorted(_files(self.root), key=lambda f: (f[1] <= self.max_bytes, f[2]))
         total = sum(size for _p, size, _m in files)
         for path, size, _mtime in files:
             if total <= self.max_bytes:
