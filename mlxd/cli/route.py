@@ -59,7 +59,13 @@ def ask(fleet: Fleet, timeout: float = STATUS_TIMEOUT_S) -> list[Seen]:
                 out.append(Seen(d, None, f"HTTP {r.status_code} from /admin/status "
                                          "(its key needs the read scope)"))
                 continue
-            out.append(Seen(d, r.json(), None))
+            try:
+                status = r.json()
+                DaemonFacts.from_status(d.name, status)
+            except ValueError as e:  # another service at that URL: said, not a traceback
+                out.append(Seen(d, None, str(e)[:200]))
+                continue
+            out.append(Seen(d, status, None))
     return out
 
 

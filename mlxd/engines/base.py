@@ -90,6 +90,8 @@ class Constraint:
     kind: Literal["json_object", "json_schema", "tool_call"]
     #: the JSON Schema as JSON text (json_schema); empty otherwise
     schema: str = ""
+    #: the request field that asked for it, named by refusals (empty: chat's ``response_format``)
+    param: str = ""
 
 
 @dataclass(frozen=True, slots=True)

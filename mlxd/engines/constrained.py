@@ -160,6 +160,8 @@ def check_schemas(constraint: Constraint, request: GenerationRequest) -> None:
 def _param(constraint: Constraint) -> str:
     if constraint.kind == "tool_call":
         return "tools"
+    if constraint.param:
+        return constraint.param
     if constraint.kind == "json_schema":
         return "response_format.json_schema.schema"
     return "response_format"

@@ -46,6 +46,7 @@ import json
 import logging
 import os
 import queue
+import stat
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -183,6 +184,9 @@ class PromptDisk:
                 continue
             if not f.name.endswith(SUFFIX):
                 self._remove(f, "not an entry")
+                continue
+            if not _regular(f):  # opening a FIFO blocks for ever; a link may lead anywhere
+                self._remove(f, "not a regular file")
                 continue
             meta = self._header(f)
             tokens = self._tokens(meta) if meta is not None else None
@@ -403,14 +407,24 @@ class PromptDisk:
                 self._unlink(e.path)
 
     def _enforce_bound(self) -> None:
-        """Remove the least recently used entries of the whole tier until it fits its bound."""
-        files = sorted(_files(self.root), key=lambda f: f[2])
+        """Remove the least recently used entries of the whole tier until it fits its bound;
+        first any file larger than the whole bound (it can never stay, and removing the others
+        first would empty the tier for nothing)."""
+        files = sorted(_files(self.root), key=lambda f: (f[1] <= self.max_bytes, f[2]))
         total = sum(size for _p, size, _m in files)
         for path, size, _mtime in files:
             if total <= self.max_bytes:
                 break
             self._unlink(path)
             total -= size
+
+
+def _regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file itself (not a link, FIFO, device or directory)."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def _writer_alive(name: str) -> bool:

@@ -62,7 +62,15 @@ class DaemonFacts:
 
     @classmethod
     def from_status(cls, name: str, body: Mapping[str, Any]) -> DaemonFacts:
-        """The facts of ``GET /admin/status``; a field it lacks reads as zero or None."""
+        """The facts of ``GET /admin/status``; a field it lacks reads as zero or None.
+        ValueError if ``body`` is not such a status (another service, or a proxy, at that URL)."""
+        try:
+            return cls._from_status(name, body)
+        except (AttributeError, TypeError, ValueError, OverflowError) as e:
+            raise ValueError(f"not an mlxd /admin/status ({type(e).__name__}: {e})") from e
+
+    @classmethod
+    def _from_status(cls, name: str, body: Mapping[str, Any]) -> DaemonFacts:
         models = {}
         for model, m in (body.get("models") or {}).items():
             models[model] = ModelFacts(
@@ -72,8 +80,8 @@ class DaemonFacts:
                 queued=int(m.get("queued", m.get("waiters")) or 0),
                 running=int(m.get("running", m.get("active_leases")) or 0),
                 kv_in_use=int(m.get("kv_in_use") or 0),
-                expected_load_seconds=m.get("expected_load_seconds"),
-                last_used_at=m.get("last_used_at"),
+                expected_load_seconds=_seconds(m.get("expected_load_seconds")),
+                last_used_at=_seconds(m.get("last_used_at")),
                 pinned=bool(m.get("pinned")),
             )
         budget = int(body.get("budget_bytes") or 0)
@@ -81,6 +89,10 @@ class DaemonFacts:
         if free is None:
             free = max(0, budget - int(body.get("committed_bytes") or 0))
         return cls(name, budget, int(free), models)
+
+
+def _seconds(v: Any) -> float | None:
+    return None if v is None else float(v)
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,7 @@ def _format(v: object, param: str) -> Constraint | None:
     if not isinstance(v, dict) or v.get("type") != "json_schema":
         raise bad(f"{param}.type", "must be 'json_schema' (with a 'schema')")
     schema = check_schema(v.get("schema"), f"{param}.schema")
-    return Constraint("json_schema", json.dumps(schema))
+    return Constraint("json_schema", json.dumps(schema), param=f"{param}.schema")
 
 
 def output_format(body: dict[str, Any]) -> Constraint | None:

@@ -94,7 +94,7 @@ def create_app(app_state: AppState) -> QuartTrio:
     app.register_blueprint(admin_api.bp)
     app.register_blueprint(dashboard.bp)
     app.asgi_app = AccessLog(  # type: ignore[method-assign]
-        CompleteRequestBodies(app.asgi_app), app_state.request_ended
+        origins.UnroutableHosts(CompleteRequestBodies(app.asgi_app)), app_state.request_ended
     )
 
     app.before_request(guard)

@@ -177,10 +177,10 @@ def response_format(v: object) -> Constraint | None:
     if v is None or v == "":
         return None
     if v == "json":
-        return Constraint("json_object")
+        return Constraint("json_object", param="format")
     if not isinstance(v, dict):
         raise bad("format", 'must be "json" or a JSON Schema object')
-    return Constraint("json_schema", json.dumps(check_schema(v, "format")))
+    return Constraint("json_schema", json.dumps(check_schema(v, "format")), param="format")
 
 
 def _tools(body: dict[str, Any]) -> tuple[Tool, ...]:

@@ -18,10 +18,14 @@ request, in this order, before the key check and before any route runs:
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from werkzeug.sansio.utils import get_host
 
 from mlxd.config.origins import SAFE_METHODS, BrowserRules
 from mlxd.errors import FormBodyRefused, HostNotAllowed, MlxdError, OriginNotAllowed
+from mlxd.http import envelopes
 from mlxd.http.preferences import Headers
 
 #: the body types of a CORS "simple request": a page sends them without asking first
@@ -34,11 +38,7 @@ def refusal(rules: BrowserRules, method: str, headers: Headers) -> MlxdError | N
     """Why this request is refused (None: it may go on); ``headers`` is case-insensitive."""
     host = headers.get("Host")
     if not rules.host_allowed(host):
-        shown = (host or "")[:100]
-        return HostNotAllowed(
-            f"Host {shown!r} is not a name of this server: mlxd answers to loopback names and "
-            "addresses (localhost, 127.0.0.1, [::1]) and those in server.allowed_hosts"
-        )
+        return _host_refused(host)
     if method.upper() in SAFE_METHODS:
         return None
     origin = headers.get("Origin")
@@ -54,6 +54,45 @@ def refusal(rules: BrowserRules, method: str, headers: Headers) -> MlxdError | N
             "unasked): send JSON with 'Content-Type: application/json', or no body at all"
         )
     return None
+
+
+def _host_refused(host: str | None) -> HostNotAllowed:
+    shown = (host or "")[:100]
+    return HostNotAllowed(
+        f"Host {shown!r} is not a name of this server: mlxd answers to loopback names and "
+        "addresses (localhost, 127.0.0.1, [::1]) and those in server.allowed_hosts"
+    )
+
+
+def _routable(host: str) -> bool:
+    """Whether Quart can build a request on this ``Host`` (werkzeug IDNA-encodes its name and
+    raises, a 500, on an empty or overlong label such as ``localhost..``)."""
+    try:
+        get_host("http", host).partition(":")[0].encode("idna")
+    except UnicodeError:
+        return False
+    return True
+
+
+class UnroutableHosts:
+    """ASGI wrapper: a ``Host`` that Quart cannot build a request on gets the guard's 421
+    (``host_not_allowed``) here, before Quart, instead of a 500 and a traceback."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        host = next((v for k, v in scope.get("headers", ()) if k.lower() == b"host"), None)
+        if scope["type"] != "http" or host is None or _routable(host.decode("latin-1")):
+            await self.app(scope, receive, send)
+            return
+        err = _host_refused(host.decode("latin-1"))
+        body = json.dumps(envelopes.error_body(err, scope.get("path"))).encode()
+        await send({"type": "http.response.start", "status": err.http_status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),  # its body, if any, is not read
+        ]})
+        await send({"type": "http.response.body", "body": body})
 
 
 _HOST_REFUSED = ("host_not_allowed: the Host header is neither a loopback name nor in "

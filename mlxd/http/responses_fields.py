@@ -178,7 +178,7 @@ def _text(body: dict[str, Any]) -> tuple[Constraint | None, dict[str, Any]]:
         return None, echo
     if kind == "json_object":
         echo["format"] = {"type": "json_object"}
-        return Constraint("json_object"), echo
+        return Constraint("json_object", param="text.format"), echo
     if kind != "json_schema":
         raise bad("text.format.type", "must be 'text', 'json_object' or 'json_schema'")
     name = function_name(fmt.get("name"), "text.format.name")
@@ -193,7 +193,7 @@ def _text(body: dict[str, Any]) -> tuple[Constraint | None, dict[str, Any]]:
     schema = check_schema(fmt["schema"], "text.format.schema")
     echo["format"] = {"type": "json_schema", "name": name, "schema": schema, "strict": strict,
                       "description": description}
-    return Constraint("json_schema", json.dumps(schema)), echo
+    return Constraint("json_schema", json.dumps(schema), param="text.format.schema"), echo
 
 
 def _tools(body: dict[str, Any]) -> tuple[tuple[Tool, ...], list[Any]]:

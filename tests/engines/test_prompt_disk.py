@@ -185,3 +185,47 @@ def test_entries_waiting_for_an_idle_moment_are_bounded(tmp_path: Path) -> None:
     disk.flush()
     assert [disk.has(t) for t in streams] == [False, False, True, True]
     disk.close()
+
+
+def test_scan_skips_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    """A FIFO, a link or a directory named like an entry is removed (or left) unopened: the
+    scan, which runs in the model's load, does not block on it."""
+    import threading
+
+    disk = PromptDisk(DiskTier(tmp_path, 1 << 30), "model")
+    disk.dir.mkdir(parents=True)
+    fifo = disk.dir / f"{'a' * 32}.{'1' * 16}{SUFFIX}"
+    os.mkfifo(fifo)
+    (disk.dir / f"{'b' * 32}.{'2' * 16}{SUFFIX}").symlink_to("/dev/zero")
+    (disk.dir / f"{'c' * 32}.{'3' * 16}{SUFFIX}").mkdir()
+    scan = threading.Thread(target=disk.scan, daemon=True)
+    scan.start()
+    scan.join(10)
+    try:
+        assert not scan.is_alive(), "the scan blocked opening a FIFO"
+    finally:
+        if scan.is_alive():  # let the blocked open return so the thread ends
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert not fifo.exists() and len(disk) == 0
+    disk.close()
+
+
+def test_a_file_larger_than_the_bound_goes_first(tmp_path: Path) -> None:
+    """A file larger than the whole bound (here a 20 GB sparse one in another identity's
+    directory) is removed before any entry, instead of the bound emptying the tier first."""
+    disk = PromptDisk(DiskTier(tmp_path, 1 << 30), "model")
+    disk.scan()
+    streams = [[i] * 200 for i in range(1, 4)]
+    for tokens in streams:
+        assert disk.save(tokens, kv(len(tokens)))
+    disk.flush()
+    disk.close()
+    (tmp_path / "other").mkdir()
+    huge = tmp_path / "other" / f"{'d' * 32}.{'4' * 16}{SUFFIX}"
+    with open(huge, "wb") as f:
+        f.truncate(20 << 30)
+    disk = PromptDisk(DiskTier(tmp_path, 1 << 30), "model")
+    disk.scan()
+    assert not huge.exists()
+    assert [disk.has(t) for t in streams] == [True, True, True]
+    disk.close()

@@ -55,3 +55,31 @@ async def test_an_unenforceable_schema_is_a_400_and_the_streams_go_on(tiny_model
         assert not any("error" in c for c in got)
         assert got[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     assert sorted(outcomes) == ["completed", "completed", "completed", "error"], outcomes
+
+
+async def test_a_schema_refusal_names_the_field_of_the_route_that_took_it(tiny_model: Path,
+                                                                         tmp_path: Path) -> None:
+    """An unenforceable schema given to /v1/responses, /v1/messages or /api/chat is refused naming that route's field (text.format.schema, output_config.format.schema, format), not chat's response_format."""
+    cfg = config_of({"manager": {"memory_budget_gb": 2},
+                     "models": [{"name": "tiny", "path": str(tiny_model),
+                                 "estimated_memory_gb": 0.01}]}, tmp_path)
+    dangling = {"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}
+    chat = [{"role": "user", "content": "x"}]
+    cases = [
+        ("/v1/responses", {"model": "tiny", "input": "x", "text": {"format": {
+            "type": "json_schema", "name": "n", "schema": ENDLESS}}}, "text.format.schema"),
+        ("/v1/responses", {"model": "tiny", "input": "x", "text": {"format": {
+            "type": "json_schema", "name": "n", "schema": dangling}}}, "text.format.schema"),
+        ("/v1/messages", {"model": "tiny", "max_tokens": 8, "messages": chat, "output_config": {
+            "format": {"type": "json_schema", "schema": dangling}}}, "output_config.format.schema"),
+        ("/api/chat", {"model": "tiny", "stream": False, "messages": chat, "format": ENDLESS},
+         "format"),
+    ]
+    async with serving(cfg, tmp_path) as s, s.client(timeout=60) as c:
+        for path, body, param in cases:
+            r = await c.post(path, json=body)
+            assert r.status_code == 400, (path, r.text)
+            message = r.json()["error"] if path == "/api/chat" else r.json()["error"]["message"]
+            assert message.startswith(f"{param}: "), (path, message)
+            if path == "/v1/responses":
+                assert r.json()["error"]["param"] == param

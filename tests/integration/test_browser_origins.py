@@ -167,3 +167,15 @@ async def test_the_guard_runs_before_the_body_is_read(tmp_path: Path) -> None:
                              headers={"Content-Type": "text/plain"})
             assert r.status_code == 403
             assert (await c.get("/health")).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["localhost..", "a..b", "x" * 64 + ".example:8080"])
+async def test_a_host_quart_cannot_route_is_refused_not_a_500(tmp_path: Path, host: str) -> None:
+    """A Host with an empty or overlong label (werkzeug cannot IDNA-encode it) gets 421 host_not_allowed in the route's envelope, with or without a body, not a 500 with a traceback."""
+    async with serving(_config(tmp_path), tmp_path) as s, s.client() as c:
+        with trio.fail_after(10):
+            r = await c.get("/health", headers={"Host": host})
+            assert r.status_code == 421 and r.json()["error"]["code"] == "host_not_allowed", r.text
+            r = await c.post("/v1/messages", headers={"Host": host}, json={"model": "f"})
+            assert r.status_code == 421 and r.json()["type"] == "error", r.text
+            assert (await c.get("/health")).status_code == 200

@@ -116,3 +116,42 @@ def test_fleet_file_defaults() -> None:
     d = fleet.daemons[0]
     assert (d.name, d.url, d.models) == ("mac-a.local:8080", "http://mac-a.local:8080", ("a", "b"))
     assert (fleet.proxy.host, fleet.proxy.port, fleet.proxy.num_retries) == ("127.0.0.1", 4000, 3)
+
+
+@pytest.mark.parametrize("body", [
+    [1], {"models": [1, 2]}, {"models": {"m": "x"}}, {"budget_bytes": "lots", "models": {}},
+    {"budget_bytes": float("inf")}, {"models": {"m": {"expected_load_seconds": "soon"}}},
+])
+def test_a_body_that_is_not_an_mlxd_status_is_a_value_error(body: Any) -> None:
+    """Another service's JSON at a daemon's URL is a ValueError saying so (the watch and the CLI report it), never an AttributeError or TypeError later."""
+    with pytest.raises(ValueError, match="not an mlxd /admin/status"):
+        DaemonFacts.from_status("d", body)
+
+
+def test_route_check_reports_a_daemon_that_answers_something_else() -> None:
+    """`ask` (route --check, status --fleet) reports a daemon whose /admin/status is not mlxd's as an error line, not a traceback."""
+    import http.server
+    import threading
+
+    from mlxd.cli.route import ask
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"models": [1, 2]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        (seen,) = ask(parse_fleet({"daemons": [{"name": "d", "url": url, "models": ["m"]}]}))
+    finally:
+        server.shutdown()
+    assert seen.status is None and seen.facts is None
+    assert seen.error is not None and "not an mlxd /admin/status" in seen.error
