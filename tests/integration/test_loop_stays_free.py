@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 import trio
 
-from mlxd.engines import mlx_text
+from mlxd.engines import prompts
 from mlxd.engines.demo_model import write_demo_model
 from mlxd.http.structured import MAX_SCHEMA_VALUES
 from tests.integration.conftest import config_of
@@ -156,8 +156,8 @@ async def test_health_is_answered_while_a_prompt_with_many_tools_is_rendered(
 ) -> None:
     """Rendering and tokenizing a short message with many tools runs on a worker thread: /health is answered meanwhile."""
     order: list[str] = []
-    gate = Gate(mlx_text.encode_prompt, order, "prompt tokenized")
-    monkeypatch.setattr(mlx_text, "encode_prompt", gate)
+    gate = Gate(prompts.encode_prompt, order, "prompt tokenized")
+    monkeypatch.setattr(prompts, "encode_prompt", gate)
     async with serving(cfg, tmp_path) as s:
         async with s.client(timeout=60) as c:  # loaded first: the gate holds this request only
             assert (await c.post("/admin/models/tiny/load")).status_code == 200
