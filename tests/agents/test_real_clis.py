@@ -14,10 +14,9 @@ Codex's ``get_goal``).
 Needs the CLIs (``npm install @anthropic-ai/claude-code @openai/codex`` in
 ``$MLXD_AGENTS_DIR``, default ``/work/agents-cli``; skipped without them).
 Claude Code's first request is ~56,000 prompt tokens of the demo tokenizer
-with ``max_tokens`` 32,000: its KV must fit (the budget-drawn KV, or
-``MLXD_TEST_DEMO_KV_GB=0.2``), and its prefill takes minutes on a CPU (run
-with OpenBLAS preloaded: ``LD_PRELOAD``, see ``docs/agents-claude-code.md``). Codex needs ``POST /v1/responses``: until the route exists, its
-tests xfail saying so.
+with ``max_tokens`` 32,000: its KV must fit (it is drawn from the budget), and its prefill takes minutes on a CPU (run
+with OpenBLAS preloaded: ``LD_PRELOAD``, see ``docs/agents-claude-code.md``). Codex speaks
+``POST /v1/responses`` only.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
@@ -87,14 +85,6 @@ async def _agent(cfg: Config, tmp: Path, kind: str, prompt: str, *, rewrite: Any
     return run, proxy
 
 
-async def _xfail_without_responses(cfg: Config, tmp: Path) -> None:
-    (tmp / "probe").mkdir()
-    async with serving(cfg, tmp / "probe") as s, httpx.AsyncClient(base_url=s.url) as http:
-        paths = (await http.get("/openapi.json")).json()["paths"]
-    if "/v1/responses" not in paths:
-        pytest.xfail("POST /v1/responses is not served yet (it comes with the responses branch)")
-
-
 async def test_claude_code_finishes_a_turn(demo: Config, tmp_path: Path) -> None:
     """claude -p against mlxd exits 0 with no protocol error, every request answered 200."""
     _needs("claude")
@@ -126,7 +116,6 @@ async def test_claude_codes_tool_loop_runs_one_round_trip(demo: Config, tmp_path
 async def test_codex_finishes_a_turn(demo: Config, tmp_path: Path) -> None:
     """codex exec on a custom provider (wire_api responses) exits 0 with every request answered 200."""
     _needs("codex")
-    await _xfail_without_responses(demo, tmp_path)
     run, proxy = await _agent(demo, tmp_path, "codex", "Reply with the word ok.")
     _check_run(run, proxy, "/v1/responses")
     assert _posts(proxy, "/v1/responses")
@@ -135,7 +124,6 @@ async def test_codex_finishes_a_turn(demo: Config, tmp_path: Path) -> None:
 async def test_codex_tool_loop_runs_one_round_trip(demo: Config, tmp_path: Path) -> None:
     """With get_goal forced, Codex runs it and sends a function_call_output for the call mlxd made."""
     _needs("codex")
-    await _xfail_without_responses(demo, tmp_path)
     force = _force_once("/v1/responses", {"type": "function", "name": "get_goal"})
     run, proxy = await _agent(demo, tmp_path, "codex", "What is the goal?", rewrite=force)
     _check_run(run, proxy, "/v1/responses")

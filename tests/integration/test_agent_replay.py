@@ -8,10 +8,8 @@ its first answer: a ``system`` message inside ``messages``, ``thinking``,
 field and block kind, shorter texts and three tools: ~4,400 tokens); the whole
 one (~56,000 tokens of the demo tokenizer) runs with ``--stress``.
 
-The whole request needs its KV drawn from the memory budget (the demo model's
-``kv_cache_gb`` holds ~20,000 tokens): ``MLXD_TEST_DEMO_KV_GB=0.2`` raises the
-demo model's ``kv_cache_gb`` for a run (:mod:`tests.support.demo`) until that
-lands.
+The whole request fits because the demo models draw their KV from the memory
+budget (a fixed ``kv_cache_gb`` of the old demo config held ~20,000 tokens).
 """
 
 from __future__ import annotations

@@ -2,13 +2,12 @@
 
 :func:`demo_config` reads ``etc/models.demo.yaml`` as ``mlxd serve`` does, with
 ``$MLXD_STATE_DIR`` at the caller's directory (the demo models are written
-there on first load, once per directory). ``MLXD_TEST_DEMO_KV_GB`` sets the
-``demo`` model's ``kv_cache_gb`` for a run (a larger KV room than the demo's).
+there on first load, once per directory). Its models draw their KV from the
+budget, so Claude Code's 56,000-token first request fits as it is.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -21,10 +20,6 @@ from mlxd.resources import demo_config_path
 def demo_config(state: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
     monkeypatch.setenv("MLXD_STATE_DIR", str(state))
     raw = yaml.safe_load(demo_config_path().read_text())
-    if kv := os.environ.get("MLXD_TEST_DEMO_KV_GB"):
-        for m in raw["models"]:
-            if m["name"] == "demo":
-                m["kv_cache_gb"] = float(kv)
     return parse_config(raw, path=tmp / "models.yaml")
 
 
