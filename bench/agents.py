@@ -34,7 +34,7 @@ on the same BLAS (``mlxd.blas``). vllm-mlx runs with its SSD cache on
 (``--ssd-cache-dir``).
 
 Run: ``.venv/bin/python bench/agents.py`` (the small demo model, a 4,000-token
-prefix, 10 turns, 3 rounds, prefill 2k and 8k; ~15 min on 2 cores);
+prefix, 10 turns, 3 rounds, prefill 2k and 8k; 34 min on the shared 2-core box);
 ``--prefix recorded``, ``--prefill 2048,8192,32768`` (or ``--long`` to add
 32k), ``--rounds``, ``--model tiny``, ``--servers`` override it. Writes
 ``bench/results/agents.md`` unless ``--out`` says otherwise.
