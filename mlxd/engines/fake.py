@@ -251,7 +251,7 @@ class FakeEngine:
         cap = self.model.max_prompt_tokens or prompt_limits.DEFAULT_MAX_PROMPT_TOKENS
         limits = prompt_limits.PromptLimits(context=None, max_prompt_tokens=cap)
         prompt_limits.check_prompt_chars(self.name, request, limits)
-        prompt_limits.check_prompt_tokens(self.name, request, _count_words(request), limits)
+        prompt_limits.fit_prompt_tokens(self.name, request, _count_words(request), limits)
         if uses_tools(request):
             raise ToolsNotSupported(f"model '{self.name}' (a fake engine) takes no tools", param="tools")
         if request.constraint is not None:

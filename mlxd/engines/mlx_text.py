@@ -433,10 +433,10 @@ class MlxTextEngine:
         """Validate, tokenize off the MLX thread, check the prompt limits, cap ``max_tokens`` to
         the KV room, and add the grammar processor of a constraint (module docstring)."""
         ids = await self._prompt_ids(request)
-        prompt_limits.check_prompt_tokens(self.name, request, len(ids), self.limits)
+        room = prompt_limits.fit_prompt_tokens(self.name, request, len(ids), self.limits)
         # what admission reserves is prompt + max_tokens: a request that could not fit even
         # alone generates what fits (before its grammar processor plans its budget)
-        capped = self.kv.fit(self.name, len(ids), request.max_tokens)
+        capped = self.kv.fit(self.name, len(ids), room)
         request = replace(request, prompt_ids=tuple(ids), max_tokens=capped,
                           think_markers=think_markers(self._tokenizer, request, ids))
         return await with_grammar(request, self._tokenizer, self._vocab_size, self._grammar)

@@ -13,9 +13,11 @@ any generation work:
 2. **After the lease, before generation** (the engine's ``prepare``): the
    prompt is tokenized on a worker thread (not the model's MLX thread, so the
    model keeps serving; the wait is cancellable, and the work is bounded by
-   check 1) and :func:`check_prompt_tokens` compares the exact count:
-   ``prompt_tokens > max_prompt_tokens`` or ``prompt_tokens + max_tokens >
-   context`` is a 400 ``context_length_exceeded``.
+   check 1) and :func:`fit_prompt_tokens` compares the exact count:
+   ``prompt_tokens > max_prompt_tokens``, or a prompt that fills the context,
+   is a 400 ``context_length_exceeded``; a ``max_tokens`` past what the context
+   leaves after the prompt is lowered to it (agents such as Claude Code send
+   ``max_tokens: 32000`` whatever the model, and local servers answer them).
 
 The context comes from the model's ``config.json`` (:func:`context_length`):
 ``max_position_embeddings`` and the names other architectures use for it,
@@ -177,10 +179,12 @@ def check_chars(model: str, chars: int, limits: PromptLimits, param: str) -> Non
         )
 
 
-def check_prompt_tokens(
+def fit_prompt_tokens(
     model: str, request: GenerationRequest, prompt_tokens: int, limits: PromptLimits
-) -> None:
-    """Refuse a tokenized prompt over the cap, or whose prompt + max_tokens exceeds the context."""
+) -> int:
+    """The ``max_tokens`` the request runs with: a tokenized prompt over the cap, or one that
+    leaves the context no room for a token, is refused; a ``max_tokens`` past what the context
+    leaves is lowered to it (the answer then ends ``length`` there, as at any limit)."""
     if prompt_tokens > limits.max_prompt_tokens:
         raise ContextLengthExceeded(
             f"the prompt has {prompt_tokens:,} tokens; model '{model}' accepts at most "
@@ -188,10 +192,12 @@ def check_prompt_tokens(
             param=_param(request),
         )
     context = limits.context
-    if context is not None and prompt_tokens + request.max_tokens > context:
+    if context is None:
+        return request.max_tokens
+    if prompt_tokens >= context:
         raise ContextLengthExceeded(
-            f"model '{model}' has a context of {context:,} tokens; the request needs "
-            f"{prompt_tokens + request.max_tokens:,} ({prompt_tokens:,} in the prompt, "
-            f"{request.max_tokens:,} for max_tokens): shorten the prompt or lower max_tokens",
-            param="max_tokens" if prompt_tokens < context else _param(request),
+            f"model '{model}' has a context of {context:,} tokens; the prompt has "
+            f"{prompt_tokens:,}, which leaves no room to answer: shorten the prompt",
+            param=_param(request),
         )
+    return min(request.max_tokens, context - prompt_tokens)

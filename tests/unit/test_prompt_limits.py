@@ -9,8 +9,8 @@ from mlxd.engines.base import ChatMessage, GenerationRequest
 from mlxd.engines.prompt_limits import (
     DEFAULT_MAX_PROMPT_TOKENS,
     check_prompt_chars,
-    check_prompt_tokens,
     context_from_config,
+    fit_prompt_tokens,
     limits_of,
 )
 from mlxd.errors import ContextLengthExceeded
@@ -51,17 +51,19 @@ def test_the_cap_is_the_smaller_of_the_configured_cap_and_the_context() -> None:
 
 
 def test_checks_name_the_field() -> None:
-    """Over the cap names the prompt; prompt + max_tokens over the context names max_tokens."""
+    """Over the cap names the prompt; max_tokens past the context's room is lowered to it; a prompt filling the context is refused naming the prompt."""
     limits = limits_of(ModelConfig(name="m", source="/x"), 64)
     chat = GenerationRequest(kind="chat", messages=(ChatMessage("user", "x" * 1025),), max_tokens=4)
     with pytest.raises(ContextLengthExceeded) as e:
         check_prompt_chars("m", chat, limits)
     assert e.value.param == "messages" and e.value.code == "context_length_exceeded"
     req = GenerationRequest(kind="completion", prompt="p", max_tokens=60)
-    check_prompt_tokens("m", req, 4, limits)
+    assert fit_prompt_tokens("m", req, 4, limits) == 60
+    assert fit_prompt_tokens("m", req, 5, limits) == 59
+    assert fit_prompt_tokens("m", req, 63, limits) == 1
     with pytest.raises(ContextLengthExceeded) as e:
-        check_prompt_tokens("m", req, 5, limits)
-    assert e.value.param == "max_tokens"
+        fit_prompt_tokens("m", req, 64, limits)
+    assert e.value.param == "prompt"
 
 
 def test_body_facts_count_the_same_characters_as_the_validated_request() -> None:
