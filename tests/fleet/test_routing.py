@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("litellm", reason="the fleet extra (litellm) is not installed")
 
-from tests.support.fleet import Rig, make_router, run_clients, running_fleet
+from tests.support.fleet import Rig, make_router, run_asyncio, run_clients, running_fleet
 
 MODELS = ("a", "b", "c")
 #: each daemon's budget fits one of the three models (the bench's setting)
@@ -57,7 +57,7 @@ def _run(rig: Rig, strategy: str, plans: list[list[str]], **kw: Any) -> tuple[An
                 watch.cancel()
         return work, since, routing
 
-    return asyncio.run(main())
+    return run_asyncio(main)
 
 
 def _one_daemon_per_request(rig: Rig) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import Any
@@ -17,6 +16,7 @@ from mlxd.fleet import strategy as mlxd_strategy
 from mlxd.fleet.config import parse_fleet
 from mlxd.fleet.proxy import deployments
 from mlxd.fleet.watch import Watch
+from tests.support.fleet import run_asyncio
 
 GB = 1 << 30
 FLEET = parse_fleet({"daemons": [{"name": f"d{i}", "url": f"http://d{i}.test:8080", "models": ["a"]}
@@ -60,7 +60,7 @@ def test_resident_pick_carries_the_header_and_a_retry_goes_to_the_next_daemon() 
     async def picks() -> list[dict[str, Any]]:
         return [await r.async_get_available_deployment("a", request_kwargs=kwargs) for _ in range(2)]
 
-    first, second = asyncio.run(picks())
+    first, second = run_asyncio(picks)
     assert first["model_info"]["id"] == "d2/a"
     assert first["litellm_params"]["extra_headers"]["X-Mlxd-Require-Resident"] == "1"
     assert second["model_info"]["id"] == "d1/a"  # the next resident one
@@ -82,7 +82,7 @@ def test_capacity_refusals_hold_a_daemon_off_for_its_retry_after() -> None:
         waited = await r.async_get_available_deployment("a", request_kwargs={})
         return " ".join(refused), waited["model_info"]["id"], time.monotonic() - t0
 
-    other, waited, took = asyncio.run(scenario())
+    other, waited, took = run_asyncio(scenario)
     assert other == "d0/a d1/a d2/a"  # each held off in turn
     assert waited == "d0/a" and 0.5 <= took <= 2.0  # d0's hold ends first (it began first)
     assert r.feedback.refusals == {"model_capacity": 1, "capacity_timeout": 2}
@@ -100,6 +100,6 @@ def test_not_resident_refusal_may_still_load_there() -> None:
             out.append(f"{d['model_info']['id']} {d['litellm_params']['extra_headers']}")
         return out
 
-    first, second, third, fourth = asyncio.run(picks())
+    first, second, third, fourth = run_asyncio(picks)
     assert [first, second, third] == [f"d{i}/a {{'X-Mlxd-Require-Resident': '1'}}" for i in range(3)]
     assert fourth == "d0/a {}"  # every resident attempt refused: now a load, on the emptiest

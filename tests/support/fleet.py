@@ -16,14 +16,15 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import yaml
@@ -31,6 +32,7 @@ import yaml
 from mlxd.fleet.config import Fleet, parse_fleet
 from tests.support.daemon import REPO, DaemonProcess, fake_models_config, write_config
 
+T = TypeVar("T")
 
 @dataclass
 class Rig:
@@ -224,3 +226,25 @@ def routing_proxy(rig: Rig, tmp: Path, strategy: str = "mlxd",
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+def run_asyncio(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``asyncio.run(main())`` on a thread of its own: LiteLLM is asyncio, and a test process
+    may have an event loop left running on its main thread (Playwright's sync API keeps one
+    for the session's browser), where ``asyncio.run`` refuses to start."""
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(asyncio.run(main()))
+        except BaseException as e:  # re-raised on the test's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=run, name="asyncio-test")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return result[0]
+
