@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import struct
+import time
 from typing import Any
 
 from quart import Blueprint, request
@@ -21,7 +22,7 @@ from mlxd.errors import InvalidRequest, ModelNotFound, ShuttingDown
 from mlxd.http import generation
 from mlxd.http.context import state
 from mlxd.http.openai_api import read_json_body, request_id
-from mlxd.http.preferences import preferences
+from mlxd.http.preferences import Preferences, preferences
 from mlxd.http.structured import bad, is_int, is_model_name
 
 bp = Blueprint("embeddings", __name__)
@@ -61,6 +62,31 @@ def encode(vector: list[float], fmt: str) -> list[float] | str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
 
 
+async def embed_under_lease(
+    model: str, inputs: list[str] | list[list[int]], prefs: Preferences, dims: int | None = None,
+) -> tuple[list[Any], int, float]:
+    """The vectors of ``inputs`` and their token count under a lease on the embedding model
+    ``model``, and ``time.monotonic()`` when the lease was had; for every embeddings route
+    (OpenAI's and Ollama's). An input too long by its length alone is refused before the
+    lease, so no model is loaded for it; ``dims`` other than the model's width is a 400."""
+    st = state()
+    mc = st.config.model(model)
+    if mc is None or not mc.embedding:
+        raise bad("model", f"'{model}' is not an embedding model (set embedding: true in its config)")
+    limits = limits_for(mc)  # before the lease and any tokenizing (mlxd.engines.prompt_limits)
+    for i, x in enumerate(inputs):
+        check_chars(model, len(x) if isinstance(x, str) else 0, limits, f"input[{i}]")
+    lease = await generation.acquire(st, model, request_id(), prefs)
+    lease_at = time.monotonic()
+    async with lease:  # ends with the one outcome rule (mlxd.residency.lease.outcome_of)
+        with lease.scope():
+            vectors, tokens = await lease.engine.embed(inputs)  # type: ignore[attr-defined]
+        if dims is not None and vectors and dims != len(vectors[0]):
+            raise bad("dimensions", f"this model's vectors have {len(vectors[0])} dimensions")
+        lease.set_usage(tokens, 0)
+    return vectors, tokens, lease_at
+
+
 @bp.post("/v1/embeddings")
 async def embeddings() -> Any:
     st = state()
@@ -83,20 +109,9 @@ async def embeddings() -> Any:
         raise bad("dimensions", "must be a positive integer")
     if not st.manager.has_model(model):
         raise ModelNotFound(model)
-    mc = st.config.model(model)
-    if mc is None or not mc.embedding:
-        raise bad("model", f"'{model}' is not an embedding model (set embedding: true)")
-    limits = limits_for(mc)  # before the lease and any tokenizing: an input too long by its
-    for i, x in enumerate(inputs):  # length alone is refused at once (mlxd.engines.prompt_limits)
-        check_chars(model, len(x) if isinstance(x, str) else 0, limits, f"input[{i}]")
     # X-Mlxd-Keep-Alive, X-Mlxd-Contention, X-Mlxd-Require-Resident
-    lease = await generation.acquire(st, model, request_id(), preferences({}, request.headers))
-    async with lease:  # ends with the one outcome rule (mlxd.residency.lease.outcome_of)
-        with lease.scope():
-            vectors, tokens = await lease.engine.embed(inputs)  # type: ignore[attr-defined]
-        if dims is not None and vectors and dims != len(vectors[0]):
-            raise bad("dimensions", f"this model's vectors have {len(vectors[0])} dimensions")
-        lease.set_usage(tokens, 0)
+    vectors, tokens, _ = await embed_under_lease(model, inputs, preferences({}, request.headers),
+                                                 dims)
     return {
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": encode(v, fmt)}

@@ -47,7 +47,7 @@ from mlxd.errors import (
 )
 from mlxd.http import access_log, generation, ollama_catalog
 from mlxd.http.context import AppState, state
-from mlxd.http.embeddings_api import parse_input
+from mlxd.http.embeddings_api import embed_under_lease, parse_input
 from mlxd.http.ollama_pull import pull_events, repo_of
 from mlxd.http.ollama_render import (
     OllamaRenderer,
@@ -222,23 +222,14 @@ def _found(name: str | None, body: dict[str, Any]) -> str:
 
 
 async def _embed(inputs: list[str], name: str | None, body: dict[str, Any],
-                 t0: float) -> tuple[str, list[Any], dict[str, Any]]:
+                 t0: float, dims: int | None = None) -> tuple[str, list[Any], dict[str, Any]]:
     """The vectors of ``inputs`` under a lease on the model ``name`` resolved to (None: a 404,
     once the body's other fields are checked)."""
-    st = state()
     if body.get("options") is not None and not isinstance(body["options"], dict):
         raise bad("options", "must be an object")
     prefs = preferences(body, request.headers)
     model = _found(name, body)
-    mc = st.config.model(model)
-    if mc is None or not mc.embedding:
-        raise bad("model", f"'{model}' is not an embedding model (set embedding: true in its config)")
-    lease = await generation.acquire(st, model, request_id(), prefs)
-    lease_at = time.monotonic()
-    async with lease:  # ends with the one outcome rule (mlxd.residency.lease.outcome_of)
-        with lease.scope():
-            vectors, tokens = await lease.engine.embed(inputs)  # type: ignore[attr-defined]
-        lease.set_usage(tokens, 0)
+    vectors, tokens, lease_at = await embed_under_lease(model, inputs, prefs, dims)
     return model, vectors, {"total_duration": ns(time.monotonic() - t0), "load_duration": ns(lease_at - t0),
                      "prompt_eval_count": tokens}
 
@@ -258,9 +249,7 @@ async def embed() -> Any:
     dims = body.get("dimensions")
     if dims is not None and (not is_int(dims) or dims < 1):
         raise bad("dimensions", "must be a positive integer")
-    model, vectors, counters = await _embed(inputs, name, body, t0)  # type: ignore[arg-type]
-    if dims is not None and vectors and dims != len(vectors[0]):
-        raise bad("dimensions", f"this model's vectors have {len(vectors[0])} dimensions")
+    model, vectors, counters = await _embed(inputs, name, body, t0, dims)  # type: ignore[arg-type]
     return {"model": model, "embeddings": vectors, **counters}
 
 

@@ -215,3 +215,14 @@ async def test_embedding_inputs_too_long_by_their_length_are_refused_before_toke
                                         {"model": "bert", "input": ["hello world"] * 500})
     assert status == 200
     assert order[0] == "health", order
+
+
+async def test_ollamas_embed_refuses_inputs_too_long_by_length_before_any_load(
+    bert_cfg: Any, tmp_path: Path
+) -> None:
+    """/api/embed shares the embeddings route's rule: inputs too long by their length alone are a 400 before the lease, and nothing loads."""
+    async with serving(bert_cfg, tmp_path) as s, s.client(timeout=60) as c:
+        r = await c.post("/api/embed", json={"model": "bert", "input": ["lorem " * 1700] * 2000})
+        assert r.status_code == 400, r.text
+        assert "10,200 characters" in r.json()["error"], r.json()
+        assert s.manager.core.models["bert"].state.value == "unloaded"
