@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd.engines import memory
 from mlxd.engines.base import GenerationRequest
+from mlxd.engines.disk_writes import DiskWrites
 from mlxd.engines.faults import Faults
 from mlxd.engines.guard import Guard
 from mlxd.engines.mlx_thread import Job, Outbox, PrefillProgress
@@ -114,7 +115,7 @@ class _Seq:
     from_disk: int = 0
 
 
-class BatchLoop(PrefillPacing):
+class BatchLoop(PrefillPacing, DiskWrites):
     """See the module docstring. Constructed on the Trio side; everything MLX runs on ``thread``."""
 
     def __init__(
@@ -148,6 +149,8 @@ class BatchLoop(PrefillPacing):
         self._output = output
         self._faults = faults  # requests poisoned on purpose (tests), see mlxd.engines.faults
         self._lock = threading.Lock()
+        self._persist_timer: threading.Timer | None = None  # DiskWrites, under _lock
+        self._closed = False
         self._arrival = threading.Condition(self._lock)  # a job added, or one on its way less
         self._expected = 0  # requests on their way (expecting), under _lock
         # invariant: _running is True exactly while run() is queued on or running on the thread
@@ -176,6 +179,7 @@ class BatchLoop(PrefillPacing):
         with self._lock:
             self._inbox.append(job)
             self._arrival.notify_all()
+            self._disarm_persist()
             if self._running:
                 return
             self._running = True
@@ -246,11 +250,10 @@ class BatchLoop(PrefillPacing):
                     self._gen = None
                 memory.after_generation(self._largest)
                 self._largest = 0
-                if self._cache is not None and not self._inbox:
-                    self._cache.persist_pending()  # long prefixes go to disk while nothing waits
                 with self._lock:
                     if not self._inbox:
                         self._running = False
+                        self._idle_with_pending()
                         return
                 continue
             self._step()
@@ -291,12 +294,7 @@ class BatchLoop(PrefillPacing):
             self._gen.close()
         self._gen = None
         self._seqs.clear()
-        if self._cache is not None:
-            self._cache.persist_all()
-            self._cache.clear()
-        self._cache = None
-        if self.disk is not None:
-            self.disk.close()
+        self._end_writes()
 
     def note_step(self, kv: list[Any]) -> None:
         """A lone job's step is done; ``kv`` is its KV (see mlxd.engines.solo)."""

@@ -16,7 +16,7 @@ longest prefix: when the disk holds more of the prompt than memory, that entry
 is read (checked), joins the memory cache and serves the prompt; ``fetch`` says
 how many tokens came from disk. Entries of :data:`~mlxd.engines.prompt_disk.LONG_PREFIX_TOKENS`
 tokens or more are queued for the disk when inserted (:meth:`PromptCache.persist_pending`
-writes them once the model is idle, when they hold that many tokens beyond what the
+writes them once the model has been idle a moment, when they hold that many tokens beyond what the
 disk has of them), and :meth:`PromptCache.persist_all` writes every entry not on
 disk yet when the residency ends.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from mlxd.engines.prompt_disk import BLOCK, LONG_PREFIX_TOKENS, PromptDisk
@@ -143,18 +144,31 @@ class PromptCache:
                     sum(int(c.nbytes) for c in kv) for _t, kv in self._pending) > self.max_bytes:
                 self._pending.pop(0)
 
-    def persist_pending(self) -> None:
+    @property
+    def has_pending(self) -> bool:
+        """Whether long entries wait for :meth:`persist_pending` (read under the loop's lock)."""
+        return bool(self._pending) and self.disk is not None
+
+    def persist_pending(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Write the long entries made since the last call (the model is idle), each one that
         holds :data:`~mlxd.engines.prompt_disk.LONG_PREFIX_TOKENS` tokens beyond what the disk
         has of it already: an agent's next turn does not rewrite its whole prefix each time
-        (the residency's end writes the rest)."""
+        (the residency's end writes the rest). When ``stop()`` turns true (a request arrived),
+        the entries not yet serialized wait for the next idle moment."""
         pending, self._pending = self._pending, []
         if self.disk is None:
             return
-        for tokens, cache in pending:
+        chosen: list[list[int]] = []  # newest first: a conversation's latest turn holds the rest
+        while pending:
+            if stop():
+                self._pending = pending + self._pending
+                return
+            tokens, cache = pending.pop()
             best = self.disk.best(tokens)
-            if len(tokens) - (best[1] if best is not None else 0) >= LONG_PREFIX_TOKENS:
-                self.disk.save(tokens, cache)
+            held = max([best[1] if best is not None else 0,
+                        *(_shared(tokens, c) for c in chosen)])  # fmt: skip
+            if len(tokens) - held >= LONG_PREFIX_TOKENS and self.disk.save(tokens, cache):
+                chosen.append(tokens)
 
     def persist_all(self) -> None:
         """Write every entry not on disk yet and wait for the writes (the residency ends); a
@@ -189,3 +203,9 @@ class PromptCache:
     def clear(self) -> None:
         self._pending = []
         self._lru.trim_to(n_sequences=0)
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    """How many tokens ``a`` and ``b`` share from the start."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)

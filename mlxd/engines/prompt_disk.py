@@ -4,7 +4,8 @@ Theory of operation. A batched model's :class:`~mlxd.engines.prompt_cache.Prompt
 writes its entries here when its residency ends (eviction, idle unload, admin
 unload, a preemption's drain, shutdown: every end goes through the engine's
 unload) and, for long prefixes (:data:`LONG_PREFIX_TOKENS` tokens beyond what the
-disk holds of them), as soon as the model is idle after making them. The next
+disk holds of them), once the model has been idle a moment after making them
+(:data:`mlxd.engines.disk_writes.PERSIST_IDLE_S`). The next
 load of the same weights finds them: a prompt whose longest cached prefix is on
 disk, and a block (:data:`BLOCK`) or more longer than what memory holds, reads it
 from here instead of prefilling it.

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import pytest
 import trio
 
 from mlxd.config import DiskTier
+from mlxd.engines import disk_writes
 from mlxd.engines.mlx_text import MlxTextEngine
 from mlxd.engines.prompt_disk import SUFFIX, TMP_PREFIX, PromptDisk, tier_usage, tokens_key
 from tests.engines.mlx_helpers import collect, completion, tiny_config
@@ -47,12 +49,19 @@ def entries(tier: DiskTier) -> list[Path]:
 
 
 async def idle(eng: MlxTextEngine) -> None:
-    """Wait until the batch loop is off the MLX thread and the disk writer has caught up."""
+    """Wait until the batch loop is off the MLX thread, its idle write of long entries has run
+    (PERSIST_IDLE_S after it went idle) and the disk writer has caught up."""
     assert eng.batch is not None and eng.disk is not None
     with trio.fail_after(30):
-        while eng.batch.busy:  # noqa: ASYNC110 (an MLX-thread flag)
+        while eng.batch.busy or eng.batch._persist_timer is not None:  # noqa: ASYNC110
             await trio.sleep(0.001)
     await trio.to_thread.run_sync(eng.disk.flush)
+
+
+@pytest.fixture(autouse=True)
+def quick_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The idle moment before long entries are written, shortened for these tests."""
+    monkeypatch.setattr(disk_writes, "PERSIST_IDLE_S", 0.2)
 
 
 async def test_entry_written_when_residency_ends_and_read_by_next_load(
@@ -90,6 +99,36 @@ async def test_long_prefix_written_as_made_once(tiny_model_dir: Path, tmp_path: 
         assert eng.disk.written == 1
     _, fin3 = await turn(tiny_model_dir, tier, follow)  # written when the residency ended
     assert fin3.cached_from_disk == fin2.prompt_tokens - 1
+
+
+async def test_a_turn_sent_at_once_does_not_wait_for_the_disk_write(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent's next turn, sent as soon as the last one ends, runs before the long prefix is
+    serialized for the disk (nothing is written meanwhile); the write comes once the model has
+    been idle for PERSIST_IDLE_S, once for both turns."""
+    monkeypatch.setattr(disk_writes, "PERSIST_IDLE_S", 30.0)
+    tier = DiskTier(tmp_path / "tier", 1 << 30)
+    async with loaded(tiny_model_dir, tier) as eng:
+        assert eng.disk is not None and eng.batch is not None
+        first, fin, _ = await collect(eng, completion(LONG, max_tokens=4))
+        follow = LONG + first + " and the quick brown fox"
+        _, fin2, _ = await collect(eng, completion(follow, max_tokens=4))
+        assert fin.prompt_tokens >= 1024 and fin2.cached_tokens >= fin.prompt_tokens - 1
+        with trio.fail_after(30):
+            while eng.batch.busy:  # noqa: ASYNC110 (an MLX-thread flag)
+                await trio.sleep(0.001)
+        await trio.to_thread.run_sync(eng.disk.flush)
+        assert eng.disk.written == 0 and entries(tier) == []
+        timer = eng.batch._persist_timer
+        assert timer is not None  # armed at the last idle moment
+        monkeypatch.setattr(disk_writes, "PERSIST_IDLE_S", 0.2)
+        timer.cancel()
+        eng.batch._persist_timer = None
+        with eng.batch._lock:
+            eng.batch._idle_with_pending()
+        await idle(eng)
+        assert eng.disk.written == 1 and len(entries(tier)) == 1
 
 
 async def test_damaged_and_foreign_files_are_removed_never_loaded(
