@@ -157,8 +157,9 @@ def eligibility(model: ModelConfig, cache_batchable: bool | None = None) -> Elig
     loaded model's KV caches (None before a load: assumed, as check-config says)."""
     if model.embedding:
         return Eligibility(False, False, False, "an embedding model generates nothing")
-    if model.engine == "fake":
-        return Eligibility(False, False, False, "the fake engine serves one at a time")
+    kind = model.engine_kind
+    if not kind.batches:
+        return Eligibility(False, False, kind.kv, kind.serial_because)
     why = None
     if model.mllm:
         why = "mllm models generate one at a time (mlx-vlm's batch generator has no per-request sampling)"
@@ -192,7 +193,7 @@ def kv_need_bytes(tokens: list[int], bytes_per_token: int) -> int:
 def resolve_cache_sizes(model: ModelConfig) -> CacheSizes:
     """The one rule for a model's ``kv_cache`` and ``prompt_cache`` bytes (module docstring)."""
     kv_set, pc_set = model.kv_cache_bytes, model.prompt_cache_bytes
-    if model.engine == "fake":
+    if not model.engine_kind.kv:  # no config.json to size them from: as configured, else 0
         if kv_set is None and pc_set is None:
             return _FAKE_DEFAULT  # one shared value: a reload of 10,000 fakes stays quick
         return CacheSizes(kv_set or 0, pc_set or 0, None, "fake")
