@@ -359,8 +359,8 @@ class Parser:
                 )
         if given:
             return given[0][0], cast(str, given[0][1])
-        if engine == "fake":
-            return "path", None
+        if not ENGINE_KINDS[engine].weights:
+            return "path", None  # nothing to load from
         raise t.error(
             "path",
             "required (or source: / model:): a local model directory or a Hugging Face repo id",
