@@ -433,7 +433,7 @@ def describe_caches(model: ModelConfig, est: MemoryEstimate) -> str:
         )
     elif sizes.source == "config":
         text += " (from kv_cache_gb and prompt_cache_gb)"
-    if model.kv_cache_bytes is not None and eligibility(model).kv:
+    if model.kv_cache_bytes is not None and eligibility(model).per_request:
         text += "; kv_cache_gb is a fixed KV region: the cap of its running KV"
     return text
 

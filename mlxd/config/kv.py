@@ -8,8 +8,9 @@ from the model's ``config.json``:
     KV bytes per token = 2 (keys and values) x layers x KV heads x head size x dtype bytes
 
 **One eligibility rule** (:func:`eligibility`) says, from the model's kind and
-its cache type, whether it batches, keeps a prompt cache and commits KV; the
-budget report, the engines and ``check-config`` all read it:
+its cache type, whether it batches, keeps a prompt cache, commits KV and counts
+its requests' KV; the budget report, the plan, the engines and ``check-config``
+all read it:
 
 * ``embedding: true``: none of the three (an encoder keeps no KV): weights only;
 * fake engines: no KV of their own (their committed bytes stay their configured
@@ -19,6 +20,10 @@ budget report, the engines and ``check-config`` all read it:
   in lockstep), ``max_batch_size: 1``, or a KV cache mlx-lm cannot merge (known
   once loaded): one generation at a time, no prompt cache, KV committed;
 * otherwise: batched, with a prompt cache, KV committed.
+
+Every model that commits KV counts its requests' KV (drawn from the budget
+beyond the floor, or capped by ``kv_cache_gb``) except a distributed one: its
+ranks hold their KV in their own processes and the daemon books none per request.
 
 Defaults when the config leaves ``kv_cache_gb`` / ``prompt_cache_gb`` out:
 
@@ -150,6 +155,9 @@ class Eligibility:
     kv: bool
     #: why it does not batch (None when it does), in words for check-config
     serial_because: str | None = None
+    #: each request's KV is counted while it runs: drawn from the budget beyond the floor,
+    #: or capped by ``kv_cache_gb`` (module docstring: all that commit KV but distributed ones)
+    per_request: bool = False
 
 
 def eligibility(model: ModelConfig, cache_batchable: bool | None = None) -> Eligibility:
@@ -169,7 +177,7 @@ def eligibility(model: ModelConfig, cache_batchable: bool | None = None) -> Elig
         why = "max_batch_size 1: one generation at a time"
     elif cache_batchable is False:
         why = "its KV cache cannot be batched by mlx-lm: one generation at a time"
-    return Eligibility(why is None, why is None, True, why)
+    return Eligibility(why is None, why is None, True, why, per_request=model.distributed is None)
 
 
 def keeps_prompt_cache(model: ModelConfig) -> bool:

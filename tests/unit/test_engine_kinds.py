@@ -18,6 +18,7 @@ import mlxd
 from mlxd.config import ModelConfig
 from mlxd.config.engine_kinds import ENGINE_KINDS, ENGINES
 from mlxd.config.kv import eligibility
+from mlxd.config.model import DistributedHost, DistributedSettings
 
 PACKAGE = Path(mlxd.__file__).parent
 #: where names are compared by design: the factory and the kinds' definition
@@ -99,3 +100,14 @@ def test_a_kind_that_cannot_batch_keeps_its_models_serial() -> None:
     assert fake.serial_because == ENGINE_KINDS["fake"].serial_because
     real = eligibility(ModelConfig("t", "/x", engine="mlx", max_batch_size=8))
     assert (real.batches, real.prompt_cache, real.kv, real.serial_because) == (True, True, True, None)
+
+
+def test_every_model_that_commits_kv_counts_it_per_request_but_a_distributed_one() -> None:
+    """The rule says which models count their requests' KV (the plan and the process engine
+    read it): a text model does, a distributed one commits KV but books none per request,
+    a fake does not."""
+    hosts = (DistributedHost("a"), DistributedHost("b"))
+    dist = eligibility(ModelConfig("d", "/x", distributed=DistributedSettings("ring", hosts)))
+    assert (dist.kv, dist.per_request) == (True, False)
+    assert eligibility(ModelConfig("t", "/x")).per_request
+    assert not eligibility(ModelConfig("f", "fake:f", engine="fake")).per_request
