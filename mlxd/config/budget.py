@@ -365,8 +365,8 @@ def describe_model(
     config: Config, model: ModelConfig, measured: Mapping[str, Measurement] | None
 ) -> list[str]:
     """A few lines about one model: source, engine, estimate, residency, ignored keys."""
-    if model.engine == "fake":
-        where = "no weights (fake engine)"
+    if not model.engine_kind.weights:
+        where = f"no weights ({model.engine} engine)"
     elif model.is_local:
         pending = model.demo is not None and not Path(model.source).exists()
         kind_of = "local demo model, written on first load" if pending else "local"
@@ -376,7 +376,7 @@ def describe_model(
     kind = "vision, mlx-vlm" if model.mllm else "text, mlx-lm"
     if model.embedding:
         kind = "embedding, mlx-embeddings"
-    engine = "fake" if model.engine == "fake" else f"mlx ({kind})"
+    engine = f"{model.engine} ({kind})" if model.engine_kind.weights else model.engine
     est = config.estimate(model.name, measured)
     residency = [
         "preloaded at start" if model.preload else "loaded on first request",
@@ -433,7 +433,7 @@ def describe_caches(model: ModelConfig, est: MemoryEstimate) -> str:
         )
     elif sizes.source == "config":
         text += " (from kv_cache_gb and prompt_cache_gb)"
-    if model.kv_cache_bytes is not None and model.engine != "fake":
+    if model.kv_cache_bytes is not None and eligibility(model).per_request:
         text += "; kv_cache_gb is a fixed KV region: the cap of its running KV"
     return text
 

@@ -8,8 +8,9 @@ from the model's ``config.json``:
     KV bytes per token = 2 (keys and values) x layers x KV heads x head size x dtype bytes
 
 **One eligibility rule** (:func:`eligibility`) says, from the model's kind and
-its cache type, whether it batches, keeps a prompt cache and commits KV; the
-budget report, the engines and ``check-config`` all read it:
+its cache type, whether it batches, keeps a prompt cache, commits KV and counts
+its requests' KV; the budget report, the plan, the engines and ``check-config``
+all read it:
 
 * ``embedding: true``: none of the three (an encoder keeps no KV): weights only;
 * fake engines: no KV of their own (their committed bytes stay their configured
@@ -19,6 +20,10 @@ budget report, the engines and ``check-config`` all read it:
   in lockstep), ``max_batch_size: 1``, or a KV cache mlx-lm cannot merge (known
   once loaded): one generation at a time, no prompt cache, KV committed;
 * otherwise: batched, with a prompt cache, KV committed.
+
+Every model that commits KV counts its requests' KV (drawn from the budget
+beyond the floor, or capped by ``kv_cache_gb``) except a distributed one: its
+ranks hold their KV in their own processes and the daemon books none per request.
 
 Defaults when the config leaves ``kv_cache_gb`` / ``prompt_cache_gb`` out:
 
@@ -150,6 +155,9 @@ class Eligibility:
     kv: bool
     #: why it does not batch (None when it does), in words for check-config
     serial_because: str | None = None
+    #: each request's KV is counted while it runs: drawn from the budget beyond the floor,
+    #: or capped by ``kv_cache_gb`` (module docstring: all that commit KV but distributed ones)
+    per_request: bool = False
 
 
 def eligibility(model: ModelConfig, cache_batchable: bool | None = None) -> Eligibility:
@@ -157,8 +165,9 @@ def eligibility(model: ModelConfig, cache_batchable: bool | None = None) -> Elig
     loaded model's KV caches (None before a load: assumed, as check-config says)."""
     if model.embedding:
         return Eligibility(False, False, False, "an embedding model generates nothing")
-    if model.engine == "fake":
-        return Eligibility(False, False, False, "the fake engine serves one at a time")
+    kind = model.engine_kind
+    if not kind.batches:
+        return Eligibility(False, False, kind.kv, kind.serial_because)
     why = None
     if model.mllm:
         why = "mllm models generate one at a time (mlx-vlm's batch generator has no per-request sampling)"
@@ -168,7 +177,7 @@ def eligibility(model: ModelConfig, cache_batchable: bool | None = None) -> Elig
         why = "max_batch_size 1: one generation at a time"
     elif cache_batchable is False:
         why = "its KV cache cannot be batched by mlx-lm: one generation at a time"
-    return Eligibility(why is None, why is None, True, why)
+    return Eligibility(why is None, why is None, True, why, per_request=model.distributed is None)
 
 
 def keeps_prompt_cache(model: ModelConfig) -> bool:
@@ -192,7 +201,7 @@ def kv_need_bytes(tokens: list[int], bytes_per_token: int) -> int:
 def resolve_cache_sizes(model: ModelConfig) -> CacheSizes:
     """The one rule for a model's ``kv_cache`` and ``prompt_cache`` bytes (module docstring)."""
     kv_set, pc_set = model.kv_cache_bytes, model.prompt_cache_bytes
-    if model.engine == "fake":
+    if not model.engine_kind.kv:  # no config.json to size them from: as configured, else 0
         if kv_set is None and pc_set is None:
             return _FAKE_DEFAULT  # one shared value: a reload of 10,000 fakes stays quick
         return CacheSizes(kv_set or 0, pc_set or 0, None, "fake")

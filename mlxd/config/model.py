@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from mlxd.config.engine_kinds import ENGINE_KINDS, EngineKind, EngineName
 from mlxd.config.kv import DiskTier, disk_tier, resolve_cache_sizes
 from mlxd.config.readers import classify_source
 from mlxd.errors import ConfigError
@@ -185,7 +186,8 @@ class ModelConfig:
     estimated_memory_bytes: int | None = None
     idle_unload_seconds: float | None = None
     mllm: bool = False
-    engine: Literal["mlx", "fake"] = "mlx"
+    #: the kind of engine (its capabilities: :attr:`engine_kind`)
+    engine: EngineName = "mlx"
     max_queue: int = 64
     #: generations that share each decode step (continuous batching); 1 = one at a time
     max_batch_size: int = 8
@@ -226,9 +228,14 @@ class ModelConfig:
     prompt_cache_disk: DiskTier | None = field(default=None, compare=False)
 
     @property
+    def engine_kind(self) -> EngineKind:
+        """What this model's kind of engine can do (:mod:`mlxd.config.engine_kinds`)."""
+        return ENGINE_KINDS[self.engine]
+
+    @property
     def is_local(self) -> bool:
-        if self.engine == "fake":
-            return True
+        if not self.engine_kind.weights:
+            return True  # nothing to download
         if self.source_kind is not None:
             return self.source_kind == "local"
         try:
@@ -379,9 +386,9 @@ def weights_fingerprint(model: ModelConfig) -> str:
     names its number of ranks (this host measures its share).
     """
     h = hashlib.sha256()
-    if model.engine == "fake":
+    if not model.engine_kind.weights:
         memory = model.fake.memory_bytes if model.fake is not None else None
-        h.update(f"fake\0{memory}".encode())
+        h.update(f"{model.engine}\0{memory}".encode())
     elif model.is_local:
         root, files = _weight_files(model.source)
         h.update(f"local\0{root}".encode(errors="surrogateescape"))
@@ -432,7 +439,7 @@ def resolve_weights(
         m = None
     if m is not None and m.weights is not None and m.weights == weights_fingerprint(model):
         return m.bytes, "measured"
-    if model.engine != "fake":
+    if model.engine_kind.weights:
         w = weights_bytes(model.source)
         if w > 0 and model.distributed is not None:
             # this host holds one shard: the weights split evenly (the replicated

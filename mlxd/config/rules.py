@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
 from mlxd.config import distributed as distributed_rules
+from mlxd.config.engine_kinds import ENGINE_KINDS, ENGINES, EngineName
 from mlxd.config.keys import parse_keys
 from mlxd.config.known_keys import (
     ENGINE_KEY_NOTES,
@@ -263,7 +264,7 @@ class Parser:
     ) -> ModelConfig:
         t = Table(self.source, join("models", index), raw, (*MODEL_KEYS, *ENGINE_KEYS))
         name = self._name(t, index, seen)
-        engine = cast(Literal["mlx", "fake"], t.string("engine", "mlx", choices=("mlx", "fake")))
+        engine = cast(EngineName, t.string("engine", ENGINES[0], choices=ENGINES))
         source_key, source_text = self._source_key(t, engine)
         mllm = t.boolean("mllm", False)
         embedding = t.boolean("embedding", False)
@@ -358,8 +359,8 @@ class Parser:
                 )
         if given:
             return given[0][0], cast(str, given[0][1])
-        if engine == "fake":
-            return "path", None
+        if not ENGINE_KINDS[engine].weights:
+            return "path", None  # nothing to load from
         raise t.error(
             "path",
             "required (or source: / model:): a local model directory or a Hugging Face repo id",
@@ -503,7 +504,7 @@ class Parser:
                 "(it commits its weights only)"
             )
             return None
-        positive = key == "kv_cache_gb" and engine == "mlx"
+        positive = key == "kv_cache_gb" and ENGINE_KINDS[engine].kv
         return int(check_number(self.source, t.path(key), value, positive=positive) * GIB)
 
     def _local_path(self, t: Table, key: str, text: str) -> Path:
@@ -518,8 +519,8 @@ class Parser:
 
     @staticmethod
     def _why_no_estimate(model: ModelConfig, source_key: str) -> str:
-        if model.engine == "fake":
-            return "required for this fake model (or fake.memory_gb)"
+        if not model.engine_kind.weights:
+            return f"required for this {model.engine} model (or fake.memory_gb)"
         if model.source_kind == "hub":
             return (
                 f"required: {source_key} is a Hugging Face repo id, and a non-local model needs "

@@ -177,7 +177,7 @@ class ProcessEngine:
         """The floor and KV bytes per token its load committed, by the one rule (mlxd.config.kv)."""
         from mlxd.config.kv import eligibility, resolve_cache_sizes
 
-        if self.config.distributed is not None or not eligibility(self.config).kv:
+        if not eligibility(self.config).per_request:
             return  # a distributed model's ranks reserve nothing per request
         sizes = resolve_cache_sizes(self.config)  # config.json is on disk now: one small read
         book = KvBook.of(self.config, sizes.kv_bytes_per_token, sizes.kv_cache, self.kv_broker)

@@ -112,7 +112,7 @@ def _context_cached(file: str, mtime_ns: int) -> int | None:
 
 def model_dir_if_known(model: ModelConfig) -> Path | None:
     """The model's directory when it is on disk already (local, or in the Hugging Face cache)."""
-    if model.engine == "fake":
+    if not model.engine_kind.weights:
         return None
     path = Path(model.source).expanduser()
     if path.is_dir():

@@ -176,7 +176,7 @@ async def _generate(kind: Literal["chat", "generate"]) -> Any:
     if mc is not None and mc.embedding:
         raise bad("model", f"'{mc.name}' is an embedding model: use POST /api/embed")
     gen = parsed.generation
-    if mc is not None and (mc.engine == "fake" or mc.mllm):
+    if mc is not None and (mc.mllm or not mc.engine_kind.constrains):
         _no_grammar(mc.name, gen)  # named as Ollama's clients know the fields
     split = await _thinking_split(st, parsed.model) if parsed.think else None
     if parsed.load_call:

@@ -67,7 +67,7 @@ def _facts(mc: ModelConfig) -> FileFacts | None:
 
 
 def details(mc: ModelConfig, facts: FileFacts | None) -> dict[str, Any]:
-    family = "fake" if mc.engine == "fake" else (facts.family if facts is not None else "")
+    family = facts.family if facts is not None else ("" if mc.engine_kind.weights else mc.engine)
     return {
         "parent_model": "",
         "format": "safetensors" if facts is not None and facts.weights_bytes else "",
@@ -126,15 +126,15 @@ def capabilities(mc: ModelConfig, template: TemplateFacts | None) -> list[str]:
 
 
 async def template_of(mc: ModelConfig) -> TemplateFacts | None:
-    """The model's template facts (None: a fake, a vision or embedding model, or not on disk)."""
+    """The model's template facts (None: a vision or embedding model, or none on disk: a fake's)."""
     where = model_dir_if_known(mc)
-    if where is None or mc.engine == "fake" or mc.embedding or mc.mllm:
+    if where is None or mc.embedding or mc.mllm:
         return None
     return await trio.to_thread.run_sync(template_facts, where)
 
 
 def _model_info(mc: ModelConfig, facts: FileFacts | None) -> dict[str, Any]:
-    arch = (facts.family if facts is not None else "") or ("fake" if mc.engine == "fake" else "unknown")
+    arch = (facts.family if facts is not None else "") or ("unknown" if mc.engine_kind.weights else mc.engine)
     info: dict[str, Any] = {"general.architecture": arch, "general.basename": mc.name,
                             f"{arch}.context_length": limits_for(mc).max_prompt_tokens}
     if facts is not None:
@@ -166,7 +166,7 @@ async def show(st: AppState, mc: ModelConfig) -> dict[str, Any]:
         "capabilities": capabilities(mc, template),
         "modified_at": _modified(st, facts),
         "mlxd": {"source": mc.source, "engine": mc.engine, "mllm": mc.mllm, "embedding": mc.embedding,
-                 "on_disk": facts is not None or mc.engine == "fake"},
+                 "on_disk": facts is not None or not mc.engine_kind.weights},
     }
 
 

@@ -116,8 +116,9 @@ def chat_request(groups: dict[str, list[str]], sampling: Sampling) -> dict[str, 
 def engine_groups(config: Config | None) -> dict[str, list[str]]:
     """Model names by what their engine accepts (see :mod:`mlxd.http.openapi_clients`)."""
     models = list(config.models) if config is not None else []
+    real = [m for m in models if m.engine_kind.constrains]  # the others: the "fake" group
     return {
-        "text": [m.name for m in models if not m.mllm and not m.embedding and m.engine != "fake"],
-        "vision": [m.name for m in models if m.mllm and m.engine != "fake"],
-        "fake": [m.name for m in models if m.engine == "fake"],
+        "text": [m.name for m in real if not m.mllm and not m.embedding],
+        "vision": [m.name for m in real if m.mllm],
+        "fake": [m.name for m in models if not m.engine_kind.constrains],
     }

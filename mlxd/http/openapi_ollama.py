@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from mlxd.http.embeddings_api import MAX_INPUTS
 from mlxd.http.ollama_pull import REPO_PATTERN, REPO_REFUSED
 from mlxd.http.ollama_shapes import MAX_STOP, ROLES
+from mlxd.http.openapi_chat import engine_groups
 from mlxd.http.openapi_clients import ANY_MODEL_NAME, OBJECT_SCHEMA, nullable
 from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
 from mlxd.http.structured import MAX_TOOLS, MAX_TOP_LOGPROBS, NAME_PATTERN
@@ -329,9 +330,7 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
     models = list(config.models) if config is not None else []
     embedding = [m.name for m in models if m.embedding]
     generators = [m.name for m in models if not m.embedding]
-    groups = {"text": [m.name for m in models if not m.mllm and not m.embedding and m.engine != "fake"],
-              "vision": [m.name for m in models if m.mllm and m.engine != "fake"],
-              "fake": [m.name for m in models if m.engine == "fake"]}
+    groups = engine_groups(config)
     every = [m.name for m in models]
     embed_model = _model(embedding, generators)
     text = {"type": "string", "minLength": 1}

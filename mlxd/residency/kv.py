@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from mlxd.config.kv import kv_need_bytes, resolve_cache_sizes
+from mlxd.config.kv import eligibility, kv_need_bytes, resolve_cache_sizes
 from mlxd.engines.base import KvAnswer
 from mlxd.engines.kv_gate import KvBook
 from mlxd.residency.lease import Ticket
@@ -77,14 +77,15 @@ def draw_kv(manager: Manager, model: str, engine: object) -> None:
 def kv_bytes_for(manager: Manager, model: str, tokens: int) -> int:
     """The KV bytes beyond its model's floor a request of ``tokens`` tokens (prompt +
     max_tokens) would reserve, as if it ran alone: what ``GET /admin/plan?tokens=N`` plans.
-    0 where nothing is drawn per request (``kv_cache_gb`` set, fake, embedding, unknown size)."""
+    0 where nothing is drawn per request (``kv_cache_gb`` set, fake, embedding, distributed,
+    unknown size: :func:`mlxd.config.kv.eligibility`)."""
     book = getattr(manager._engines.get(model), "kv", None)
     if isinstance(book, KvBook):  # loaded: its own book (the floor and what it holds)
         if not book.draws:
             return 0
         return max(0, book.need([tokens]) - book.floor - book.held)
     mc = manager.config.model(model)
-    if mc is None or mc.kv_cache_bytes is not None or tokens <= 0:
+    if mc is None or mc.kv_cache_bytes is not None or tokens <= 0 or not eligibility(mc).per_request:
         return 0
     sizes = resolve_cache_sizes(mc)  # reads config.json: a plan, never per request
     if not sizes.kv_bytes_per_token:

@@ -172,7 +172,7 @@ class Manager:
         """The model's config with the prompt cache this load committed, for its engine (its
         KV floor is the same rule's; a ``kv_cache_gb`` left out stays out: KV is drawn)."""
         est = self._estimates.get(mc.name)
-        if est is None or mc.engine == "fake" or not est.kv_cache:
+        if est is None or not mc.engine_kind.kv or not est.kv_cache:
             return mc  # unknown KV size: the engine bounds its batch by max_batch_size only
         return replace(mc, prompt_cache_bytes=est.prompt_cache)
 

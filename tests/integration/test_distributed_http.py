@@ -98,3 +98,20 @@ async def test_a_distributed_model_lives_like_any_model(tmp_path: Path, tiny_mod
             ("loaded", "unloading", "admin"),
         ]:
             assert move in moves, (move, moves)
+
+
+async def test_the_plan_counts_no_request_kv_on_a_distributed_model(tmp_path: Path, tiny_model: Path) -> None:
+    """``/admin/plan?tokens=N`` adds a request's KV for a text model but none for a distributed
+    one, whose ranks book no KV per request (the eligibility rule, mlxd.config.kv)."""
+    common = {"path": str(tiny_model), "estimated_memory_gb": 0.1}
+    cfg = config_of({"manager": {"memory_budget_gb": 1}, "models": [
+        {"name": "d", **common, "distributed": {"hosts": ["127.0.0.1", "127.0.0.1"]}},
+        {"name": "t", **common}]}, tmp_path)
+    async with serving(cfg, tmp_path) as s, s.client(timeout=60) as c:
+        async def committed(model: str, **tokens: str) -> int:
+            r = await c.get("/admin/plan", params={"model": model, **tokens})
+            assert r.status_code == 200, r.text
+            return int(r.json()["committed_after"])
+
+        assert await committed("t", tokens="20000") > await committed("t")
+        assert await committed("d", tokens="20000") == await committed("d")

@@ -422,3 +422,22 @@ def test_check_config_on_an_embedding_model_shows_weights_only(
     assert "commits 1.00 GiB when loaded: weights 1.00 GiB" in block, block
     assert "weights only" in block and "KV cache 0" not in block, block
     assert "an embedding model generates nothing" in block, block
+
+
+def test_kv_cache_gb_is_called_a_cap_only_where_requests_count_their_kv(tmp_path: Path) -> None:
+    """check-config calls ``kv_cache_gb`` the cap of a model's running KV for a text model, not
+    for a distributed one (its requests count no KV: the eligibility rule) nor for a fake."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    common = {"path": str(model), "estimated_memory_gb": 1, "kv_cache_gb": 0.5, "prompt_cache_gb": 0}
+    config = parse_config({"manager": {"memory_budget_gb": 8}, "models": [
+        {"name": "t", **common},
+        {"name": "d", **common, "distributed": {"hosts": ["127.0.0.1", "127.0.0.1"]}},
+        {"name": "f", "engine": "fake", "estimated_memory_gb": 1, "kv_cache_gb": 0.5}]},
+        path=tmp_path / "models.yaml")
+    report = build_memory_budget_report(config)
+    blocks = {name: render_report(config, report).split(f"  {name}: ")[1].split("\n  ")[0:4]
+              for name in ("t", "d", "f")}
+    cap = "kv_cache_gb is a fixed KV region"
+    assert [any(cap in line for line in blocks[n]) for n in ("t", "d", "f")] == [True, False, False], blocks
