@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from mlxd.engines.demo_model import write_demo_model
 from mlxd.engines.mlx_text import MlxTextEngine
+from mlxd.engines.worker_process import Workers
 from tests.engines.mlx_helpers import tiny_config
 
 
@@ -41,3 +43,13 @@ async def engine(tiny_model_dir: Path) -> AsyncIterator[MlxTextEngine]:
         yield eng
     finally:
         await eng.stop()
+
+
+@pytest.fixture
+async def workers() -> AsyncIterator[Workers]:
+    """The owner of the test's engine worker processes, running; they end with the test."""
+    owner = Workers()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(owner.run)
+        yield owner
+        nursery.cancel_scope.cancel()
