@@ -277,7 +277,9 @@ class Journal(JournalFile):
                             await link.exited.wait()
                         finally:  # a message being written gets flush_timeout to finish, no more
                             if link.send_scope is not None:
-                                link.send_scope.deadline = trio.current_time() + self._flush_timeout
+                                link.send_scope.deadline = min(
+                                    link.send_scope.deadline, trio.current_time() + self._flush_timeout
+                                )
                     nursery.cancel_scope.cancel()
                 if first and link.open_error is not None:
                     raise link.open_error
