@@ -91,11 +91,11 @@ def unbounded_shields(source: str) -> list[int]:
 def _bound_by_enclosing_with(
     tree: ast.AST, assign: ast.Assign, scope: str, bounded: set[tuple[int, str]]
 ) -> bool:
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.With, ast.AsyncWith)) and (node.lineno, scope) in bounded:
-            if any(assign is n for n in ast.walk(node)):
-                return True
-    return False
+    return any(
+        isinstance(node, (ast.With, ast.AsyncWith)) and (node.lineno, scope) in bounded
+        and any(assign is n for n in ast.walk(node))
+        for node in ast.walk(tree)
+    )
 
 
 def test_every_shield_in_the_package_has_a_deadline() -> None:
