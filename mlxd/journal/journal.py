@@ -212,7 +212,8 @@ class Journal(JournalFile):
 
     @property
     def commit_count(self) -> int:
-        """Transactions committed by the writer (group commit keeps it far below the records)."""
+        """Transactions committed by the writer (group commit keeps it far below the records;
+        ``bench/journal.py`` reports records per commit from it)."""
         return self._commits
 
     @property
