@@ -63,7 +63,7 @@ def child(kind: str, model: str, tokens: int, requests: int, streams: int) -> di
     from mlxd.engines.base import GenerationRequest, TextDelta
     from mlxd.engines.mlx_text import MlxTextEngine
     from mlxd.engines.process import ProcessEngine
-    from mlxd.engines.worker_process import SPARES
+    from mlxd.engines.worker_process import Workers
 
     config = ModelConfig(name="bench", source=model, isolation=kind)  # type: ignore[arg-type]
 
@@ -73,16 +73,25 @@ def child(kind: str, model: str, tokens: int, requests: int, streams: int) -> di
             if isinstance(ev, TextDelta):
                 arrivals.append(time.perf_counter())
 
+    workers = Workers()  # the owner of the process engine's workers (and of the spare)
+
     def make() -> MlxTextEngine | ProcessEngine:
-        return MlxTextEngine(config) if kind == "thread" else ProcessEngine(config)
+        return MlxTextEngine(config) if kind == "thread" else ProcessEngine(config, workers)
 
     async def run() -> dict[str, float]:
+        async with trio.open_nursery() as owner:
+            await owner.start(workers.run)
+            figures = await measure()
+            owner.cancel_scope.cancel()
+        return figures
+
+    async def measure() -> dict[str, float]:
         engine = make()
         t0 = time.perf_counter()
         await engine.load(lambda _p: None)
         load_s = time.perf_counter() - t0
         await engine.stop()
-        await SPARES.ready()  # the spare this load left (process) has done its imports
+        await workers.spare_ready()  # the spare this load left (process) has done its imports
         engine = make()
         t0 = time.perf_counter()
         await engine.load(lambda _p: None)

@@ -177,6 +177,9 @@ class Daemon:
         metrics = Metrics(manager)
         manager.subscribe(self.journal.record)
         manager.subscribe(metrics.on_event)
+        run_engines = getattr(self.engines, "run", None)  # the owner of engine worker processes
+        if run_engines is not None:  # (before the manager, whose loads start workers in it)
+            await root.start(run_engines)
         await root.start(manager.run)
         warm = getattr(self.engines, "warm", None)  # the spare engine worker, if one will be needed
         if warm is not None:

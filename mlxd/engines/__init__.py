@@ -28,6 +28,7 @@ from mlxd.engines.faults import Faults
 
 if TYPE_CHECKING:
     from mlxd.config import ModelConfig
+    from mlxd.engines.worker_process import Workers
 
 EngineFactory = Callable[["ModelConfig"], Engine]
 
@@ -67,20 +68,30 @@ async def loaded_weights(model: ModelConfig) -> str:
 
 class DefaultEngines:
     """The daemon's engine factory: fakes for ``engine: fake``, MLX engines otherwise,
-    in a worker process for ``isolation: process`` and ``distributed:`` models."""
+    in a worker process for ``isolation: process`` and ``distributed:`` models.
+
+    It owns those worker processes: :meth:`run`, started in the daemon's nursery
+    before the manager, hosts them, and they end when it does.
+    """
 
     def __init__(self, fleet: FakeFleet | None = None) -> None:
+        from mlxd.engines.worker_process import Workers  # (it imports the worker: a circle)
+
         self.fleet = fleet or FakeFleet()
         #: the ``faults:`` scripts of MLX models, kept across their residencies
         self.faults: dict[str, Faults] = {}
+        #: the owner of the worker processes (and of the spare)
+        self.workers: Workers = Workers()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the engines' worker processes until cancelled; then every one is killed."""
+        await self.workers.run(task_status=task_status)
 
     async def warm(self, models: Iterable[ModelConfig]) -> None:
         """Start the spare worker now if an MLX model of ``models`` runs in worker processes,
         so that even its first load finds Python started and mlx-lm imported."""
         if any(m.engine == "mlx" and m.isolation == "process" and m.distributed is None for m in models):
-            from mlxd.engines.worker_process import SPARES
-
-            await SPARES.refill()
+            await self.workers.refill()
 
     def import_soon(self, models: Iterable[ModelConfig]) -> None:
         """Import mlx-lm on a background thread now if an MLX model of ``models`` runs in this
@@ -95,7 +106,7 @@ class DefaultEngines:
         if model.isolation == "process" or model.distributed is not None:
             from mlxd.engines.process import ProcessEngine
 
-            return ProcessEngine(model)
+            return ProcessEngine(model, self.workers)
         faults = None
         if model.faults is not None:  # kept across residencies (raise_once: once per model)
             faults = self.faults.setdefault(model.name, Faults(model.name, model.faults))

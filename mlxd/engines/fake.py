@@ -177,8 +177,9 @@ class FakeEngine:
             if fault == "hang":
                 await trio.sleep_forever()
             if fault == "ignore_cancel" and m.faults is not None:
-                with trio.CancelScope(shield=True):
-                    await trio.sleep(m.faults.settings.delay_s)
+                with trio.move_on_after(m.faults.settings.delay_s) as deaf:  # its fault's bound
+                    deaf.shield = True
+                    await trio.sleep_forever()
             await m._at("load")
             await trio.sleep(m.load_seconds)
             crash_point("manager.mid_load")  # loaded, the manager not told: still `loading`

@@ -31,7 +31,6 @@ under ``isolation: process``.
 
 from __future__ import annotations
 
-import collections
 import os
 import threading
 import time
@@ -120,8 +119,6 @@ class MlxTextEngine:
         self.prefill_step: int | None = prefill_step
         self._prefill_adapts = False
         self.observer = observer
-        #: the last generations' stats, newest last (for metrics and tests)
-        self.history: collections.deque[GenerationStats] = collections.deque(maxlen=64)
         self.path: Path | None = None
         self.load_seconds: float | None = None
         self.memory_source: str | None = None
@@ -472,7 +469,6 @@ class MlxTextEngine:
         job = Job(request=request, sink=Sink(self._outbox), data=data, kv_tokens=kv_tokens)
         job.stats.request_id = request.request_id
         scheduler.submit(job)
-        self.history.append(job.stats)
         return JobEvents(job, scheduler.withdraw, self._observe, self.name)
 
     def expecting(self) -> AbstractContextManager[None]:

@@ -516,8 +516,6 @@ class SerialScheduler:
         # handled on the Trio side (_done); only active jobs are on the MLX thread
         self._active: list[Job] = []
         self._closed = False
-        self._idle = trio.Event()
-        self._idle.set()
 
     def depth(self) -> int:
         """Requests waiting for or in generation (what ``max_queue`` limits)."""
@@ -568,7 +566,6 @@ class SerialScheduler:
         while not self._closed and self._waiting and self._admissible(self._waiting[0]):
             job = self._waiting.popleft()
             self._active.append(job)
-            self._idle = trio.Event()
             self._start(job)
 
     def _done(self, job: Job, error: BaseException | None) -> None:
@@ -579,14 +576,7 @@ class SerialScheduler:
         job.sink.close_soon()
         if job in self._active:
             self._active.remove(job)
-        if not self._active:
-            self._idle.set()
         self._dispatch()
-
-    async def wait_idle(self) -> None:
-        """Wait until no job is on the MLX thread."""
-        while self._active:
-            await self._idle.wait()
 
     def close(self, reason: BaseException) -> None:
         """Refuse new jobs, fail the waiting ones with ``reason``, cancel the running ones."""

@@ -7,9 +7,11 @@ out of the daemon: each load starts fresh workers (:mod:`mlxd.engines.launch`:
 one, or one per rank of a ``distributed:`` model), each hosting the model's
 ordinary engine class (:mod:`mlxd.engines.worker`). The daemon side only
 relays: requests go down the pipe, tokens come up. Each worker has a
-:class:`~mlxd.engines.worker_process.WorkerProcess` whose one Trio system task
-reads and writes its frames, so the engine works in any Trio run without a
-nursery of its own. A load of an MLX model on one machine takes the spare
+:class:`~mlxd.engines.worker_process.WorkerProcess` whose one Trio task
+reads and writes its frames, in the nursery of the
+:class:`~mlxd.engines.worker_process.Workers` the engine is given (its
+owner: the engine needs no nursery of its own, and no worker outlives the
+owner). A load of an MLX model on one machine takes the owner's spare
 worker if one is ready (Python started, mlx-lm imported: see
 :mod:`mlxd.engines.worker_process`) and leaves a new spare behind.
 
@@ -55,7 +57,7 @@ from mlxd.engines.base import (
 from mlxd.engines.kv_gate import KvBook, KvLedger
 from mlxd.engines.wire import error_from_wire
 from mlxd.engines.worker import OUT_OF_STEP
-from mlxd.engines.worker_process import SPARES, WorkerProcess
+from mlxd.engines.worker_process import REAP_LIMIT_S, WorkerProcess, Workers
 from mlxd.errors import EngineDied, EngineError, LoadFailed, MlxdError, Overloaded
 
 log = logging.getLogger("mlxd.engines.process")
@@ -78,9 +80,11 @@ class ProcessEngine:
 
     kind = "process"
 
-    def __init__(self, model: ModelConfig) -> None:
+    def __init__(self, model: ModelConfig, workers: Workers) -> None:
+        """``workers``: the owner its worker processes run under (and the spare it may take)."""
         self.name = model.name
         self.config = model
+        self.workers = workers
         self.memory_source: str | None = None
         #: every rank's measured share (bytes), by rank, once loaded
         self.shares: dict[int, int | None] = {}
@@ -149,11 +153,8 @@ class ProcessEngine:
         try:
             specs = await trio.to_thread.run_sync(launch.plan, self.config)
             for spec in specs:
-                spare = SPARES.take(self) if warm else None
-                w = spare or WorkerProcess(self, spec)
+                w = (self.workers.take(self) if warm else None) or await self.workers.start(self, spec)
                 self._workers.append(w)
-                if spare is None:
-                    await w.start()
         except MlxdError as e:
             raise LoadFailed(e.message) from e
         except OSError as e:
@@ -167,7 +168,7 @@ class ProcessEngine:
                 w.post(("cancel_load",))
             raise
         if warm:
-            await SPARES.refill()  # for the next load, while this model serves
+            await self.workers.refill()  # for the next load, while this model serves
         if self._load_error is not None:
             raise self._load_error
         self._size_kv()
@@ -201,7 +202,9 @@ class ProcessEngine:
                 await self._all_exited.wait()
             for w in self._workers:
                 w.kill()
-            with trio.CancelScope(shield=True):
+            # killed: each worker's task reaps it within REAP_LIMIT_S (then it is given up on)
+            with trio.move_on_after(REAP_LIMIT_S + 1.0) as reaping:
+                reaping.shield = True
                 await self._all_exited.wait()
         self._cleanup_files()
 

@@ -1,16 +1,22 @@
-"""The daemon's end of one engine worker process, and the spare worker kept ready.
+"""The daemon's end of one engine worker process, the owner of them all, and the spare.
 
 :class:`WorkerProcess` starts a worker (:mod:`mlxd.engines.launch` says how),
-writes its messages and reads its answers with one Trio system task (so its
-owner, a :class:`~mlxd.engines.process.ProcessEngine`, needs no nursery), and
-tells its owner each message and, once the process is reaped, its end. When
-the Trio run ends (the daemon exits) the task kills the process.
+writes its messages and reads its answers with one Trio task, and tells its
+engine (a :class:`~mlxd.engines.process.ProcessEngine`) each message and, once
+the process is reaped, its end.
+
+:class:`Workers` owns those tasks: each runs in its nursery, started with
+``nursery.start`` (the process is open when ``start`` returns), and
+:meth:`Workers.run` is started by whoever owns the engines' lifetime (the
+daemon's :class:`~mlxd.engines.DefaultEngines`). When it exits, every
+worker's task is cancelled, kills its process and reaps it (within
+:data:`REAP_LIMIT_S`): no worker outlives its owner.
 
 A worker's first cost is Python starting and importing mlx-lm: seconds, more
-than loading a small model. :data:`SPARES` keeps one worker started ahead of
+than loading a small model. :class:`Workers` keeps one spare started ahead of
 need, its imports done, for the next load of an MLX model
 (``isolation: process``, one machine); taking it starts the next spare once
-that load is over. It belongs to one Trio run, and it is killed with that run.
+that load is over.
 """
 
 from __future__ import annotations
@@ -24,9 +30,17 @@ import trio
 
 from mlxd.engines import launch, worker
 from mlxd.engines.worker import OUT_OF_STEP
+from mlxd.errors import EngineError
 from mlxd.framing import Frames, frame
 
 log = logging.getLogger("mlxd.engines.process")
+
+#: seconds an ending worker gets to exit once its output has ended, before SIGKILL
+EXIT_GRACE_S = 2.0
+#: the bound of a worker's shielded reap (its exit grace, then SIGKILL, which no process can
+#: ignore: reaping it then takes milliseconds); past it (a process stuck in the kernel) the
+#: worker is given up on, so that its owner's exit never waits on it for longer
+REAP_LIMIT_S = EXIT_GRACE_S + 3.0
 
 
 class Owner(Protocol):
@@ -50,12 +64,6 @@ def describe_exit(returncode: int | None) -> str:
             name = f"signal {-returncode}"
         return f"killed by {name}" + (" (abort)" if name == "SIGABRT" else "")
     return f"exited with status {returncode}"
-
-
-def _not_just_cancelled(e: BaseException) -> bool:
-    if isinstance(e, BaseExceptionGroup):
-        return e.split(trio.Cancelled)[1] is not None
-    return not isinstance(e, trio.Cancelled)
 
 
 class WorkerProcess:
@@ -85,7 +93,9 @@ class WorkerProcess:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
-    async def start(self) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start the process (started: it is open), then carry its pipe until its output ends
+        or this task is cancelled (its owner exits: the process is killed); then reap it."""
         self.process = await trio.lowlevel.open_process(
             self.spec.argv,
             stdin=subprocess.PIPE,
@@ -93,8 +103,31 @@ class WorkerProcess:
             env=self.spec.env,
             start_new_session=True,  # a terminal's Ctrl-C is the daemon's to handle
         )
-        name = self.owner.name if self.owner is not None else "spare"
-        trio.lowlevel.spawn_system_task(self._run, name=f"mlxd worker {name} {self.label}")
+        ended = False
+        try:
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write)
+                await self._read()
+                ended = True
+                nursery.cancel_scope.cancel()
+        except Exception:  # its engine's bug must not end every other worker with it
+            log.exception("the pipe of a worker (%s) failed", self.label)
+        finally:
+            if not ended:
+                self.kill()
+            with trio.move_on_after(REAP_LIMIT_S) as reaping:
+                reaping.shield = True
+                await self._reap()
+            if reaping.cancelled_caught:
+                log.error("%s: not reaped %g s after SIGKILL; giving up on it",
+                          self.label, REAP_LIMIT_S - EXIT_GRACE_S)
+            self.exited.set()
+            if self.owner is not None:
+                try:
+                    self.owner._on_exit(self)
+                except Exception:
+                    log.exception("%s: handling the end of %s failed", self.owner.name, self.label)
 
     def adopt(self, owner: Owner) -> None:
         """A spare becomes ``owner``'s worker."""
@@ -113,33 +146,10 @@ class WorkerProcess:
     def describe_exit(self) -> str:
         return f"{self.label} {describe_exit(self.process.returncode if self.process else None)}"
 
-    async def _run(self) -> None:
-        ended = False
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._write)
-                await self._read()
-                ended = True
-                nursery.cancel_scope.cancel()
-        except BaseException as e:  # a system task must never raise
-            if _not_just_cancelled(e):  # (cancelled: the Trio run is ending)
-                log.exception("the pipe of a worker (%s) failed", self.label)
-        finally:
-            if not ended:
-                self.kill()
-            with trio.CancelScope(shield=True):
-                await self._reap()
-            self.exited.set()
-            if self.owner is not None:
-                try:
-                    self.owner._on_exit(self)
-                except Exception:
-                    log.exception("%s: handling the end of %s failed", self.owner.name, self.label)
-
     async def _reap(self) -> None:
         if self.process is None:
             return
-        with trio.move_on_after(2.0):  # its output ended: it is exiting
+        with trio.move_on_after(EXIT_GRACE_S):  # its output ended: it is exiting
             await self.process.wait()
         self.kill()
         await self.process.wait()
@@ -174,22 +184,45 @@ class WorkerProcess:
                     self.owner._on_message(self, message)
 
 
-class Spares:
-    """At most one warm worker (mlx-lm imported) of the current Trio run, for the next MLX load."""
+class Workers:
+    """The owner of the worker processes and of the spare (see the module docstring).
+
+    :meth:`run` is started in the nursery of whoever owns the engines' lifetime;
+    until then, and once it has exited, no worker can start.
+    """
 
     def __init__(self) -> None:
+        self._nursery: trio.Nursery | None = None
+        #: at most one warm worker (mlx-lm imported), for the next MLX load
         self._spare: WorkerProcess | None = None
-        self._run: object = None
 
-    def _current(self) -> WorkerProcess | None:
-        w = self._spare
-        if w is None or self._run is not trio.lowlevel.current_root_task() or w.exited.is_set():
-            return None
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the workers until cancelled; then every one is killed and reaped."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = self._spare = None
+
+    async def start(self, owner: Owner | None, spec: launch.RankLaunch) -> WorkerProcess:
+        """A new worker for ``owner`` (None: a spare), its process started (OSError if it cannot be)."""
+        if self._nursery is None:
+            raise EngineError("cannot start an engine worker: the daemon is not running them "
+                              "(it is stopping)")
+        w = WorkerProcess(owner, spec)
+        name = owner.name if owner is not None else "spare"
+        await self._nursery.start(w.run, name=f"mlxd worker {name} {w.label}")
         return w
+
+    def _ready_spare(self) -> WorkerProcess | None:
+        w = self._spare
+        return w if w is not None and not w.exited.is_set() else None
 
     def take(self, owner: Owner) -> WorkerProcess | None:
         """The spare, now ``owner``'s, or None if there is none ready."""
-        w = self._current()
+        w = self._ready_spare()
         self._spare = None
         if w is not None:
             w.adopt(owner)
@@ -197,26 +230,19 @@ class Spares:
 
     async def refill(self) -> None:
         """Start a spare unless one is ready (its imports run in the background)."""
-        if self._current() is not None:
+        if self._ready_spare() is not None:
             return
-        w = WorkerProcess(None, launch.RankLaunch(None, worker.command(warm=True)))
         try:
-            await w.start()
-        except OSError as e:
+            self._spare = await self.start(None, launch.RankLaunch(None, worker.command(warm=True)))
+        except (OSError, EngineError) as e:
             log.warning("cannot start a spare engine worker: %s", e)
-            return
-        self._spare, self._run = w, trio.lowlevel.current_root_task()
 
-    def pid(self) -> int | None:
-        w = self._current()
+    def spare_pid(self) -> int | None:
+        w = self._ready_spare()
         return w.pid if w is not None else None
 
-    async def ready(self) -> None:
+    async def spare_ready(self) -> None:
         """Wait until the spare (if any) has done its imports."""
-        w = self._current()
+        w = self._ready_spare()
         if w is not None:
             await w.greeted.wait()
-
-
-#: the daemon's spare worker
-SPARES = Spares()

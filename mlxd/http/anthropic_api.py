@@ -36,7 +36,8 @@ async def _parse(*, counting: bool) -> ParsedMessages:
         raise ShuttingDown("mlxd is shutting down")
     body, rid = await read_json_body(), request_id()
     parsed = await schema_checks_off_loop(
-        lambda: parse_messages(body, request_id=rid, counting=counting), request.content_length or 0)
+        lambda: parse_messages(body, request_id=rid, counting=counting), request.content_length or 0,
+        st.schema_checkers)
     if not st.manager.has_model(parsed.model):
         raise ModelNotFound(parsed.model)
     return parsed

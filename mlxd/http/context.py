@@ -17,10 +17,15 @@ from mlxd.http.access_log import Entry, LogFormat
 from mlxd.http.auth import Auth
 from mlxd.http.metrics import Metrics
 from mlxd.http.server import Connections
+from mlxd.http.structured import SCHEMA_CHECKS_AT_ONCE
 from mlxd.residency.manager import Manager
 
 if TYPE_CHECKING:
     from mlxd.journal.journal import Journal
+
+
+#: large request bodies read in child processes at once (:mod:`mlxd.http.openai_api`)
+LARGE_BODY_READS_AT_ONCE = 2
 
 
 @dataclass
@@ -50,6 +55,12 @@ class AppState:
     event_waits: set[trio.CancelScope] = field(default_factory=set)
     #: the open HTTP connections (to close one whose lease the manager ended)
     connections: Connections = field(default_factory=Connections)
+    #: the worker threads of meta-schema checks (:mod:`mlxd.http.structured`), this app's
+    schema_checkers: trio.CapacityLimiter = field(
+        default_factory=lambda: trio.CapacityLimiter(SCHEMA_CHECKS_AT_ONCE))
+    #: the child processes reading large bodies at once (each holds a copy of its body)
+    large_body_readers: trio.CapacityLimiter = field(
+        default_factory=lambda: trio.CapacityLimiter(LARGE_BODY_READS_AT_ONCE))
 
     def __post_init__(self) -> None:
         self._write_access = access_log.writer(self.log_format)

@@ -171,7 +171,7 @@ async def _generate(kind: Literal["chat", "generate"]) -> Any:
     parsed = await schema_checks_off_loop(lambda: parse(
         body, kind, known=st.manager.has_model, allow_images=vision, request_id=rid,
         headers=headers,
-    ), request.content_length or 0)
+    ), request.content_length or 0, st.schema_checkers)
     mc = st.config.model(parsed.model)
     if mc is not None and mc.embedding:
         raise bad("model", f"'{mc.name}' is an embedding model: use POST /api/embed")

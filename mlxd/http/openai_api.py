@@ -104,13 +104,12 @@ async def read_json_body() -> object:
 #: the routes whose bodies carry a prompt, and the field it is in
 GENERATION_ROUTES = {"/v1/chat/completions": "messages", "/v1/completions": "prompt",
                      "/v1/messages": "messages"}
-#: child processes reading large bodies at once (each holds a copy of its body)
-_LARGE_BODY_READERS = trio.CapacityLimiter(2)
 
 
 async def _check_large_body(raw: bytes, param: str) -> None:
-    """Refuse a large body whose prompt cannot fit its model, from facts read in a child process."""
-    async with _LARGE_BODY_READERS:
+    """Refuse a large body whose prompt cannot fit its model, from facts read in a child process
+    (as many at once as the app's ``large_body_readers`` let)."""
+    async with state().large_body_readers:
         done = await trio.run_process(
             [sys.executable, "-I", "-S", bodyscan.__file__],
             stdin=raw, capture_stdout=True, capture_stderr=True, check=False,
@@ -136,7 +135,7 @@ async def parse(kind: str) -> ParsedRequest:
     rid, headers = request_id(), request.headers
     parsed = await schema_checks_off_loop(lambda: parse_request(
         body, kind=kind, allow_images=bool(mc and mc.mllm), request_id=rid, headers=headers,
-    ), request.content_length or 0)
+    ), request.content_length or 0, st.schema_checkers)
     if not st.manager.has_model(parsed.model):
         raise ModelNotFound(parsed.model)
     if mc is not None and mc.embedding:

@@ -108,6 +108,7 @@ async def create_response() -> Any:
     parsed = await schema_checks_off_loop(
         lambda: parse_responses(body, allow_images=bool(mc and mc.mllm), headers=headers),
         request.content_length or 0,
+        st.schema_checkers,
     )
     if not st.manager.has_model(parsed.model):
         raise ModelNotFound(parsed.model)

@@ -12,7 +12,8 @@ schema took 11 s), so the schemas of one request hold at most
 :data:`MAX_SCHEMA_VALUES` JSON values together, counted as they are read
 (a larger request is refused before any check starts), and a route that reads
 its body inside :func:`schema_checks_off_loop` gets the meta-schema checks run
-after the body is read, on a worker thread (:data:`SCHEMA_CHECKERS` at once),
+after the body is read, on a worker thread (:data:`SCHEMA_CHECKS_AT_ONCE` at once:
+the limiter is the app's, ``AppState.schema_checkers``),
 while the event loop goes on serving everyone else; a large body is read
 there too.
 """
@@ -45,7 +46,7 @@ MAX_SCHEMA_DEPTH = 32
 #: (OpenAI's structured outputs take 5,000 properties; 128 tools of 400 parameters are 150k)
 MAX_SCHEMA_VALUES = 50_000
 #: meta-schema checks running at once on worker threads (each holds the GIL between switches)
-SCHEMA_CHECKERS = trio.CapacityLimiter(2)
+SCHEMA_CHECKS_AT_ONCE = 2
 #: bodies larger than this are validated on a worker thread too (their schemas and messages
 #: take milliseconds to walk); smaller ones on the event loop, without a thread hop
 INLINE_VALIDATION_BYTES = 64 * 1024
@@ -90,10 +91,13 @@ _checks: ContextVar[SchemaChecks | None] = ContextVar("mlxd_schema_checks", defa
 T = TypeVar("T")
 
 
-async def schema_checks_off_loop(read: Callable[[], T], body_bytes: int = 0) -> T:
+async def schema_checks_off_loop(
+    read: Callable[[], T], body_bytes: int, limiter: trio.CapacityLimiter
+) -> T:
     """``read()`` (a body's validation) on the event loop, then the meta-schema checks of
     the schemas it met on a worker thread; both on the thread for a body over
-    :data:`INLINE_VALIDATION_BYTES` (module docstring)."""
+    :data:`INLINE_VALIDATION_BYTES` (module docstring). ``limiter``: the app's threads for
+    these checks (``AppState.schema_checkers``)."""
     checks = SchemaChecks()
 
     def validate(run_checks: bool) -> T:
@@ -107,11 +111,11 @@ async def schema_checks_off_loop(read: Callable[[], T], body_bytes: int = 0) -> 
         return result
 
     if body_bytes > INLINE_VALIDATION_BYTES:
-        return await trio.to_thread.run_sync(validate, True, limiter=SCHEMA_CHECKERS,
+        return await trio.to_thread.run_sync(validate, True, limiter=limiter,
                                              abandon_on_cancel=True)
     result = validate(False)
     if checks.pending:
-        await trio.to_thread.run_sync(checks.run, limiter=SCHEMA_CHECKERS, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(checks.run, limiter=limiter, abandon_on_cancel=True)
     return result
 
 

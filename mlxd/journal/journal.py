@@ -212,7 +212,8 @@ class Journal(JournalFile):
 
     @property
     def commit_count(self) -> int:
-        """Transactions committed by the writer (group commit keeps it far below the records)."""
+        """Transactions committed by the writer (group commit keeps it far below the records;
+        ``bench/journal.py`` reports records per commit from it)."""
         return self._commits
 
     @property
@@ -277,7 +278,9 @@ class Journal(JournalFile):
                             await link.exited.wait()
                         finally:  # a message being written gets flush_timeout to finish, no more
                             if link.send_scope is not None:
-                                link.send_scope.deadline = trio.current_time() + self._flush_timeout
+                                link.send_scope.deadline = min(
+                                    link.send_scope.deadline, trio.current_time() + self._flush_timeout
+                                )
                     nursery.cancel_scope.cancel()
                 if first and link.open_error is not None:
                     raise link.open_error

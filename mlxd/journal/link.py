@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import subprocess
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,16 @@ from mlxd.journal.writer import ERROR_KINDS, Settings
 from mlxd.journal.writer import command as writer_command
 
 log = logging.getLogger("mlxd.journal.journal")
+
+#: the bound of one message's shielded write. A writer reads its pipe between commits, so a
+#: write waits at most for one commit (milliseconds; seconds on a slow disk); one that waits
+#: this long is writing to a hung writer (the journal's watchdog kills one silent for
+#: ``kill_s``, 10 s, first): the link is cut and the process killed, and the journal starts
+#: a new writer, which is sent every unconfirmed row again
+SEND_LIMIT_S = 30.0
+#: the bound of the shielded reap of a writer already killed (SIGKILL cannot be ignored:
+#: milliseconds; past it, a process stuck in the kernel is left to the OS)
+REAP_LIMIT_S = 2.0
 
 
 class WriterLink:
@@ -67,14 +78,16 @@ class WriterLink:
     def pid(self) -> int:
         return self.process.pid
 
-    async def send(self, message: tuple[Any, ...]) -> None:
+    async def send(self, message: tuple[Any, ...], *, until: float = math.inf) -> None:
         """Write one message whole: a cancelled write would cut the stream mid-message.
 
-        So it is shielded; only at shutdown does it get a deadline (the journal's
-        ``flush_timeout``), after which the link is unusable and the process is killed.
+        So it is shielded, within :data:`SEND_LIMIT_S` or until ``until`` if that is sooner (at
+        shutdown, the journal's ``flush_timeout``), after which the link is unusable and the
+        process is killed.
         """
         assert self.process.stdin is not None
-        with trio.CancelScope(shield=True) as scope:
+        deadline = min(trio.current_time() + SEND_LIMIT_S, until)
+        with trio.CancelScope(shield=True, deadline=deadline) as scope:
             self.send_scope = scope
             try:
                 await self.process.stdin.send_all(frame(message))
@@ -82,6 +95,7 @@ class WriterLink:
                 self.send_scope = None
         if scope.cancelled_caught:
             self.cut = True
+            self.kill()  # its output ends: the journal replaces it (or, at shutdown, ends)
             raise trio.BrokenResourceError("journal: the writer stopped reading")
 
     async def read(self, dispatch: Callable[[tuple[Any, ...]], None]) -> None:
@@ -145,17 +159,20 @@ class WriterLink:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 if not self.cut and not self.exited.is_set():
                     for message in last:
-                        await self.send(message)
-                    await self.send(("stop",))
+                        await self.send(message, until=scope.deadline)
+                    await self.send(("stop",), until=scope.deadline)
             await process.stdin.aclose()  # end of input: the writer exits even if it said nothing
             await self.read(dispatch)
             await process.wait()
-        with trio.CancelScope(shield=True):
-            exited = process.returncode is not None
-            if not exited:
-                process.kill()
+        exited = process.returncode is not None
+        if not exited:
+            process.kill()
+        with trio.move_on_after(REAP_LIMIT_S) as reaping:
+            reaping.shield = True
             await process.wait()
             if process.stdout is not None:
                 await process.stdout.aclose()
+        if reaping.cancelled_caught:
+            log.error("journal: the writer process was not reaped %g s after SIGKILL", REAP_LIMIT_S)
         self.gone()
         return exited

@@ -10,10 +10,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from mlxd.engines.demo_model import write_demo_model
 from mlxd.engines.mlx_text import MlxTextEngine
+from mlxd.engines.worker_process import Workers
 from tests.engines.mlx_helpers import tiny_config
+from tests.support.engines import RecordedTextEngine
 
 
 @pytest.fixture(scope="session")
@@ -35,9 +38,19 @@ def vision_model_dir(vision_extra: None, tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture
 async def engine(tiny_model_dir: Path) -> AsyncIterator[MlxTextEngine]:
     """A loaded text engine on the tiny model, stopped after the test."""
-    eng = MlxTextEngine(tiny_config(tiny_model_dir, max_queue=4), prefill_step=16)
+    eng = RecordedTextEngine(tiny_config(tiny_model_dir, max_queue=4), prefill_step=16)
     await eng.load(lambda _p: None)
     try:
         yield eng
     finally:
         await eng.stop()
+
+
+@pytest.fixture
+async def workers() -> AsyncIterator[Workers]:
+    """The owner of the test's engine worker processes, running; they end with the test."""
+    owner = Workers()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(owner.run)
+        yield owner
+        nursery.cancel_scope.cancel()

@@ -11,12 +11,13 @@ import trio
 from mlxd.config import ModelConfig
 from mlxd.engines.base import ChatMessage, Finished, GenerationEvent, GenerationRequest, TextDelta
 from mlxd.engines.mlx_text import MlxTextEngine
+from tests.support.engines import RecordedTextEngine
 
 
 @asynccontextmanager
 async def batched_engine(path: Path, *, prefill_step: int) -> AsyncIterator[MlxTextEngine]:
     """A loaded tiny model batching up to 4 generations, stopped afterwards."""
-    eng = MlxTextEngine(tiny_config(path, max_batch_size=4), prefill_step=prefill_step)
+    eng = RecordedTextEngine(tiny_config(path, max_batch_size=4), prefill_step=prefill_step)
     await eng.load(lambda _p: None)
     assert eng.batch is not None
     try:

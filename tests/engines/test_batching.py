@@ -12,7 +12,6 @@ import trio
 
 from mlxd.config import Config, ContentionPolicy, ManagerConfig
 from mlxd.config.kv import kv_need_bytes as batch_kv_bytes
-from mlxd.engines import DefaultEngines
 from mlxd.engines.base import ChatMessage, Finished, GenerationRequest, TextDelta
 from mlxd.engines.batching import BatchScheduler
 from mlxd.engines.kv_gate import KvBook
@@ -27,6 +26,7 @@ from tests.engines.mlx_helpers import (
     no_eos,
     tiny_config,
 )
+from tests.support.engines import RecordedTextEngine
 
 pytestmark = pytest.mark.mlx
 
@@ -34,7 +34,7 @@ PROMPTS = ("the quick brown fox", "hello world", "once upon a time in a land far
 
 
 async def _loaded(path: Path, **kw: object) -> MlxTextEngine:
-    eng = MlxTextEngine(tiny_config(path, **kw), prefill_step=8)
+    eng = RecordedTextEngine(tiny_config(path, **kw), prefill_step=8)
     await eng.load(lambda _p: None)
     return eng
 
@@ -302,7 +302,7 @@ async def test_preempting_a_batched_model_stops_all_its_leases(tiny_model_dir: P
         manager=ManagerConfig(1 << 30, contention_policy=ContentionPolicy("preempt")),
         models=(model,),
     )
-    manager = Manager(config, DefaultEngines())
+    manager = Manager(config, RecordedTextEngine)
     errors: list[BaseException] = []
     endless = completion("hi", max_tokens=1000, logits_processors=(no_eos,))
     streaming = [trio.Event() for _ in range(3)]
@@ -325,7 +325,7 @@ async def test_preempting_a_batched_model_stops_all_its_leases(tiny_model_dir: P
             for ev in streaming:
                 await ev.wait()
             engine = manager._engines["tiny"]
-            assert isinstance(engine, MlxTextEngine) and engine.batch is not None
+            assert isinstance(engine, RecordedTextEngine) and engine.batch is not None
             await manager.unload("tiny", preempt=True)
         assert len(errors) == 3, errors
         assert all(isinstance(e, Preempted) for e in errors), errors

@@ -25,6 +25,7 @@ from mlxd.engines.demo_model import write_demo_model
 from mlxd.engines.launch import SSH_ENV
 from mlxd.engines.mlx_text import MlxTextEngine
 from mlxd.engines.process import ProcessEngine
+from mlxd.engines.worker_process import Workers
 from mlxd.errors import EngineDied
 from tests.engines.mlx_helpers import collect, completion, tiny_config
 
@@ -60,14 +61,14 @@ async def greedy(engine: MlxTextEngine | ProcessEngine, prompts: list[str], n: i
     return out
 
 
-async def two_ranks_equal_one_process(path: Path, tmp: Path, prompts: list[str]) -> None:
+async def two_ranks_equal_one_process(path: Path, tmp: Path, prompts: list[str], workers: Workers) -> None:
     single = MlxTextEngine(tiny_config(path))
     await single.load(lambda p: None)
     try:
         expected = await greedy(single, prompts, 16)
     finally:
         await single.stop()
-    engine = ProcessEngine(distributed(path, tmp))
+    engine = ProcessEngine(distributed(path, tmp), workers)
     await engine.load(lambda p: None)
     try:
         assert len(engine.pids()) == 2
@@ -87,21 +88,23 @@ async def two_ranks_equal_one_process(path: Path, tmp: Path, prompts: list[str])
     assert engine.pids() == []
 
 
-async def test_two_ranks_serve_the_tiny_model_like_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
-    await two_ranks_equal_one_process(tiny_model_dir, tmp_path, PROMPTS[:3])
+async def test_two_ranks_serve_the_tiny_model_like_one_process(
+    tiny_model_dir: Path, tmp_path: Path, workers: Workers
+) -> None:
+    await two_ranks_equal_one_process(tiny_model_dir, tmp_path, PROMPTS[:3], workers)
 
 
 @pytest.mark.stress
 async def test_two_ranks_serve_the_small_model_like_one_process(
-    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, workers: Workers
 ) -> None:
     path = tmp_path_factory.mktemp("models") / "small"
     write_demo_model(path, "small")
-    await two_ranks_equal_one_process(path, tmp_path, PROMPTS)
+    await two_ranks_equal_one_process(path, tmp_path, PROMPTS, workers)
 
 
 async def test_a_remote_rank_runs_through_ssh_and_its_death_ends_the_residency(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: Workers
 ) -> None:
     """The ssh path end to end, with an ``ssh`` that runs the remote script here; then rank 1
     is killed mid-stream: the stream fails, rank 0 is killed too, the death is reported."""
@@ -115,7 +118,7 @@ async def test_a_remote_rank_runs_through_ssh_and_its_death_ends_the_residency(
     raw = {"name": "d", "path": str(tiny_model_dir),
            "distributed": {"hostfile": str(hostfile), "port": 41000 + os.getpid() % 2000}}
     model = parse_config({"manager": {"memory_budget_gb": 4}, "models": [raw]}, path=tmp_path / "c.yaml").models[0]
-    engine = ProcessEngine(model)
+    engine = ProcessEngine(model, workers)
     await engine.load(lambda p: None)
     try:
         assert [w["where"] for w in engine.describe()["workers"]] == ["local", "far-away"]

@@ -45,10 +45,12 @@ def _config(
 
 @asynccontextmanager
 async def _manager(config: Config) -> AsyncIterator[tuple[Manager, list[ManagerEvent]]]:
-    manager = Manager(config, DefaultEngines())
+    engines = DefaultEngines()
+    manager = Manager(config, engines)
     events: list[ManagerEvent] = []
     manager.subscribe(events.append)
     async with trio.open_nursery() as nursery:
+        await nursery.start(engines.run)  # the owner of isolation: process's worker
         await nursery.start(manager.run)
         try:
             for name in ("fake-a", "fake-b", "tiny"):  # fake-a is the least recently used

@@ -12,6 +12,7 @@ from mlxd.engines.base import LoadProgress, TextDelta
 from mlxd.engines.mlx_text import MlxTextEngine
 from mlxd.engines.mlx_thread import GenerationStats
 from tests.engines.mlx_helpers import collect, completion, tiny_config
+from tests.support.engines import RecordedTextEngine, mlx_thread_drained
 
 pytestmark = pytest.mark.mlx
 
@@ -68,7 +69,7 @@ async def test_cancel_during_prefill_stops_at_the_next_chunk(tiny_model_dir: Pat
         if event == "prefill" and stats.prefill_done >= 4 * step:
             prefill_seen.set()
 
-    eng = MlxTextEngine(tiny_config(tiny_model_dir), prefill_step=step, observer=observer)
+    eng = RecordedTextEngine(tiny_config(tiny_model_dir), prefill_step=step, observer=observer)
     await eng.load(lambda _p: None)
     try:
         prompt = "hello world this is a tiny model " * 400  # ~3,200 tokens: 200 chunks
@@ -102,7 +103,7 @@ async def test_cancel_during_prefill_stops_at_the_next_chunk(tiny_model_dir: Pat
 async def test_cancel_while_queued_never_reaches_the_thread(tiny_model_dir: Path) -> None:
     """A request cancelled while it waits in the queue (behind a running one: max_batch_size 1)
     is withdrawn and never runs."""
-    engine = MlxTextEngine(tiny_config(tiny_model_dir, max_batch_size=1), prefill_step=16)
+    engine = RecordedTextEngine(tiny_config(tiny_model_dir, max_batch_size=1), prefill_step=16)
     await engine.load(lambda _p: None)
     try:
         await _cancel_while_queued(engine)
@@ -128,8 +129,7 @@ async def _cancel_while_queued(engine: MlxTextEngine) -> None:
         queued = engine.history[-1]
         assert queued.outcome == "withdrawn" and queued.started_at is None
         assert engine.queue_depth() == 1
-    assert engine._scheduler is not None
-    await engine._scheduler.wait_idle()
+    await mlx_thread_drained(engine)
     assert engine.queue_depth() == 0
 
 
@@ -140,7 +140,7 @@ async def _cancel_soon(scope: trio.CancelScope) -> None:
 
 async def test_stop_during_a_generation_ends_it_and_the_thread(tiny_model_dir: Path) -> None:
     """stop() while a stream runs cancels it, unloads, and ends the MLX thread."""
-    eng = MlxTextEngine(tiny_config(tiny_model_dir))
+    eng = RecordedTextEngine(tiny_config(tiny_model_dir))
     await eng.load(lambda _p: None)
     thread = eng._thread
     assert thread is not None

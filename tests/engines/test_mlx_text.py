@@ -22,6 +22,7 @@ from mlxd.engines.base import (
 from mlxd.engines.mlx_text import MlxTextEngine
 from mlxd.errors import InvalidRequest, LoadFailed, Overloaded
 from tests.engines.mlx_helpers import chat, collect, completion, tiny_config
+from tests.support.engines import mlx_thread_drained
 
 pytestmark = pytest.mark.mlx
 
@@ -180,8 +181,7 @@ async def test_requests_are_served_in_arrival_order_and_the_queue_is_bounded(
             assert err.value.http_status == 503 and err.value.headers()["Retry-After"]
         assert order == ["a", "b", "c"]
         assert eng.batch is None  # the serial path: no batch loop, no prompt cache
-        assert eng._scheduler is not None
-        await eng._scheduler.wait_idle()
+        await mlx_thread_drained(eng)
         assert eng.queue_depth() == 0
     finally:
         await eng.stop()

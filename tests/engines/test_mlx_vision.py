@@ -16,6 +16,7 @@ from mlxd.engines.mlx_thread import GenerationStats
 from mlxd.engines.mlx_vision import MlxVisionEngine
 from mlxd.errors import InvalidRequest
 from tests.engines.mlx_helpers import collect
+from tests.support.engines import Recorded
 
 Image = pytest.importorskip("PIL.Image", reason="pillow is not installed")
 
@@ -104,9 +105,13 @@ class TokenCounter:
             self.reached.set()
 
 
+class RecordedVisionEngine(Recorded, MlxVisionEngine):
+    """The mlx-vlm engine, with its generations' stats in ``history``."""
+
+
 @pytest.fixture
 async def vision_engine(vision_model_dir: Path):  # type: ignore[no-untyped-def]
-    eng = MlxVisionEngine(ModelConfig(name="vis", source=str(vision_model_dir), mllm=True))
+    eng = RecordedVisionEngine(ModelConfig(name="vis", source=str(vision_model_dir), mllm=True))
     await eng.load(lambda _p: None)
     try:
         yield eng

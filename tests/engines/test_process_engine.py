@@ -22,7 +22,7 @@ from mlxd.engines.base import Finished, LoadProgress, TextDelta
 from mlxd.engines.mlx_text import MlxTextEngine
 from mlxd.engines.process import CANCEL_GRACE_S, ProcessEngine
 from mlxd.engines.wire import error_from_wire, error_to_wire
-from mlxd.engines.worker_process import SPARES, describe_exit
+from mlxd.engines.worker_process import Workers, describe_exit
 from mlxd.errors import (
     EngineDied,
     EngineError,
@@ -32,6 +32,7 @@ from mlxd.errors import (
     Overloaded,
 )
 from tests.engines.mlx_helpers import collect, completion, tiny_config
+from tests.support.tasks import worker_tasks
 
 LONG = completion("hello", max_tokens=100_000)
 
@@ -44,8 +45,8 @@ def fake(name: str = "p", **settings: object) -> ModelConfig:
     )
 
 
-async def loaded(model: ModelConfig) -> ProcessEngine:
-    engine = ProcessEngine(model)
+async def loaded(model: ModelConfig, workers: Workers) -> ProcessEngine:
+    engine = ProcessEngine(model, workers)
     phases: list[str] = []
     await engine.load(lambda p: phases.append(p.phase))
     assert "done" in phases
@@ -59,8 +60,8 @@ def gone(pid: int) -> bool:
         return True
 
 
-async def test_the_engine_runs_in_a_worker_and_stops_with_it() -> None:
-    engine = await loaded(fake())
+async def test_the_engine_runs_in_a_worker_and_stops_with_it(workers: Workers) -> None:
+    engine = await loaded(fake(), workers)
     [pid] = engine.pids()
     assert pid != os.getpid() and not gone(pid)
     assert engine.measured_bytes() == 1 << 20
@@ -70,8 +71,8 @@ async def test_the_engine_runs_in_a_worker_and_stops_with_it() -> None:
     assert engine.pids() == [] and gone(pid)
 
 
-async def test_a_stream_left_midway_is_cancelled_and_the_next_one_runs() -> None:
-    engine = await loaded(fake())
+async def test_a_stream_left_midway_is_cancelled_and_the_next_one_runs(workers: Workers) -> None:
+    engine = await loaded(fake(), workers)
     try:
         with trio.CancelScope() as scope:
             async for ev in engine.generate(LONG):
@@ -99,8 +100,8 @@ def test_errors_cross_the_pipe_as_their_own_class() -> None:
     assert type(other) is EngineError and other.message == "m: generation failed: ValueError: boom"
 
 
-async def test_a_load_that_fails_in_the_worker_is_a_load_failure() -> None:
-    engine = ProcessEngine(fake(fail_loads=(1,)))
+async def test_a_load_that_fails_in_the_worker_is_a_load_failure(workers: Workers) -> None:
+    engine = ProcessEngine(fake(fail_loads=(1,)), workers)
     with pytest.raises(LoadFailed, match="scripted failure of load 1"):
         await engine.load(lambda p: None)
     await engine.stop()
@@ -112,11 +113,11 @@ async def test_a_load_that_fails_in_the_worker_is_a_load_failure() -> None:
     [("kill", "killed by SIGKILL"), ("abort", "killed by SIGABRT (abort)")],
 )
 async def test_a_worker_that_dies_mid_stream_fails_the_stream_and_reports_its_death(
-    how: str, death: str, monkeypatch: pytest.MonkeyPatch
+    how: str, death: str, monkeypatch: pytest.MonkeyPatch, workers: Workers
 ) -> None:
     if how == "abort":
         monkeypatch.setenv("MLXD_CRASH_AT", "worker.token:3=abort")
-    engine = await loaded(fake())
+    engine = await loaded(fake(), workers)
     [pid] = engine.pids()
     seen = 0
     with pytest.raises(EngineDied) as exc:
@@ -134,11 +135,11 @@ async def test_a_worker_that_dies_mid_stream_fails_the_stream_and_reports_its_de
 
 
 async def test_a_load_that_ignores_cancellation_is_killed_after_the_grace(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, workers: Workers
 ) -> None:
     """The worker stalls after loading (its memory held), deaf to cancel_load: stop() kills it."""
     monkeypatch.setenv("MLXD_CRASH_AT", "worker.loaded=stall")
-    engine = ProcessEngine(fake())
+    engine = ProcessEngine(fake(), workers)
     phases: list[LoadProgress] = []
     done = trio.Event()
 
@@ -160,6 +161,25 @@ async def test_a_load_that_ignores_cancellation_is_killed_after_the_grace(
     assert CANCEL_GRACE_S <= took < CANCEL_GRACE_S + 1.0
 
 
+async def test_the_owners_exit_kills_every_worker_and_leaves_no_task() -> None:
+    """Workers still running when their owner exits (a loaded engine never stopped, and the
+    spare) are killed and reaped with it: no process alive, no task left in the run."""
+    owner = Workers()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(owner.run)
+        engine = await loaded(fake(), owner)
+        await owner.refill()
+        pids = [*engine.pids(), owner.spare_pid()]
+        assert None not in pids and not any(gone(p) for p in pids if p is not None)
+        assert worker_tasks() == ["mlxd worker p the engine process",
+                                          "mlxd worker spare the engine process"]
+        nursery.cancel_scope.cancel()
+    assert all(gone(p) for p in pids if p is not None)
+    assert worker_tasks() == [] and engine.pids() == []
+    with pytest.raises(LoadFailed, match="not running them"):  # its owner has exited
+        await loaded(fake("late"), owner)
+
+
 def test_exit_descriptions() -> None:
     assert describe_exit(-9) == "killed by SIGKILL"
     assert describe_exit(-6) == "killed by SIGABRT (abort)"
@@ -167,7 +187,9 @@ def test_exit_descriptions() -> None:
 
 
 @pytest.mark.mlx
-async def test_the_mlx_engine_in_a_worker_answers_as_on_a_thread(tiny_model_dir: Path) -> None:
+async def test_the_mlx_engine_in_a_worker_answers_as_on_a_thread(
+    tiny_model_dir: Path, workers: Workers
+) -> None:
     """The same engine class, hosted unchanged: identical greedy output, measured in the worker."""
     requests = [completion(p, max_tokens=12, temperature=0.0) for p in ("once upon", "the cat", "a b c")]
     thread = MlxTextEngine(tiny_config(tiny_model_dir))
@@ -176,7 +198,7 @@ async def test_the_mlx_engine_in_a_worker_answers_as_on_a_thread(tiny_model_dir:
         expected = [await collect(thread, r) for r in requests]
     finally:
         await thread.stop()
-    engine = await loaded(tiny_config(tiny_model_dir, isolation="process"))
+    engine = await loaded(tiny_config(tiny_model_dir, isolation="process"), workers)
     try:
         assert engine.memory_source == "active_delta"
         # within 1 KiB: the first load on a (pooled) MLX thread also makes its 8-byte random key
@@ -187,9 +209,9 @@ async def test_the_mlx_engine_in_a_worker_answers_as_on_a_thread(tiny_model_dir:
         with pytest.raises(InvalidRequest, match="max_tokens"):  # raised in the worker
             await collect(engine, completion("x", max_tokens=0))  # type: ignore[arg-type]
         # the load left a spare worker (mlx-lm imported): the next load takes it
-        spare = SPARES.pid()
+        spare = workers.spare_pid()
         assert spare is not None and spare not in engine.pids()
-        second = await loaded(tiny_config(tiny_model_dir, name="again", isolation="process"))
+        second = await loaded(tiny_config(tiny_model_dir, name="again", isolation="process"), workers)
         assert second.pids() == [spare]
         await second.stop()
     finally:

@@ -52,6 +52,7 @@ import trio
 import mlx.core as mx
 from mlxd.engines.mlx_text import MlxTextEngine
 from tests.engines.mlx_helpers import collect, completion, tiny_config
+from tests.support.engines import mlx_thread_drained
 
 async def main():
     # the prompt cache is off: on, it keeps the request's KV on purpose (bounded by
@@ -63,7 +64,7 @@ async def main():
     before = await engine._thread.run(counters)
     _text, fin, _ = await collect(
         engine, completion("hello world this is a tiny model, " * 234, max_tokens=8))
-    await engine._scheduler.wait_idle()
+    await mlx_thread_drained(engine)
     after = await engine._thread.run(counters)
     await engine.stop()
     print(json.dumps({"before": before, "after": after, "prompt_tokens": fin.prompt_tokens}))

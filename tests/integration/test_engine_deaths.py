@@ -30,6 +30,7 @@ from mlxd.journal.replay import check_journal
 from tests.integration.conftest import config_of, fake
 from tests.integration.test_http_residency import CHAT, body, rows, stream_lines, transitions
 from tests.support.daemon import DaemonProcess, Served, serving, write_config
+from tests.support.tasks import worker_tasks
 
 
 def worker_pids(served: Served, model: str) -> list[int]:
@@ -125,6 +126,25 @@ async def test_a_load_that_ignores_cancellation_is_ended_within_2s(
         print(f"abandoned load: its worker ({rss >> 20} MiB RSS) gone {took:.2f} s after the client left")
         await s.journal.wait_committed()
         assert transitions(s, "t")[-1] == ("loading", "unloaded", "abandoned")
+
+
+async def test_a_daemon_shutdown_leaves_no_worker_process_and_no_task(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """The daemon owns its engine workers: a loaded model's worker and the warm spare (kept
+    for the MLX model) are killed with its shutdown, and no task of theirs is left behind."""
+    cfg = config_of({"manager": {"memory_budget_gb": 4},
+                     "models": [{**fake("p", 1), "isolation": "process"},
+                                {"name": "t", "path": str(tiny_model), "isolation": "process"}]},
+                    tmp_path)
+    async with serving(cfg, tmp_path) as s, s.client() as c:
+        assert (await c.post(CHAT, json=body("p"))).status_code == 200
+        workers = worker_children(os.getpid())
+        assert len(workers) == 2  # p's, and the spare started for t
+        assert worker_tasks() == ["mlxd worker p the engine process",
+                                          "mlxd worker spare the engine process"]
+    assert all(gone(w.pid) for w in workers)
+    assert worker_tasks() == []
 
 
 # ---- random kills under traffic (a subprocess daemon: a death there would be seen) ----------

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from mlxd.config import Measurement
 from mlxd.errors import JournalError
+from mlxd.journal import link
 from mlxd.journal.journal import Journal
 from mlxd.journal.rows import EndRun, decode, encode, event_json
 from mlxd.journal.writer import Frames, _take_lock, frame
@@ -190,6 +191,26 @@ async def test_a_stopped_writer_degrades_then_is_replaced(tmp_path: Path) -> Non
         assert trio.current_time() - t0 >= 1.5
         assert j.restarts == 1 and j.writer_pid != pid
         assert [r["id"] for r in j.leases()] == ["L"]
+
+
+async def test_a_write_the_writer_does_not_read_is_cut_at_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shielded write into a writer that stopped reading (SIGSTOP, no watchdog) ends at
+    SEND_LIMIT_S: the writer is killed and replaced, and every record is written once."""
+    monkeypatch.setattr(link, "SEND_LIMIT_S", 1.0)
+    N = 60_000
+    async with running(tmp_path / "j.db", flush_interval=0) as j:
+        pid = j.writer_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        t0 = trio.current_time()
+        # one message (about 1.6 MB) larger than the pipe's buffer (writer.PIPE_BYTES): it blocks
+        seqs = [j.record(LeaseAcquired(f"L{i}", "m", None, None, float(i))) for i in range(N)]
+        await _committed_after_restart(j, seqs[-1])
+        assert trio.current_time() - t0 >= 1.0
+        assert j.restarts == 1 and j.writer_pid != pid
+        assert len(j.leases(limit=None)) == N
 
 
 async def test_an_awaited_record_is_sent_at_once(tmp_path: Path) -> None:
