@@ -39,10 +39,8 @@ TRANSITION_COLUMNS: tuple[str, ...] = (
 )  # fmt: skip
 LEASE_COLUMNS: tuple[str, ...] = (
     "id", "run_id", "model", "request_id", "route", "acquired_at", "released_at", "outcome",
-    "prompt_tokens", "completion_tokens", "client",
+    "prompt_tokens", "completion_tokens", "client", "kv_wait_seconds",
 )  # fmt: skip
-#: the columns a schema v1 journal (before ``leases.client``) has
-LEASE_COLUMNS_V1 = LEASE_COLUMNS[:-1]
 EVENT_COLUMNS: tuple[str, ...] = ("seq", "run_id", "at", "kind", "model", "payload")
 CHECKPOINT_COLUMNS: tuple[str, ...] = ("model", "seq", "run_id", "at", "state", "pruned")
 
@@ -115,9 +113,10 @@ def read_leases(
 
 
 def lease_columns(conn: sqlite3.Connection) -> tuple[str, ...]:
-    """The lease columns this file has: a v1 journal (not migrated yet) has no ``client``."""
+    """The lease columns this file has: a journal not migrated yet lacks the later ones
+    (``client``, schema v2; ``kv_wait_seconds``, v6)."""
     have = {r[1] for r in conn.execute("PRAGMA table_info(leases)")}
-    return LEASE_COLUMNS if "client" in have else LEASE_COLUMNS_V1
+    return tuple(c for c in LEASE_COLUMNS if c in have)
 
 
 def read_events_after(

@@ -58,11 +58,12 @@ INSERT_TRANSITION = (
 )
 INSERT_LEASE = (
     "INSERT INTO leases(id, run_id, model, request_id, route, acquired_at, released_at, outcome,"
-    " prompt_tokens, completion_tokens, client) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " prompt_tokens, completion_tokens, client, kv_wait_seconds)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 RELEASE_LEASE = (
-    "UPDATE leases SET released_at = ?, outcome = ?, prompt_tokens = ?, completion_tokens = ?"
-    " WHERE id = ? AND released_at IS NULL"
+    "UPDATE leases SET released_at = ?, outcome = ?, prompt_tokens = ?, completion_tokens = ?,"
+    " kv_wait_seconds = ? WHERE id = ? AND released_at IS NULL"
 )
 INSERT_MEASUREMENT = (
     "INSERT INTO measurements(model, at, memory_bytes, load_seconds) VALUES (?, ?, ?, ?)"
@@ -196,7 +197,7 @@ def _transition_row(seq: int, run_id: int, w: Wire) -> tuple[Any, ...]:
 
 def _lease_row(run_id: int, w: Wire) -> list[Any]:
     _, lease_id, model, request_id, route, at, client = w
-    return [lease_id, run_id, model, request_id, route, at, None, None, None, None, client]
+    return [lease_id, run_id, model, request_id, route, at, None, None, None, None, client, None]
 
 
 def _weights_row(w: Wire) -> tuple[Any, ...]:
@@ -210,8 +211,8 @@ def _kv_peak_row(run_id: int, w: Wire) -> tuple[Any, ...]:
 
 
 def _release_row(w: Wire) -> tuple[Any, ...]:
-    _, lease_id, _, outcome, at, prompt_tokens, completion_tokens, _ = w
-    return (at, outcome, prompt_tokens, completion_tokens, lease_id)
+    _, lease_id, _, outcome, at, prompt_tokens, completion_tokens, _, kv_wait = w
+    return (at, outcome, prompt_tokens, completion_tokens, kv_wait, lease_id)
 
 
 # ---- from records to SQL (in the writer process) ------------------------------------------------
@@ -290,7 +291,7 @@ def plan(items: list[Item]) -> Plan:
         elif code == RELEASED:
             row = leases.get(w[1])
             if row is not None and row[7] is None:  # acquired in this batch and still open
-                row[6:10] = _release_row(w)[:4]
+                *row[6:10], row[11], _ = _release_row(w)
             else:
                 releases.append(_release_row(w))
         elif code == TRANSITION:

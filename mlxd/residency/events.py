@@ -59,6 +59,8 @@ class LeaseReleased:
     completion_tokens: int | None = None
     #: seconds the lease was held (monotonic)
     held_seconds: float = 0.0
+    #: seconds its requests' KV reservations waited for room (None: none waited)
+    kv_wait_seconds: float | None = None
 
     kind = "lease_released"
 

@@ -12,6 +12,9 @@ batch no longer needs comes back as :class:`~mlxd.residency.messages.ReturnKV`.
 A reservation that evicts or drains is journaled on its victims: their
 ``unloading`` / ``draining`` transition (reason ``evicted`` or ``preempted``)
 carries ``cause``: ``KV of a request on 'M' (N bytes)``, in the events payload.
+One that was not granted at once (it waited for an eviction, a drain or other
+requests' KV) adds its wait to its lease, journaled as
+``leases.kv_wait_seconds`` (NULL when no reservation of the lease waited).
 """
 
 from __future__ import annotations
@@ -52,8 +55,18 @@ class ModelKv:
         m = self._manager
         ticket = Ticket(m, next(m._ids), self.model, None, None, WaiterKind.KV)
         m._waiters[ticket.id] = ticket
-        ticket.on_settle = lambda: self._token.run_sync_soon(answer, ticket.error)
-        m._dispatch(ReserveKV(ticket.id, self.model, lease_id or "", nbytes, trio.current_time()))
+        asked, queued = trio.current_time(), False
+
+        def settled() -> None:
+            if queued:  # not granted (or refused) at once: it waited, the lease says how long
+                lease = m._leases.get(lease_id or "")
+                if lease is not None:
+                    lease.note_kv_wait(trio.current_time() - asked)
+            self._token.run_sync_soon(answer, ticket.error)
+
+        ticket.on_settle = settled
+        m._dispatch(ReserveKV(ticket.id, self.model, lease_id or "", nbytes, asked))
+        queued = True
 
         def withdraw() -> None:
             ticket.on_settle = None

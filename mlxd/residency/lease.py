@@ -44,6 +44,7 @@ import trio
 
 from mlxd.engines.base import Engine
 from mlxd.errors import MlxdError, Preempted, ShuttingDown
+from mlxd.residency.events import LeaseReleased
 from mlxd.residency.messages import CancelWaiter, WaiterKind
 from mlxd.residency.states import Outcome, State
 
@@ -113,6 +114,9 @@ class Lease:
         self.acquired_at = trio.current_time()
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        #: seconds its requests' KV reservations waited for room (None: none waited), see
+        #: mlxd.residency.kv; journaled as ``leases.kv_wait_seconds``
+        self.kv_wait_seconds: float | None = None
         self.preempted = False
         self.preempted_by_shutdown = False
         self.released = False
@@ -152,6 +156,23 @@ class Lease:
                 self._scopes.discard(cs)
         if cs.cancelled_caught and self.preempted:
             raise self.preempted_error()
+
+    def release_record(self, at: float) -> LeaseReleased:
+        """The journal's record of its end (``at``: wall-clock time)."""
+        return LeaseReleased(
+            lease_id=self.id,
+            model=self.model,
+            outcome=self.outcome or Outcome.COMPLETED,
+            at=at,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            held_seconds=trio.current_time() - self.acquired_at,
+            kv_wait_seconds=self.kv_wait_seconds,
+        )
+
+    def note_kv_wait(self, seconds: float) -> None:
+        """A KV reservation of one of its requests waited ``seconds`` for room."""
+        self.kv_wait_seconds = (self.kv_wait_seconds or 0.0) + seconds
 
     def set_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
         self.prompt_tokens = prompt_tokens

@@ -49,7 +49,6 @@ from mlxd.residency import views
 from mlxd.residency.core import Core
 from mlxd.residency.events import (
     LeaseAcquired,
-    LeaseReleased,
     ManagerEvent,
     MeasurementEvent,
     TransitionEvent,
@@ -407,17 +406,7 @@ class Manager:
     def _release(self, lease: Lease) -> None:
         if self._leases.pop(lease.id, None) is None:
             return  # ended when shutdown gave up; its outcome is journaled already
-        self._emit(
-            LeaseReleased(
-                lease_id=lease.id,
-                model=lease.model,
-                outcome=lease.outcome or Outcome.COMPLETED,
-                at=self._wall(),
-                prompt_tokens=lease.prompt_tokens,
-                completion_tokens=lease.completion_tokens,
-                held_seconds=trio.current_time() - lease.acquired_at,
-            )
-        )
+        self._emit(lease.release_record(at=self._wall()))
         self._dispatch(Release(lease.id, trio.current_time()))
 
     def _emit(self, event: ManagerEvent) -> None:

@@ -135,7 +135,8 @@ def _kill_0002_at(tmp_path: Path, statements: Iterable[int]) -> None:
     with DaemonProcess(cfg, tmp_path) as daemon:
         _until_ready(daemon.url)
     after = _rows(journal, runs=3)
-    assert after["leases"] == [(*lease, None) for lease in before["leases"]]  # client added
+    # client (v2) and kv_wait_seconds (v6) added
+    assert after["leases"] == [(*lease, None, None) for lease in before["leases"]]
     assert {k: v for k, v in after.items() if k != "leases"} == {
         k: v for k, v in before.items() if k != "leases"
     }

@@ -20,7 +20,7 @@ from mlxd.config import Config, ContentionPolicy, FakeSettings, ManagerConfig, M
 from mlxd.engines import DefaultEngines
 from mlxd.engines.base import Finished, GenerationRequest
 from mlxd.errors import InvalidRequest
-from mlxd.residency.events import KvPeakEvent, ManagerEvent, TransitionEvent
+from mlxd.residency.events import KvPeakEvent, LeaseReleased, ManagerEvent, TransitionEvent
 from mlxd.residency.manager import Manager
 from mlxd.residency.plan import plan
 from mlxd.residency.states import Reason, State
@@ -106,12 +106,32 @@ async def test_kv_beyond_the_floor_evicts_the_idle_lru_model_and_comes_back(
 
 
 async def test_a_small_request_fits_the_floor_and_evicts_nothing(tiny_model_dir: Path) -> None:
-    """A request of 1,000 tokens fits the floor reserved at load: no reservation, no eviction."""
+    """A request of 1,000 tokens fits the floor reserved at load: no reservation, no eviction,
+    and its lease journals no KV wait."""
     async with _manager(_config(tiny_model_dir, 31 * MIB + MIB // 2)) as (manager, events):
         mark = len(events)
         await _generate(manager, _ids(1000))
         assert not [e for e in events[mark:] if isinstance(e, TransitionEvent)]
+        (released,) = [e for e in events[mark:] if isinstance(e, LeaseReleased)]
+        assert released.kv_wait_seconds is None
         assert manager.core.models["tiny"].kv_bytes == 0
+
+
+async def test_a_reservation_that_waited_says_how_long_on_its_lease(tiny_model_dir: Path) -> None:
+    """With both fakes busy, a 3,000-token request's KV waits (policy wait) until they are idle,
+    then evicts fake-a: its lease's release carries ``kv_wait_seconds``, at least the time the
+    fakes were held after the reservation was queued."""
+    held_s = 0.3
+    async with _manager(_config(tiny_model_dir, 31 * MIB + MIB // 2)) as (manager, events):
+        async with trio.open_nursery() as n, manager.lease("fake-a"), manager.lease("fake-b"):
+            n.start_soon(_generate, manager, _ids(3000))
+            with trio.fail_after(30):
+                while not manager.core.models["tiny"].kv_waiters:  # noqa: ASYNC110
+                    await trio.sleep(0.001)
+            await trio.sleep(held_s)  # the subject: the fakes stay busy this long
+        (released,) = [e for e in events if isinstance(e, LeaseReleased) and e.model == "tiny"]
+        assert released.kv_wait_seconds is not None and released.kv_wait_seconds >= held_s
+        assert manager.core.state("fake-a") is State.UNLOADED
 
 
 async def test_kv_that_cannot_fit_the_budget_is_a_400_that_says_by_how_much(tiny_model_dir: Path) -> None:

@@ -101,6 +101,28 @@ async def test_each_event_lands_in_its_table_with_one_sequence(tmp_path: Path) -
     assert check_journal(open_readonly(path)) == []
 
 
+async def test_a_leases_kv_wait_lands_in_its_row_batched_or_not(tmp_path: Path) -> None:
+    """``kv_wait_seconds`` reaches ``leases`` whether the release comes in the batch of its acquire
+    (one INSERT) or in a later one (an UPDATE); NULL when no reservation waited; the history
+    reads it."""
+    path = tmp_path / "j.db"
+    async with running(path) as j:
+        j.record(LeaseAcquired("A", "m", None, "/v1/chat/completions", 1.0))
+        j.record(LeaseReleased("A", "m", Outcome.COMPLETED, 2.0, 5, 6, 1.0, 0.75))
+        j.record(LeaseAcquired("B", "m", None, "/v1/chat/completions", 3.0))
+        await j.wait_committed()
+        j.record(LeaseReleased("B", "m", Outcome.COMPLETED, 4.0, 5, 6, 1.0, 1.5))
+        j.record(LeaseAcquired("C", "m", None, "/v1/chat/completions", 5.0))
+        j.record(LeaseReleased("C", "m", Outcome.COMPLETED, 6.0, 5, 6, 1.0))
+        await j.wait_committed()
+        assert [(r["id"], r["kv_wait_seconds"]) for r in j.leases()] == [
+            ("A", 0.75), ("B", 1.5), ("C", None),
+        ]  # fmt: skip
+    assert rows(path, "SELECT id, kv_wait_seconds FROM leases ORDER BY id") == [
+        ("A", 0.75), ("B", 1.5), ("C", None),
+    ]  # fmt: skip
+
+
 async def test_event_payloads_are_the_events_as_dict(tmp_path: Path) -> None:
     """Each events row's payload is exactly the manager event's as_dict() in JSON."""
     events: list[Any] = [

@@ -12,7 +12,7 @@ import pytest
 from mlxd import cli
 from mlxd.journal import retention
 from mlxd.journal.migrate import discover, migrate, open_database, open_readonly
-from mlxd.journal.reads import LEASE_COLUMNS_V1
+from mlxd.journal.reads import LEASE_COLUMNS
 from mlxd.journal.replay import check_journal
 from mlxd.journal.retention import auto_vacuum_mode
 from tests.support.old_journal import write_v1_journal
@@ -47,7 +47,8 @@ def test_a_100k_row_journal_keeps_every_row_and_prints_the_same_history(
     transitions = _history(capsys, path)
     leases = _history(capsys, path, "--leases")
     assert len(transitions) == len(before["transitions"]) and len(leases) == len(before["leases"])
-    assert all(tuple(r) == LEASE_COLUMNS_V1 for r in leases)  # a v1 file reads without `client`
+    v1 = tuple(c for c in LEASE_COLUMNS if c not in ("client", "kv_wait_seconds"))
+    assert all(tuple(r) == v1 for r in leases)  # a v1 file reads without the later columns
 
     assert cli.main(["migrate", "--journal", str(path)]) == 0
     # the later migrations only add (a table, an index, a trigger, a column)
@@ -56,11 +57,13 @@ def test_a_100k_row_journal_keeps_every_row_and_prints_the_same_history(
     after = _dump(path)
     for table in ("runs", "events", "transitions", "measurements"):
         assert after[table] == before[table], table
-    assert [r[:-1] for r in after["leases"]] == before["leases"]  # `client` added at the end
-    assert {r[-1] for r in after["leases"]} == {None}
+    # `client` (v2) and `kv_wait_seconds` (v6) added at the end
+    assert [r[:-2] for r in after["leases"]] == before["leases"]
+    assert {r[-2:] for r in after["leases"]} == {(None, None)}
     assert _history(capsys, path) == transitions
     after_leases = _history(capsys, path, "--leases")
     assert [r.pop("client") for r in after_leases] == [None] * len(leases)
+    assert [r.pop("kv_wait_seconds") for r in after_leases] == [None] * len(leases)
     assert after_leases == leases
     conn = open_readonly(path)
     try:

@@ -1,0 +1,11 @@
+-- mlxd journal schema v6: how long a lease's requests waited for room for their KV.
+-- Only adds (one column). The v1-v5 tables and rows are unchanged.
+--
+-- A request's KV beyond its model's floor is reserved in the memory budget when it is admitted
+-- (mlxd.residency.kv). A reservation that evicts or drains other models is journaled on their
+-- transitions (reason 'evicted' or 'preempted', the cause in the events payload). One that was
+-- not granted at once (it waited for an eviction, a drain, or other requests' KV to come back)
+-- adds its wait here: the seconds, summed over the lease's reservations, between the ask and
+-- the grant (or refusal). NULL: no reservation of this lease waited (most leases: a request
+-- whose KV fits at once, or a model that reserves nothing per request).
+ALTER TABLE leases ADD COLUMN kv_wait_seconds REAL;
