@@ -1,0 +1,51 @@
+"""Wait for a log line: the event a test orders itself by when the code under test only logs it.
+
+``with logged("mlxd.journal.journal", "has not answered") as seen: ... await seen.wait()``
+wakes at the record itself instead of sleeping long enough for it to have
+happened. Records from other threads (the MLX thread, hypercorn's workers) set
+the event through the Trio token, so it is safe whichever thread logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import trio
+
+
+class _Catch(logging.Handler):
+    def __init__(self, text: str, seen: trio.Event) -> None:
+        super().__init__(logging.DEBUG)
+        self.text = text
+        self.seen = seen
+        self._token = trio.lowlevel.current_trio_token()
+        self._thread = threading.get_ident()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text not in record.getMessage():
+            return
+        if threading.get_ident() == self._thread:
+            self.seen.set()
+        else:
+            self._token.run_sync_soon(self.seen.set)
+
+
+@contextmanager
+def logged(logger: str, text: str, level: int = logging.DEBUG) -> Iterator[trio.Event]:
+    """An event set when ``logger`` (or a child) logs a line containing ``text`` while the
+    block runs; the logger's level is lowered to ``level`` meanwhile so the line is made."""
+    seen = trio.Event()
+    handler = _Catch(text, seen)
+    target = logging.getLogger(logger)
+    old_level = target.level
+    if target.getEffectiveLevel() > level:
+        target.setLevel(level)
+    target.addHandler(handler)
+    try:
+        yield seen
+    finally:
+        target.removeHandler(handler)
+        target.setLevel(old_level)
