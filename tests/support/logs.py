@@ -17,15 +17,19 @@ import trio
 
 
 class _Catch(logging.Handler):
-    def __init__(self, text: str, seen: trio.Event) -> None:
+    def __init__(self, text: str, count: int, seen: trio.Event) -> None:
         super().__init__(logging.DEBUG)
         self.text = text
+        self.left = count
         self.seen = seen
         self._token = trio.lowlevel.current_trio_token()
         self._thread = threading.get_ident()
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.text not in record.getMessage():
+            return
+        self.left -= 1
+        if self.left:
             return
         if threading.get_ident() == self._thread:
             self.seen.set()
@@ -34,11 +38,13 @@ class _Catch(logging.Handler):
 
 
 @contextmanager
-def logged(logger: str, text: str, level: int = logging.DEBUG) -> Iterator[trio.Event]:
-    """An event set when ``logger`` (or a child) logs a line containing ``text`` while the
-    block runs; the logger's level is lowered to ``level`` meanwhile so the line is made."""
+def logged(
+    logger: str, text: str = "", level: int = logging.DEBUG, *, count: int = 1
+) -> Iterator[trio.Event]:
+    """An event set once ``logger`` (or a child) has logged ``count`` lines containing ``text``
+    while the block runs; the logger's level is lowered to ``level`` meanwhile so they are made."""
     seen = trio.Event()
-    handler = _Catch(text, seen)
+    handler = _Catch(text, count, seen)
     target = logging.getLogger(logger)
     old_level = target.level
     if target.getEffectiveLevel() > level:
