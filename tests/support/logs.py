@@ -1,6 +1,6 @@
 """Wait for a log line: the event a test orders itself by when the code under test only logs it.
 
-``with logged("mlxd.journal.journal", "has not answered") as seen: ... await seen.wait()``
+``with logged("mlxd.journal", "has not answered") as seen: ... await seen.wait()``
 wakes at the record itself instead of sleeping long enough for it to have
 happened. Records from other threads (the MLX thread, hypercorn's workers) set
 the event through the Trio token, so it is safe whichever thread logs.
@@ -39,15 +39,16 @@ class _Catch(logging.Handler):
 
 @contextmanager
 def logged(
-    logger: str, text: str = "", level: int = logging.DEBUG, *, count: int = 1
+    logger: str, text: str = "", level: int | None = None, *, count: int = 1
 ) -> Iterator[trio.Event]:
     """An event set once ``logger`` (or a child) has logged ``count`` lines containing ``text``
-    while the block runs; the logger's level is lowered to ``level`` meanwhile so they are made."""
+    while the block runs; with ``level``, the logger's level is lowered to it meanwhile so
+    that the lines are made at all."""
     seen = trio.Event()
     handler = _Catch(text, count, seen)
     target = logging.getLogger(logger)
     old_level = target.level
-    if target.getEffectiveLevel() > level:
+    if level is not None and target.getEffectiveLevel() > level:
         target.setLevel(level)
     target.addHandler(handler)
     try:
