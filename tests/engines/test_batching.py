@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -117,12 +120,15 @@ async def test_a_started_generation_runs_before_its_events_are_read(
     assert batched.batch is not None
     request = completion(PROMPTS[2], max_tokens=12, temperature=0.0, logits_processors=(no_eos,))
     expected, _, _ = await collect(batched, request)
-    steps_before = batched.batch.steps
+    sampling = threading.Event()  # set on the MLX thread as a token is being made
+
+    def noting(tokens: object, logits: object) -> object:
+        sampling.set()
+        return no_eos(tokens, logits)
+
     queued_at = time.monotonic()
-    events = await batched.start_generation(request)
-    with trio.fail_after(30):
-        while batched.batch.steps == steps_before:  # noqa: ASYNC110 (an MLX-thread counter)
-            await trio.sleep(0.001)
+    events = await batched.start_generation(replace(request, logits_processors=(noting,)))
+    assert await trio.to_thread.run_sync(sampling.wait, 30)  # made while nobody reads
     got = [ev async for ev in events]
     assert "".join(ev.text for ev in got if isinstance(ev, TextDelta)) == expected
     assert isinstance(got[-1], Finished) and got[-1].completion_tokens == 12
@@ -419,6 +425,29 @@ async def test_a_fast_models_prefill_chunks_grow_to_the_time_target(
         await fixed.stop()
 
 
+class ParkWatch(threading.Condition):
+    """A batch loop's arrival condition that notes (jobs in its inbox, requests on their way)
+    each time the MLX thread parks on it: the event "the loop saw them and chose to wait"."""
+
+    def __init__(self, loop: Any) -> None:
+        super().__init__(loop._lock)
+        self.loop = loop
+        self.parks: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.parks.put((len(self.loop._inbox), self.loop._expected))  # under the loop's lock
+        return super().wait(timeout)
+
+    async def until(self, *, jobs: int, on_the_way: int) -> None:
+        """Return once the loop has parked with ``jobs`` and ``on_the_way`` (queue.Empty: never)."""
+
+        def seen() -> None:
+            while self.parks.get(timeout=30) != (jobs, on_the_way):
+                pass
+
+        await trio.to_thread.run_sync(seen)
+
+
 async def test_requests_on_their_way_prefill_together_with_the_first(
     batched: MlxTextEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -435,11 +464,12 @@ async def test_requests_on_their_way_prefill_together_with_the_first(
     on_the_way = [batched.expecting() for _ in range(4)]
     for w in on_the_way:
         w.__enter__()
+    loop._arrival = parks = ParkWatch(loop)  # type: ignore[misc]
     started = []
     for i, request in enumerate(requests):
         started.append(await batched.start_generation(request))
         on_the_way[i].__exit__(None, None, None)
-        await trio.sleep(0.05)  # room for the loop to start without the others
+        await parks.until(jobs=i + 1, on_the_way=3 - i)  # it saw this job and chose to wait
     released_at = time.monotonic()
     on_the_way[3].__exit__(None, None, None)  # the fourth was refused before its job
     with trio.fail_after(30):

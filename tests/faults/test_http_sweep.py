@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import sqlite3
 from collections import Counter
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ import trio
 from mlxd.config import parse_config
 from mlxd.engines import DefaultEngines
 from mlxd.journal.replay import check_journal
+from mlxd.residency.events import LeaseAcquired, TransitionEvent
 from mlxd.residency.policy import STRATEGIES
 from mlxd.residency.states import COMMITTED
 from tests.faults.test_sweep import BUDGET_GB, SCENARIOS, SIZES
@@ -89,6 +92,35 @@ async def client_request(c: httpx.AsyncClient, w: Watch, model: str, *, stream: 
         w.responses["client left" if leave_after is not None else "client timeout"] += 1
 
 
+class Arrivals:
+    """What the manager did since it was watched: the models it leased, the states models
+    entered; :meth:`until` waits for a condition on them at the manager's own events."""
+
+    def __init__(self, s: Served) -> None:
+        self.served = s
+        self.leased: set[str] = set()
+        self.entered: dict[str, set[str]] = {}
+        s.manager.subscribe(self._on)
+
+    def _on(self, event: object) -> None:
+        if isinstance(event, LeaseAcquired):
+            self.leased.add(event.model)
+        elif isinstance(event, TransitionEvent):
+            self.entered.setdefault(event.model, set()).add(event.to_state.value)
+
+    async def until(self, ok: Callable[[], bool]) -> None:
+        with trio.fail_after(30):
+            await self.served.until(ok)
+
+
+async def ending(event: trio.Event, request: Callable[[], Awaitable[None]]) -> None:
+    """Run a client's ``request``, then set ``event`` (whether it was answered or left)."""
+    try:
+        await request()
+    finally:
+        event.set()
+
+
 async def watch_health(s: Served, w: Watch, fleet: Any) -> None:
     async with s.client(timeout=HEALTH_BOUND_S * 5) as c:
         while True:
@@ -105,7 +137,7 @@ async def watch_health(s: Served, w: Watch, fleet: Any) -> None:
                     w.violations.append(f"{name}: an engine holds memory while {model.state}")
             if core.committed > core.budget:
                 w.violations.append(f"committed {core.committed} > budget {core.budget}")
-            await trio.sleep(0.2)
+            await trio.sleep(0.2)  # the subject: a probe five times a second, whatever happens
 
 
 async def run_once(tmp: Path, scenario: str, strategy: str) -> Watch:
@@ -114,13 +146,17 @@ async def run_once(tmp: Path, scenario: str, strategy: str) -> Watch:
     async with serving(config(tmp, scenario, strategy), tmp, engines=engines) as s, \
             s.client(timeout=30) as c, trio.open_nursery() as nursery:
         nursery.start_soon(watch_health, s, w, engines.fleet)
+        seen, left = Arrivals(s), trio.Event()
         async with trio.open_nursery() as clients:
             for model, stream in (("x", True), ("y", False), ("p", True)):
                 clients.start_soon(lambda m=model, st=stream: client_request(c, w, m, stream=st))
-            await trio.sleep(0.3)
+            # all three reached the manager (x's load began, whatever its fault does next), so
+            # that z needs an eviction
+            await seen.until(lambda: {"y", "p"} <= seen.leased and "loading" in seen.entered.get("x", ()))
             clients.start_soon(lambda: client_request(c, w, "z", stream=True))
-            clients.start_soon(lambda: client_request(c, w, "x", stream=False, leave_after=0.2))
-            await trio.sleep(0.5)
+            clients.start_soon(ending, left, partial(client_request, c, w, "x", stream=False,
+                                                      leave_after=0.2))
+            await left.wait()  # the client that gives up after 0.2 s has left (or was answered)
             r = await c.post("/admin/models/x/unload")
             w.responses[f"unload {r.status_code}"] += 1
             clients.start_soon(lambda: client_request(c, w, "x", stream=True))

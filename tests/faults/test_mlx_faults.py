@@ -11,6 +11,7 @@ fails once, runs by default in ``tests/integration/test_hostile_mlx.py``.)
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,14 @@ import pytest
 import trio
 
 from mlxd.engines import DefaultEngines
-from tests.faults.test_http_sweep import Watch, check_journal_file, client_request, watch_health
+from tests.faults.test_http_sweep import (
+    Arrivals,
+    Watch,
+    check_journal_file,
+    client_request,
+    ending,
+    watch_health,
+)
 from tests.integration.conftest import config_of, fake
 from tests.support.daemon import serving
 
@@ -58,13 +66,19 @@ async def test_mlx_engine_fault(fault: str, tiny_model: Path, tmp_path: Path) ->
         async with serving(cfg, tmp_path, engines=engines) as s, s.client(timeout=60) as c, \
                 trio.open_nursery() as nursery:
             nursery.start_soon(watch_health, s, w, engines.fleet)
+            seen, left = Arrivals(s), trio.Event()
+            hangs = FAULTS[fault].get("load") == "hang"
             async with trio.open_nursery() as clients:
                 clients.start_soon(lambda: client_request(c, w, "tiny", stream=True))
                 clients.start_soon(lambda: client_request(c, w, "tiny", stream=False))
-                await trio.sleep(1.0)
+                # tiny serves, or its load failed, or (a hanging load) began
+                await seen.until(lambda: "tiny" in seen.leased
+                                 or "failed" in seen.entered.get("tiny", ())
+                                 or (hangs and "loading" in seen.entered.get("tiny", ())))
                 clients.start_soon(lambda: client_request(c, w, "f", stream=True))  # preempts tiny
-                clients.start_soon(lambda: client_request(c, w, "tiny", stream=False, leave_after=0.5))
-                await trio.sleep(2.0)
+                clients.start_soon(ending, left, partial(client_request, c, w, "tiny",
+                                                          stream=False, leave_after=0.5))
+                await left.wait()  # the client that gives up after 0.5 s has left (or was answered)
                 r = await c.post("/admin/models/tiny/unload")
                 w.responses[f"unload {r.status_code}"] += 1
                 clients.start_soon(lambda: client_request(c, w, "tiny", stream=True))

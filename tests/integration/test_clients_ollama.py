@@ -26,6 +26,7 @@ from mlxd.engines.demo_model import BERT_SHAPE
 from tests.integration.conftest import config_of, fake
 from tests.integration.test_clients_openai import PERSON
 from tests.support.daemon import DaemonProcess, Served, fake_models_config, serving, write_config
+from tests.support.logs import logged
 from tests.support.official import run
 
 WEATHER = {
@@ -267,26 +268,23 @@ async def test_unknown_model_errors_and_routes_mlxd_does_not_serve(cfg: Any, tmp
         assert r.status_code == 400 and r.json() == {"error": "messages: must be a list of messages"}
 
 
-async def test_lease_route_access_log_metrics_and_the_ollama_port(
-    cfg: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_lease_route_access_log_metrics_and_the_ollama_port(cfg: Any, tmp_path: Path) -> None:
     """The lease row names /api/chat, the access log and /metrics count the route, and
     server.ollama_port serves the same API on a second port."""
-    caplog.set_level(logging.INFO, logger="mlxd.access")
-    async with serving(cfg, tmp_path, ollama_port=0) as s:
-        urls = s.daemon.urls
-        assert len(urls) == 2 and urls[0] != urls[1]
-        c = client(s, urls[1])
-        await run(lambda: c.chat("tiny", ASK, options=GREEDY))
-        await s.journal.wait_committed()
-        (lease,) = s.journal.leases(model="tiny")
-        assert lease["route"] == "/api/chat" and lease["completion_tokens"] == 12
-        async with s.client() as h:
-            metrics = (await h.get("/metrics")).text
-        assert 'mlxd_http_requests_total{route="/api/chat",status="200"} 1.0' in metrics
-        with trio.fail_after(10):
-            while not any("route=/api/chat" in r.getMessage() for r in caplog.records if r.name == "mlxd.access"):  # noqa: ASYNC110
-                await trio.sleep(0.01)
+    with logged("mlxd.access", "route=/api/chat", logging.INFO) as access_line:
+        async with serving(cfg, tmp_path, ollama_port=0) as s:
+            urls = s.daemon.urls
+            assert len(urls) == 2 and urls[0] != urls[1]
+            c = client(s, urls[1])
+            await run(lambda: c.chat("tiny", ASK, options=GREEDY))
+            await s.journal.wait_committed()
+            (lease,) = s.journal.leases(model="tiny")
+            assert lease["route"] == "/api/chat" and lease["completion_tokens"] == 12
+            async with s.client() as h:
+                metrics = (await h.get("/metrics")).text
+            assert 'mlxd_http_requests_total{route="/api/chat",status="200"} 1.0' in metrics
+            with trio.fail_after(10):
+                await access_line.wait()  # the line follows the reply
 
 
 def test_serve_ollama_port_flag_opens_a_second_listener(tmp_path: Path) -> None:

@@ -26,11 +26,38 @@ import psutil
 import pytest
 import trio
 
+from mlxd.config import ModelConfig
+from mlxd.engines import DefaultEngines
+from mlxd.engines.base import Engine, LoadProgress, ProgressCallback
 from mlxd.journal.replay import check_journal
 from tests.integration.conftest import config_of, fake
 from tests.integration.test_http_residency import CHAT, body, rows, stream_lines, transitions
 from tests.support.daemon import DaemonProcess, Served, serving, write_config
 from tests.support.tasks import worker_tasks
+
+
+class LoadsWatched(DefaultEngines):
+    """The daemon's engines, with an event set when a load reports its ``done`` phase (the
+    progress callback the manager gives each load: the event a test waits on instead of polling)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded = trio.Event()
+
+    def __call__(self, model: ModelConfig) -> Engine:
+        engine = super().__call__(model)
+        load = engine.load
+
+        async def watched(progress: ProgressCallback) -> None:
+            def report(p: LoadProgress) -> None:
+                progress(p)
+                if p.phase == "done":
+                    self.loaded.set()
+
+            await load(report)
+
+        engine.load = watched  # type: ignore[method-assign]
+        return engine
 
 
 def worker_pids(served: Served, model: str) -> list[int]:
@@ -106,13 +133,14 @@ async def test_a_load_that_ignores_cancellation_is_ended_within_2s(
     cfg = config_of({"manager": {"memory_budget_gb": 4},
                      "models": [{"name": "t", "path": str(tiny_model), "isolation": "process"}]},
                     tmp_path)
-    async with serving(cfg, tmp_path) as s, s.client() as c:
+    engines = LoadsWatched()
+    async with serving(cfg, tmp_path, engines=engines) as s, s.client() as c:
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as n:
                 n.start_soon(partial(c.post, CHAT, json=body("t")))
-                with trio.fail_after(120):  # load progress has no event to wait on: poll it
-                    while (s.manager.model_status("t")["loading"] or {}).get("phase") != "done":  # noqa: ASYNC110
-                        await trio.sleep(0.05)
+                with trio.fail_after(120):
+                    await engines.loaded.wait()  # the worker's last progress report
+                assert (s.manager.model_status("t")["loading"] or {}).get("phase") == "done"
                 [worker] = worker_children(os.getpid())
                 rss = worker.memory_info().rss
                 scope.cancel()  # the client leaves: the load is abandoned
@@ -242,7 +270,7 @@ async def test_random_worker_kills_under_traffic(
                 n.start_soon(client_loop, d.url, names, random.Random(i), tally, stop)
             async with httpx.AsyncClient(base_url=d.url, timeout=30) as admin:
                 while done < kills:
-                    await trio.sleep(rng.uniform(0.3, 0.9))
+                    await trio.sleep(rng.uniform(0.3, 0.9))  # the subject: kills at random moments
                     assert d.proc.poll() is None, "the daemon died"
                     status = (await admin.get("/admin/status")).json()
                     serving_pids = [  # workers of loaded models: most kills land mid-stream

@@ -20,6 +20,7 @@ from mlxd.config.keys import ResolvedKey
 from mlxd.http.access_log import logfmt
 from tests.integration.conftest import fake
 from tests.support.daemon import DaemonProcess, serving, write_config
+from tests.support.logs import logged
 
 CHAT = "/v1/chat/completions"
 LAPTOP = {"Authorization": "Bearer k-laptop"}
@@ -62,18 +63,18 @@ async def test_one_access_line_per_request_with_its_lease_client_and_tokens(
     queue time, lease, request id, client, tokens."""
     caplog.set_level(logging.INFO, logger="mlxd.access")
     cfg = _config(tmp_path, [fake("a", 0.5, load_seconds=0.0)])
-    async with serving(load_config(cfg), tmp_path, config_path=cfg, keys=KEYS) as s, s.client() as c:
-        assert (await c.post(CHAT, json=body("a"), headers=LAPTOP)).status_code == 200
-        traced = {**LAPTOP, "X-Request-Id": "trace-7"}
-        async with c.stream("POST", CHAT, json=body("a", stream=True), headers=traced) as r:
-            assert r.status_code == 200
-            async for _ in r.aiter_bytes():
-                pass
-        assert (await c.get("/admin/status")).status_code == 401
-        assert (await c.get("/admin/status", headers=LAPTOP)).status_code == 403
-        with trio.fail_after(10):
-            while len(access_lines(caplog)) < 4:  # noqa: ASYNC110 (the last line follows the reply)
-                await trio.sleep(0.01)
+    with logged("mlxd.access", count=4) as four_lines:
+        async with serving(load_config(cfg), tmp_path, config_path=cfg, keys=KEYS) as s, s.client() as c:
+            assert (await c.post(CHAT, json=body("a"), headers=LAPTOP)).status_code == 200
+            traced = {**LAPTOP, "X-Request-Id": "trace-7"}
+            async with c.stream("POST", CHAT, json=body("a", stream=True), headers=traced) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_bytes():
+                    pass
+            assert (await c.get("/admin/status")).status_code == 401
+            assert (await c.get("/admin/status", headers=LAPTOP)).status_code == 403
+            with trio.fail_after(10):
+                await four_lines.wait()  # the last line follows the reply
     whole, streamed, no_key, no_scope = (parse_logfmt(line) for line in access_lines(caplog)[:4])
     for line in (whole, streamed):
         assert line["method"] == "POST" and line["route"] == CHAT and line["status"] == "200"

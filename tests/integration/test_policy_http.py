@@ -76,7 +76,7 @@ async def test_load_progress_events_are_live_and_carry_no_id(tmp_path: Path) -> 
     async with serving(cfg, tmp_path) as s, s.client() as c:
         blocks: list[str] = []
 
-        async def follow() -> None:
+        async def follow(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             async with c.stream("GET", "/admin/events") as r:
                 block: list[str] = []
                 async for line in r.aiter_lines():
@@ -85,14 +85,15 @@ async def test_load_progress_events_are_live_and_carry_no_id(tmp_path: Path) -> 
                         continue
                     blocks.append("\n".join(block))
                     block = []
+                    if blocks == [": mlxd events"]:  # the stream's first frame: it is following
+                        task_status.started()
                     data = blocks[-1].partition("data: ")[2]
                     if data and json.loads(data).get("to_state") == "loaded":
                         return
 
         with trio.fail_after(30):
             async with trio.open_nursery() as n:
-                n.start_soon(follow)
-                await trio.sleep(0.2)
+                await n.start(follow)
                 (await c.post("/admin/models/slow/load")).raise_for_status()
         progress = [b for b in blocks if "event: load_progress" in b]
         assert len(progress) >= 2, blocks

@@ -24,8 +24,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlxd.config import Config, ContentionPolicy, FakeSettings, ManagerConfig, ModelConfig
-from mlxd.errors import MlxdError
+from mlxd.errors import MlxdError, ModelExceedsBudget
 from mlxd.residency.kv import ModelKv
+from mlxd.residency.states import State
+from mlxd.units import format_bytes
 from tests.support.harness import running
 
 MB = 1 << 20
@@ -81,12 +83,25 @@ def test_committed_bytes_with_kv_never_exceed_the_budget(
                         strict=True,
                     )
                 )
+                too_big = want[name] > budget
+                # one request at a time and every other model idle: the only refusal is a model
+                # too big with its caches; anything else (a timeout included) fails the test
                 try:
-                    with trio.move_on_after(60):
+                    with trio.fail_after(60):
                         async with h.manager.lease(name) as lease:
                             await _hold_kv(ModelKv(h.manager, name), lease.id, kv, budget)
-                except MlxdError:
-                    pass  # refused (too big with its caches) or timed out: nothing was committed
+                except ModelExceedsBudget as e:
+                    assert too_big, e
+                    assert (e.http_status, e.type, e.code, e.param) == (
+                        400, "invalid_request_error", "model_exceeds_budget", "model"
+                    )
+                    assert e.message == (
+                        f"'{name}' needs {format_bytes(want[name])}, more than the whole "
+                        f"memory budget of {format_bytes(budget)}"
+                    )
+                    assert h.manager.core.models[name].state is State.UNLOADED  # not loaded
+                else:
+                    assert not too_big, f"{name} ({want[name]} bytes) loaded over {budget}"
                 core = h.manager.core
                 assert core.committed <= budget
                 for r in core.models.values():
