@@ -24,8 +24,6 @@ import trio
 from mlxd.config.kv import kv_need_bytes, resolve_cache_sizes
 from mlxd.engines.base import KvAnswer
 from mlxd.engines.kv_gate import KvBook
-from mlxd.residency.lease import Ticket
-from mlxd.residency.messages import CancelWaiter, ReserveKV, ReturnKV, WaiterKind
 
 if TYPE_CHECKING:
     from mlxd.residency.manager import Manager
@@ -40,31 +38,25 @@ class ModelKv:
         self._token = trio.lowlevel.current_trio_token()
 
     def floor(self) -> int:
-        return self._manager.memory_parts(self.model)["kv_cache"]
+        return self._manager.estimates.memory_parts(self.model)["kv_cache"]
 
     def room(self) -> int:
-        r = self._manager.core.models.get(self.model)
-        if r is None:
-            return 0
-        return max(0, self._manager.core.budget - (r.committed_bytes - r.kv_bytes))
+        return self._manager.kv_room(self.model)
 
     def reserve(self, lease_id: str | None, nbytes: int, answer: KvAnswer) -> Callable[[], None]:
         m = self._manager
-        ticket = Ticket(m, next(m._ids), self.model, None, None, WaiterKind.KV)
-        m._waiters[ticket.id] = ticket
-        ticket.on_settle = lambda: self._token.run_sync_soon(answer, ticket.error)
-        m._dispatch(ReserveKV(ticket.id, self.model, lease_id or "", nbytes, trio.current_time()))
+        ticket = m.ask_kv(self.model, lease_id or "", nbytes,
+                          lambda error: self._token.run_sync_soon(answer, error))
 
         def withdraw() -> None:
             ticket.on_settle = None
-            if m._waiters.pop(ticket.id, None) is not None:
-                m._dispatch(CancelWaiter(ticket.id, trio.current_time()))
+            m.withdraw(ticket.id)
 
         return withdraw
 
     def give_back(self, nbytes: int) -> None:
         if nbytes > 0:
-            self._manager._dispatch(ReturnKV(self.model, nbytes, trio.current_time()))
+            self._manager.return_kv(self.model, nbytes)
 
 
 def draw_kv(manager: Manager, model: str, engine: object) -> None:
@@ -78,7 +70,7 @@ def kv_bytes_for(manager: Manager, model: str, tokens: int) -> int:
     """The KV bytes beyond its model's floor a request of ``tokens`` tokens (prompt +
     max_tokens) would reserve, as if it ran alone: what ``GET /admin/plan?tokens=N`` plans.
     0 where nothing is drawn per request (``kv_cache_gb`` set, fake, embedding, unknown size)."""
-    book = getattr(manager._engines.get(model), "kv", None)
+    book = getattr(manager.engine_of(model), "kv", None)
     if isinstance(book, KvBook):  # loaded: its own book (the floor and what it holds)
         if not book.draws:
             return 0

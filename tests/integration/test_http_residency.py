@@ -88,7 +88,7 @@ async def test_client_leaving_during_load_abandons_it(tmp_path: Path) -> None:
             with trio.move_on_after(1):
                 await c.post(CHAT, json=body("a"))
         with trio.fail_after(5):
-            await s.until(lambda: s.manager.core.state("a").value == "unloaded")
+            await s.until(lambda: s.manager.state_of("a").value == "unloaded")
         await s.journal.wait_committed()
         assert transitions(s, "a") == [("unloaded", "loading", "request"),
                                        ("loading", "unloaded", "abandoned")]

@@ -67,7 +67,7 @@ async def test_a_dead_engine_fails_its_stream_and_the_model_and_the_next_request
         assert h.state("a") == "failed"
         assert h.transitions("a")[-1] == ("a", "loaded", "failed", "engine_died")
         assert outcomes(h, "a") == [Outcome.ERROR]
-        assert h.manager.core.models["a"].leases == set()
+        assert h.manager.model_snapshot("a").running == 0
         assert views.dead_engines(h.manager) == [
             "the engine of 'a' died (the engine process killed by SIGKILL); "
             "the next request loads it again"
