@@ -32,9 +32,9 @@ log = logging.getLogger("mlxd.engines.process")
 class Owner(Protocol):
     name: str
 
-    def _on_message(self, w: WorkerProcess, message: tuple[Any, ...]) -> None: ...
+    def on_worker_message(self, w: WorkerProcess, message: tuple[Any, ...]) -> None: ...
 
-    def _on_exit(self, w: WorkerProcess) -> None: ...
+    def on_worker_exit(self, w: WorkerProcess) -> None: ...
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -132,7 +132,7 @@ class WorkerProcess:
             self.exited.set()
             if self.owner is not None:
                 try:
-                    self.owner._on_exit(self)
+                    self.owner.on_worker_exit(self)
                 except Exception:
                     log.exception("%s: handling the end of %s failed", self.owner.name, self.label)
 
@@ -171,7 +171,7 @@ class WorkerProcess:
                     self.remote_pid = message[1]
                     self.greeted.set()
                 elif self.owner is not None:
-                    self.owner._on_message(self, message)
+                    self.owner.on_worker_message(self, message)
 
 
 class Spares:
