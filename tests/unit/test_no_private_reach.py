@@ -29,19 +29,20 @@ import mlxd
 
 PACKAGE = Path(mlxd.__file__).parent
 
-#: (module path under mlxd/, the expression as written) -> why it cannot be avoided
+#: (module file name, the expression as written) -> why it cannot be avoided. By file
+#: name, not path: a module moved to another subpackage keeps its allowance.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("cli/__init__.py", "argparse._SubParsersAction"):
+    ("__init__.py", "argparse._SubParsersAction"):
         "the type of ArgumentParser.add_subparsers(); argparse has no public name for it",
     ("daemon.py", "os._exit"): "os._exit is public and documented (exit without cleanup)",
-    ("engines/worker.py", "os._exit"): "os._exit is public and documented (exit without cleanup)",
-    ("engines/detokenizer.py", "from mlx_lm.tokenizer_utils import _byte_decoder"):
+    ("worker.py", "os._exit"): "os._exit is public and documented (exit without cleanup)",
+    ("detokenizer.py", "from mlx_lm.tokenizer_utils import _byte_decoder"):
         "mlx-lm's byte-level BPE table; the UTF-8-safe detokenizer decodes with the same one",
-    ("engines/streaming.py", "from mlx_lm.tokenizer_utils import _byte_decoder"):
+    ("streaming.py", "from mlx_lm.tokenizer_utils import _byte_decoder"):
         "mlx-lm's byte-level BPE table; the UTF-8-safe detokenizer decodes with the same one",
-    ("engines/detokenizer.py", "tokenizer._detokenizer"):
+    ("detokenizer.py", "tokenizer._detokenizer"):
         "mlx-lm's TokenizerWrapper keeps its detokenizer there; mlxd swaps in its UTF-8-safe one",
-    ("engines/prompt_disk.py", "cache_module._BaseCache"):
+    ("prompt_disk.py", "cache_module._BaseCache"):
         "mlx-lm's cache base class: only its subclasses may be rebuilt from a file on disk",
 }
 
@@ -130,7 +131,7 @@ def test_no_module_reads_another_modules_privates(path: Path) -> None:
     bad = [
         f"{where}:{line}: {expr}"
         for line, expr in reaches(path.read_text())
-        if (where, expr) not in ALLOWED
+        if (path.name, expr) not in ALLOWED
     ]
     assert bad == [], "reach into another module's privates:\n" + "\n".join(bad)
 
@@ -138,6 +139,6 @@ def test_no_module_reads_another_modules_privates(path: Path) -> None:
 def test_every_allowance_is_still_needed() -> None:
     """Each allowance names a reach that still exists, so the list cannot rot."""
     used = {
-        (str(p.relative_to(PACKAGE)), expr) for p in modules() for _, expr in reaches(p.read_text())
+        (p.name, expr) for p in modules() for _, expr in reaches(p.read_text())
     }
     assert set(ALLOWED) - used == set()
