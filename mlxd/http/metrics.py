@@ -175,19 +175,18 @@ def residency(out: list[str], manager: Manager, names: dict[str, str]) -> None:
     out.append(f"mlxd_committed_bytes {_number(res.committed_bytes)}\n")
     _head(out, "mlxd_waiters", "gauge", "Requests waiting for a model")
     out.append(f"mlxd_waiters {_number(len(res.waiters))}\n")
-    records = [(name, manager.model_snapshot(name)) for name in names]
     # One series per model, labelled with its current state (value 1): six series a
     # model with 0s would make a 10,000-model scrape six times the size, for nothing
     # that `mlxd_model_state{state="loaded"}` or `count by (state)` cannot answer.
     _head(out, "mlxd_model_state", "gauge", "Each model's residency state (the state label; always 1)")
     out.extend(
-        f'mlxd_model_state{{model="{names[name]}{_STATE_TAIL[record.state]}'
-        for name, record in records
+        f'mlxd_model_state{{model="{names[name]}{_STATE_TAIL[state]}'
+        for name, state, _ in res.models
     )
     _head(out, "mlxd_active_leases", "gauge", "Leases held now, by model")
     out.extend(
-        f'mlxd_active_leases{{model="{names[name]}"}} {record.running}.0\n'
-        for name, record in records
+        f'mlxd_active_leases{{model="{names[name]}"}} {leases}.0\n'
+        for name, _, leases in res.models
     )
     _counts(out, manager, names)
 

@@ -323,10 +323,6 @@ class Manager:
     def _whole(self) -> bool:
         return self._core.shutdown_complete and not self._leases
 
-    @property
-    def shutting_down(self) -> bool:
-        return self._core.shutting_down
-
     # -- status ----------------------------------------------------------------------
 
     @property
@@ -366,10 +362,11 @@ class Manager:
         return ModelSnapshot.of(self._core.models[name], self._core.unload_due(name))
 
     def snapshot(self) -> ResidencySnapshot:
-        """The budget, policy, load gate and waiters now, as a frozen copy."""
+        """The budget, policy, load gate, waiters and each model's state now, as a frozen copy."""
         c = self._core
         return ResidencySnapshot(c.budget, c.committed, c.policy, c.rules, c.shutting_down,
-                                 c.load_gate, tuple(c.waiters.values()))
+                                 c.load_gate, tuple(c.waiters.values()),
+                                 tuple((n, r.state, len(r.leases)) for n, r in c.models.items()))
 
     def plan(self, model: str, *, contention: ContentionPolicy | None = None,
              kv_bytes: int = 0) -> Plan:
