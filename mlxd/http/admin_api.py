@@ -258,10 +258,11 @@ def health_report(st: AppState) -> dict[str, Any]:
         limit = max(STUCK_MIN_S, STUCK_FACTOR * expected) if expected else STUCK_MIN_S
         if took > limit:
             reasons.append(f"load of '{info.model}' stuck for {took:.0f} s (expected < {limit:.0f} s)")
-    if gate := st.manager.snapshot().load_gate:
-        reasons.append(f"new loads refused: {gate}")
-    reasons += views.failing_stops(st.manager)
-    reasons += views.dead_engines(st.manager)
+    res = st.manager.snapshot()
+    if res.load_gate:
+        reasons.append(f"new loads refused: {res.load_gate}")
+    reasons += views.failing_stops(st.manager, res)
+    reasons += views.dead_engines(st.manager, res)
     status = "shutting_down" if st.draining else ("degraded" if reasons else "ok")
     return {
         "status": status,

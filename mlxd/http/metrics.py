@@ -181,12 +181,12 @@ def residency(out: list[str], manager: Manager, names: dict[str, str]) -> None:
     _head(out, "mlxd_model_state", "gauge", "Each model's residency state (the state label; always 1)")
     out.extend(
         f'mlxd_model_state{{model="{names[name]}{_STATE_TAIL[state]}'
-        for name, state, _ in res.models
+        for name, state, _, _ in res.models
     )
     _head(out, "mlxd_active_leases", "gauge", "Leases held now, by model")
     out.extend(
         f'mlxd_active_leases{{model="{names[name]}"}} {leases}.0\n'
-        for name, _, leases in res.models
+        for name, _, leases, _ in res.models
     )
     _counts(out, manager, names)
 

@@ -366,7 +366,8 @@ class Manager:
         c = self._core
         return ResidencySnapshot(c.budget, c.committed, c.policy, c.rules, c.shutting_down,
                                  c.load_gate, tuple(c.waiters.values()),
-                                 tuple((n, r.state, len(r.leases)) for n, r in c.models.items()))
+                                 tuple((n, r.state, len(r.leases), r.stop_failures)
+                                       for n, r in c.models.items()))
 
     def plan(self, model: str, *, contention: ContentionPolicy | None = None,
              kv_bytes: int = 0) -> Plan:

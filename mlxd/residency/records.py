@@ -203,9 +203,10 @@ class ResidencySnapshot:
     load_gate: str | None
     #: every waiter, in arrival order (frozen records: shared, not copied)
     waiters: tuple[Waiter, ...]
-    #: ``(name, state, leases held)`` of every model, in config order: one cheap pass
-    #: (``/metrics`` of 10,000 models); :class:`ModelSnapshot` has the rest of one model
-    models: tuple[tuple[str, State, int], ...]
+    #: ``(name, state, leases held, stop failures)`` of every model, in config order: one
+    #: cheap pass (``/metrics``, ``/health`` of 10,000 models); :class:`ModelSnapshot` has
+    #: the rest of one model
+    models: tuple[tuple[str, State, int, int], ...]
 
     @property
     def free_bytes(self) -> int:

@@ -16,6 +16,7 @@ import trio
 from mlxd.engines.base import LoadProgress
 from mlxd.residency.events import KvPeakEvent
 from mlxd.residency.progress import LoadEstimate
+from mlxd.residency.records import ResidencySnapshot
 from mlxd.residency.states import Reason, State
 from mlxd.units import format_bytes
 
@@ -132,15 +133,15 @@ def kv_peak(manager: Manager, name: str) -> KvPeakEvent | None:
     )
 
 
-def dead_engines(manager: Manager) -> list[str]:
+def dead_engines(manager: Manager, res: ResidencySnapshot) -> list[str]:
     """One line per model failed because its engine died (until it loads again), for /health."""
-    return [
-        f"the engine of '{name}' died ({r.last_error}); the next request loads it again"
-        for name in manager.model_names()
-        if (r := manager.model_snapshot(name)).state is State.FAILED
-        and (t := manager.last_transition.get(name)) is not None
-        and t.reason is Reason.ENGINE_DIED
-    ]
+    lines = []
+    for name, state, _, _ in res.models:
+        t = manager.last_transition.get(name)
+        if state is State.FAILED and t is not None and t.reason is Reason.ENGINE_DIED:
+            error = manager.model_snapshot(name).last_error
+            lines.append(f"the engine of '{name}' died ({error}); the next request loads it again")
+    return lines
 
 
 def _engine(manager: Manager, name: str) -> dict[str, Any] | None:
@@ -195,14 +196,14 @@ def status(manager: Manager) -> dict[str, Any]:
     }
 
 
-def failing_stops(manager: Manager) -> list[str]:
+def failing_stops(manager: Manager, res: ResidencySnapshot) -> list[str]:
     """One line per model whose engine failed to stop and still holds its memory (for /health)."""
     lines = []
     now = trio.current_time()
-    for name in manager.model_names():
-        r = manager.model_snapshot(name)
-        if r.stop_failures == 0:
+    for name, _, _, stop_failures in res.models:
+        if stop_failures == 0:
             continue
+        r = manager.model_snapshot(name)
         retry = (
             "being retried now"
             if r.retry_at is None
