@@ -66,7 +66,6 @@ MANAGER_LIMIT_S = 2.5
 HTTP_GRACE_S = 1.0
 #: at the end, the journal's writer gets this long to finish and exit
 JOURNAL_CLOSE_S = 0.5
-JOURNAL_WATCH_S = 0.5
 #: a journal writer that does not answer this long makes /health degraded ...
 JOURNAL_STALL_S = 2.0
 #: ... and this long, is killed and replaced (its unconfirmed rows are written again)
@@ -171,7 +170,6 @@ class Daemon:
             self.engines,
             measured=measured,
             load_times=self.journal.latest_load_seconds(),
-            load_gate=self._journal_gate,
         )
         self.manager = manager
         metrics = Metrics(manager)
@@ -195,7 +193,9 @@ class Daemon:
             overrides=self.overrides,
             connections=self.connections,
         )
-        root.start_soon(self._watch_journal, manager)
+        # the load gate follows the journal's health, pushed the moment it changes
+        self.journal.on_health(lambda: manager.set_load_gate(self._journal_gate()))
+        manager.set_load_gate(self._journal_gate())
         root.start_soon(self._reloads, self.state)
         await self._fail_missing(manager)
         for name, done in self._restore(manager, self.recovery):
@@ -302,15 +302,6 @@ class Daemon:
             return None
         return f"the journal cannot write ({self.journal.last_error})"
 
-    async def _watch_journal(self, manager: Manager) -> None:
-        """Keep the load gate in step with the journal's health for waiters already queued.
-
-        (Each new waiter also asks the gate itself, so no new load slips through.)
-        """
-        while True:
-            manager.set_load_gate(self._journal_gate())
-            await trio.sleep(JOURNAL_WATCH_S)
-
     def _restore(self, manager: Manager, recovery: RecoveryReport) -> list[tuple[str, trio.Event]]:
         """Preload, then restore the previous working set: pinned and preload first, within budget."""
         cfg = self.config
@@ -327,11 +318,11 @@ class Daemon:
         pinned_first = sorted(
             wanted, key=lambda nr: (not (cfg.model(nr[0]).pin or cfg.model(nr[0]).preload))  # type: ignore[union-attr]
         )
-        room = manager.core.budget
+        room = manager.snapshot().budget_bytes
         assert self.state is not None
         started: list[tuple[str, trio.Event]] = []
         for name, reason in pinned_first:
-            size = manager.core.models[name].spec.size_bytes
+            size = manager.model_snapshot(name).spec.size_bytes
             if size > room:
                 log.info("%s: '%s' skipped, it does not fit in what is left of the budget",
                          reason.value, name)
@@ -378,7 +369,7 @@ class Daemon:
         if self.config.server.ollama_port is not None and len(self.urls) > 1:
             log.info("Ollama clients: %s (the same API on a second port)", self.urls[-1])
         log.info("budget %s, policy %s; models: %s",
-                 format_bytes(self.manager.core.budget), self.manager.core.policy.strategy,
+                 format_bytes((res := self.manager.snapshot()).budget_bytes), res.policy.strategy,
                  ", ".join(f"{m.name} ({m.engine})" for m in self.config.models))
         if self.ready_file is not None:
             self.ready_file.write_text(self.urls[0] + "\n")

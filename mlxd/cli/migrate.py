@@ -13,7 +13,7 @@ from typing import IO
 from mlxd.cli.common import journal_path_from_args
 from mlxd.journal.migrate import Migration, migrate, open_database, status
 from mlxd.journal.retention import auto_vacuum_mode, convert_to_incremental
-from mlxd.journal.writer import _take_lock
+from mlxd.journal.writer import take_lock
 from mlxd.units import format_bytes
 
 
@@ -37,7 +37,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             print(f"{path}: migrated from v{before} to v{after}")
         if auto_vacuum_mode(conn) != "incremental":
             # one VACUUM of the whole file: refused while a daemon writes it (JournalError, its pid)
-            lock = _take_lock(path, os.getpid(), wait=0.0)
+            lock = take_lock(path, os.getpid(), wait=0.0)
             print("converting to incremental vacuum (one VACUUM of the whole file)", flush=True)
             sizes = convert_to_incremental(conn)
             if sizes is not None:

@@ -293,7 +293,7 @@ class ProcessEngine:
 
     # ---- from the workers (called by their tasks) -----------------------------------------
 
-    def _on_message(self, w: WorkerProcess, message: tuple[Any, ...]) -> None:
+    def on_worker_message(self, w: WorkerProcess, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind in ("event", "error"):
             stream = self._streams.get(message[1])
@@ -320,7 +320,7 @@ class ProcessEngine:
         elif kind == "stopped" and message[1]:
             log.warning("%s: %s stopped with an error: %s", self.name, w.label, message[1])
 
-    def _on_exit(self, w: WorkerProcess) -> None:
+    def on_worker_exit(self, w: WorkerProcess) -> None:
         if not self._stopping and self.death is None:
             self.death = w.describe_exit()
             log.error("%s: %s; ending this residency", self.name, self.death)

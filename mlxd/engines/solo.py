@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mlxd.config.kv import KV_STEP
 from mlxd.engines.base import GenerationRequest
@@ -39,7 +39,7 @@ from mlxd.engines.mlx_thread import Job, PrefillProgress
 from mlxd.engines.streaming import Output
 
 if TYPE_CHECKING:
-    from mlxd.engines.batch_loop import BatchLoop
+    from mlxd.engines.prompt_cache import PromptCache
 
 
 def runs_alone(request: GenerationRequest) -> bool:
@@ -85,10 +85,28 @@ def compact(kv: list[Any], slack: int = 1) -> list[Any]:
     return kv
 
 
+class SoloHost(Protocol):
+    """What a lone run needs of the loop that hands it its job
+    (:class:`~mlxd.engines.batch_loop.BatchLoop`)."""
+
+    #: tokens prefilled per loop step
+    prefill_chunk: int
+
+    def model_and_tokenizer(self) -> tuple[Any, Any]: ...
+
+    def prompt_cache(self) -> PromptCache: ...
+
+    def note_prefill(self, tokens: int, seconds: float) -> None:
+        """A step prefilled ``tokens`` in ``seconds``."""
+
+    def note_step(self, kv: list[Any]) -> None:
+        """A step is done; ``kv`` is the run's KV."""
+
+
 class SoloRun:
     """One lone request on the MLX thread (see the module docstring)."""
 
-    def __init__(self, loop: BatchLoop, job: Job, sampler: Any, out: Output, guard: Guard) -> None:
+    def __init__(self, loop: SoloHost, job: Job, sampler: Any, out: Output, guard: Guard) -> None:
         self.loop = loop
         self.job = job
         self.sampler = sampler  # wrapped by the guard

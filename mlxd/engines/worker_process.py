@@ -46,9 +46,9 @@ REAP_LIMIT_S = EXIT_GRACE_S + 3.0
 class Owner(Protocol):
     name: str
 
-    def _on_message(self, w: WorkerProcess, message: tuple[Any, ...]) -> None: ...
+    def on_worker_message(self, w: WorkerProcess, message: tuple[Any, ...]) -> None: ...
 
-    def _on_exit(self, w: WorkerProcess) -> None: ...
+    def on_worker_exit(self, w: WorkerProcess) -> None: ...
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -125,7 +125,7 @@ class WorkerProcess:
             self.exited.set()
             if self.owner is not None:
                 try:
-                    self.owner._on_exit(self)
+                    self.owner.on_worker_exit(self)
                 except Exception:
                     log.exception("%s: handling the end of %s failed", self.owner.name, self.label)
 
@@ -181,7 +181,7 @@ class WorkerProcess:
                     self.remote_pid = message[1]
                     self.greeted.set()
                 elif self.owner is not None:
-                    self.owner._on_message(self, message)
+                    self.owner.on_worker_message(self, message)
 
 
 class Workers:

@@ -30,7 +30,7 @@ from mlxd.http.preferences import parse_contention
 from mlxd.http.reload import reload_config
 from mlxd.residency import views
 from mlxd.residency.kv import kv_bytes_for
-from mlxd.residency.plan import Plan, plan
+from mlxd.residency.plan import Plan
 from mlxd.residency.states import Reason
 
 if TYPE_CHECKING:
@@ -157,7 +157,6 @@ async def admin_plan() -> Any:
         raise ModelNotFound(model)
     contention = parse_contention(request.args.get("contention"), "contention")
     tokens = _tokens_arg()
-    core = st.manager.core
     mc = st.config.model(model)
     context = limits_for(mc).context if mc is not None and tokens else None
     if context is not None and tokens > context:  # the 400 such a request would get
@@ -165,9 +164,10 @@ async def admin_plan() -> Any:
             f"model '{model}' has a context of {context:,} tokens; a request of {tokens:,} "
             "tokens exceeds it"
         )
-        return Plan(model, "fail", (), error.code, error.message, core.committed, None).as_dict()
+        committed = st.manager.snapshot().committed_bytes
+        return Plan(model, "fail", (), error.code, error.message, committed, None).as_dict()
     kv = kv_bytes_for(st.manager, model, tokens) if tokens else 0
-    return plan(core, model, trio.current_time(), contention=contention, kv_bytes=kv).as_dict()
+    return st.manager.plan(model, contention=contention, kv_bytes=kv).as_dict()
 
 
 def _tokens_arg() -> int:
@@ -254,14 +254,15 @@ def health_report(st: AppState) -> dict[str, Any]:
         )
     for info in st.manager.loads_in_flight():
         took = trio.current_time() - info.started
-        expected = st.manager.expected_load_seconds(info.model)
+        expected = st.manager.estimates.load_seconds(info.model)
         limit = max(STUCK_MIN_S, STUCK_FACTOR * expected) if expected else STUCK_MIN_S
         if took > limit:
             reasons.append(f"load of '{info.model}' stuck for {took:.0f} s (expected < {limit:.0f} s)")
-    if st.manager.core.load_gate:
-        reasons.append(f"new loads refused: {st.manager.core.load_gate}")
-    reasons += views.failing_stops(st.manager)
-    reasons += views.dead_engines(st.manager)
+    res = st.manager.snapshot()
+    if res.load_gate:
+        reasons.append(f"new loads refused: {res.load_gate}")
+    reasons += views.failing_stops(st.manager, res)
+    reasons += views.dead_engines(st.manager, res)
     status = "shutting_down" if st.draining else ("degraded" if reasons else "ok")
     return {
         "status": status,

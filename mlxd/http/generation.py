@@ -140,7 +140,7 @@ def _asked(st: AppState, model: str, request_id: str | None, prefs: Preferences)
     ``loaded`` is the one the lease is granted on, and a refusal loads nothing.
     """
     if prefs.require_resident and st.manager.has_model(model):
-        resident = st.manager.core.state(model)
+        resident = st.manager.state_of(model)
         if resident is not State.LOADED:
             raise ModelNotResident(model, resident.value)
     return {

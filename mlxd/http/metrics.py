@@ -150,12 +150,12 @@ class Metrics:
     def render(self) -> bytes:
         """The whole ``/metrics`` reply in the Prometheus text format."""
         out: list[str] = []
-        models = self.manager.core.models
-        if self._names.keys() != models.keys():  # the config changed: escape the names again
+        models = self.manager.model_names()
+        if list(self._names) != models:  # the config changed: escape the names again
             self._names = {name: self._names.get(name) or label(name) for name in models}
         residency(out, self.manager, self._names)
         for histogram in (self.lease_seconds, self.ttft, self.tokens_per_second):
-            histogram.render(out, models)
+            histogram.render(out, self._names)
         return "".join(out).encode() + generate_latest(self.registry)
 
 
@@ -168,25 +168,25 @@ def residency(out: list[str], manager: Manager, names: dict[str, str]) -> None:
 
     ``names`` maps each configured model to its escaped label value.
     """
-    core = manager.core
+    res = manager.snapshot()
     _head(out, "mlxd_budget_bytes", "gauge", "The memory budget in bytes")
-    out.append(f"mlxd_budget_bytes {_number(core.budget)}\n")
+    out.append(f"mlxd_budget_bytes {_number(res.budget_bytes)}\n")
     _head(out, "mlxd_committed_bytes", "gauge", "Bytes committed to models")
-    out.append(f"mlxd_committed_bytes {_number(core.committed)}\n")
+    out.append(f"mlxd_committed_bytes {_number(res.committed_bytes)}\n")
     _head(out, "mlxd_waiters", "gauge", "Requests waiting for a model")
-    out.append(f"mlxd_waiters {_number(len(core.waiters))}\n")
+    out.append(f"mlxd_waiters {_number(len(res.waiters))}\n")
     # One series per model, labelled with its current state (value 1): six series a
     # model with 0s would make a 10,000-model scrape six times the size, for nothing
     # that `mlxd_model_state{state="loaded"}` or `count by (state)` cannot answer.
     _head(out, "mlxd_model_state", "gauge", "Each model's residency state (the state label; always 1)")
     out.extend(
-        f'mlxd_model_state{{model="{names[name]}{_STATE_TAIL[record.state]}'
-        for name, record in core.models.items()
+        f'mlxd_model_state{{model="{names[name]}{_STATE_TAIL[state]}'
+        for name, state, _, _ in res.models
     )
     _head(out, "mlxd_active_leases", "gauge", "Leases held now, by model")
     out.extend(
-        f'mlxd_active_leases{{model="{names[name]}"}} {len(record.leases)}.0\n'
-        for name, record in core.models.items()
+        f'mlxd_active_leases{{model="{names[name]}"}} {leases}.0\n'
+        for name, _, leases, _ in res.models
     )
     _counts(out, manager, names)
 

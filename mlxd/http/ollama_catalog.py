@@ -81,7 +81,7 @@ def details(mc: ModelConfig, facts: FileFacts | None) -> dict[str, Any]:
 def _size(st: AppState, mc: ModelConfig, facts: FileFacts | None) -> int:
     if facts is not None and facts.weights_bytes:
         return facts.weights_bytes
-    return st.manager.memory_parts(mc.name)["weights"]
+    return st.manager.estimates.memory_parts(mc.name)["weights"]
 
 
 def _modified(st: AppState, facts: FileFacts | None) -> str:
@@ -172,7 +172,7 @@ async def show(st: AppState, mc: ModelConfig) -> dict[str, Any]:
 
 def expires_at(st: AppState, name: str) -> str:
     """When the residency core would unload ``name`` for want of requests (see the module doc)."""
-    due = st.manager.core.unload_due(name)
+    due = st.manager.model_snapshot(name).unload_due
     wall = st.manager.wall_of(due) if due is not None else time.time() + NEVER_S
     return timestamp(min(wall, time.time() + NEVER_S) if wall is not None else None)
 
@@ -180,7 +180,6 @@ def expires_at(st: AppState, name: str) -> str:
 def running(st: AppState, mc: ModelConfig, facts: FileFacts | None) -> dict[str, Any]:
     """One ``/api/ps`` entry."""
     status = st.manager.model_status(mc.name)
-    r = st.manager.core.models[mc.name]
     return {
         "name": mc.name,
         "model": mc.name,
@@ -195,7 +194,7 @@ def running(st: AppState, mc: ModelConfig, facts: FileFacts | None) -> dict[str,
             "active_leases": status["active_leases"],
             "waiters": status["waiters"],
             "pinned": status["pinned"],
-            "keep_alive_s": r.keep_alive_s,
+            "keep_alive_s": st.manager.model_snapshot(mc.name).keep_alive_s,
             "idle_unload_seconds": status["idle_unload_seconds"],
             "memory": status["memory"],
         },
@@ -203,6 +202,7 @@ def running(st: AppState, mc: ModelConfig, facts: FileFacts | None) -> dict[str,
 
 
 async def ps(st: AppState) -> dict[str, Any]:
-    held = [mc for mc in st.config.models if st.manager.core.state(mc.name) in HOLDING]
+    m = st.manager
+    held = [mc for mc in st.config.models if m.has_model(mc.name) and m.state_of(mc.name) in HOLDING]
     facts = await _all_facts(held)
-    return {"models": [running(st, mc, facts[mc.name]) for mc in held if mc.name in st.manager.core.models]}
+    return {"models": [running(st, mc, facts[mc.name]) for mc in held if m.has_model(mc.name)]}

@@ -66,7 +66,7 @@ def model_object(st: AppState, name: str, status: dict[str, Any] | None = None) 
 @bp.get("/v1/models")
 async def list_models() -> Any:
     st = state()
-    return {"object": "list", "data": [model_object(st, n) for n in st.manager.core.models]}
+    return {"object": "list", "data": [model_object(st, n) for n in st.manager.model_names()]}
 
 
 @bp.get("/v1/models/<path:model_id>")

@@ -35,7 +35,7 @@ async def reload_config(st: AppState) -> dict[str, Any]:
     from mlxd.config import builtin_demo_config, load_config
 
     async with st.reload_lock:
-        measured = st.manager.measured()
+        measured = st.manager.estimates.measured()
         path = st.config_path
         try:  # reading and checking a large file takes seconds: never on the event loop
             new = await trio.to_thread.run_sync(

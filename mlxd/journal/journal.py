@@ -96,7 +96,7 @@ from mlxd.journal.link import WriterLink
 from mlxd.journal.migrate import Synchronous
 from mlxd.journal.reads import JournalFile
 from mlxd.journal.rows import ENCODERS, RESIDENT, EndRun, RecoveryReport, Wire
-from mlxd.journal.subscription import PUBLISHED_FIELDS, Subscription, payload_of
+from mlxd.journal.subscription import PUBLISHED_FIELDS, Subscribers, Subscription
 from mlxd.journal.writer import Settings
 from mlxd.residency.events import ManagerEvent
 from mlxd.units import MIB
@@ -187,7 +187,9 @@ class Journal(JournalFile):
         self._closed = False
         self._run_id: int | None = None
         self._run_ended = False
-        self._subscribers: set[Subscription] = set()
+        self._subscribers = Subscribers()
+        #: called (synchronously) each time ``healthy`` or, while unhealthy, ``last_error`` changes
+        self._health_listeners: list[Callable[[], None]] = []
         self._healthy = True
         self._last_error: str | None = None
         self._attempt_failures = 0
@@ -245,6 +247,19 @@ class Journal(JournalFile):
         """How many times a writer process that died or hung was replaced."""
         return self._restarts
 
+    def on_health(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` synchronously each time :attr:`healthy` turns, or the error it
+        reports changes: the daemon's load gate follows it without polling."""
+        self._health_listeners.append(callback)
+
+    def _set_health(self, healthy: bool, error: str | None = None) -> None:
+        before = (self._healthy, self._last_error)
+        self._healthy = healthy
+        self._last_error = error if error is not None else self._last_error
+        if before != (healthy, self._last_error):
+            for callback in self._health_listeners:
+                callback()
+
     # ---- lifecycle ----------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -296,8 +311,7 @@ class Journal(JournalFile):
     def _writer_lost(self, link: WriterLink) -> None:
         """The writer process died or hung after the run began: keep the rows, wake waiters."""
         why = link.open_error or link.exit_error
-        self._healthy = False
-        self._last_error = f"the journal writer process stopped ({why}); restarting it"
+        self._set_health(False, f"the journal writer process stopped ({why}); restarting it")
         self._attempt_failures += 1
         self._commit_base = self._commits
         log.error("journal: %s", self._last_error)
@@ -309,7 +323,7 @@ class Journal(JournalFile):
         records = [(first + i, w) for first, batch in self._inflight for i, w in enumerate(batch)]
         records += [(self._sent + 1 + i, w) for i, w in enumerate(self._pending)]
         self._inflight.clear()
-        self._publish(
+        self._subscribers.publish(
             [(seq, w) for seq, w in records if self._committed < seq <= start
              and w[0] in PUBLISHED_FIELDS and seq not in self._rejected]
         )
@@ -319,7 +333,7 @@ class Journal(JournalFile):
         log.warning("journal: writer process restarted (%d records to write again)",
                     len(self._pending))
         if not self._pending:
-            self._healthy = True
+            self._set_health(True)
         self._flusher_parked = False
         self._flush_wanted.set()
         self._wake()
@@ -340,8 +354,7 @@ class Journal(JournalFile):
                 link.kill()
                 return
             if silent >= stall_s and self._healthy:
-                self._healthy = False
-                self._last_error = f"the journal writer process has not answered for {silent:.0f} s"
+                self._set_health(False, f"the journal writer process has not answered for {silent:.0f} s")
                 log.warning("journal: %s", self._last_error)
                 self._wake()
 
@@ -358,9 +371,7 @@ class Journal(JournalFile):
                 self._flush_timeout, self._last_seq - self._committed, self._last_error,
             )
         self._closed = True
-        for sub in list(self._subscribers):
-            sub._send.close()
-        self._subscribers.clear()
+        self._subscribers.close_all()
         self._wake()
 
     async def begin_run(self, pid: int, version: str, config_path: str | None) -> RecoveryReport:
@@ -393,7 +404,7 @@ class Journal(JournalFile):
         if rows:
             self._last_seq = self._sent = rows[-1][0]
         self._committed = self._last_seq
-        self._publish(rows)
+        self._subscribers.publish(rows)
         return report
 
     def end_run(self, clean: bool) -> int:
@@ -525,8 +536,7 @@ class Journal(JournalFile):
             self._on_batch(last, rejected, commits)
         elif kind == "failure":
             _, error, failures, backoff = message
-            self._healthy = False
-            self._last_error = error
+            self._set_health(False, error)
             self._attempt_failures = failures
             log.warning("journal: write failed (%s); retrying in %.2fs", error, backoff)
             self._wake()
@@ -546,7 +556,7 @@ class Journal(JournalFile):
     def _on_batch(self, last: int, rejected: list[tuple[int, str]], commits: int) -> None:
         if not self._healthy:
             log.warning("journal: writing again after: %s", self._last_error)
-            self._healthy = True
+            self._set_health(True)
         self._commits = self._commit_base + commits
         self._committed = max(self._committed, last)
         for seq, why in rejected:
@@ -569,23 +579,11 @@ class Journal(JournalFile):
                     for i, r in enumerate(records)
                     if r[0] in PUBLISHED_FIELDS and first + i not in self._rejected
                 ]
-        self._publish(published)
+        self._subscribers.publish(published)
         self._wake()
-
-    def _publish(self, published: list[tuple[int, Any]]) -> None:
-        if not published or not self._subscribers:
-            return  # payload dicts are built only for someone to read
-        payloads = [(seq, payload_of(w)) for seq, w in published]
-        for sub in list(self._subscribers):
-            for seq, payload in payloads:
-                if not sub._offer(seq, payload):
-                    self._subscribers.discard(sub)
-                    break
 
     def subscribe(self, buffer: int | None = None) -> Subscription:
         """Live committed events; see :class:`Subscription` and the module doc for resuming."""
         if self._closed:
             raise JournalError("journal: closed")
-        sub = Subscription(self, buffer or self._subscriber_buffer)
-        self._subscribers.add(sub)
-        return sub
+        return self._subscribers.add(buffer or self._subscriber_buffer)

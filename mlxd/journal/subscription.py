@@ -9,16 +9,14 @@ are built from the wire records (:func:`payload`), identical to what
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from mlxd.journal.rows import Wire
 from mlxd.residency.events import LeaseAcquired, LeaseReleased, TransitionEvent
-
-if TYPE_CHECKING:
-    from mlxd.journal.journal import Journal
 
 #: the wire kinds subscribers hear, with their field names (measurements, KV peaks and end_run
 #: are not published)
@@ -39,8 +37,8 @@ def payload_of(w: Wire) -> dict[str, Any]:
 class Subscription:
     """Committed journal events ``(seq, payload)`` as an async iterator; see the module doc."""
 
-    def __init__(self, journal: Journal, buffer: int) -> None:
-        self._journal = journal
+    def __init__(self, on_close: Callable[[Subscription], None], buffer: int) -> None:
+        self._on_close = on_close
         self._send, self._receive = trio.open_memory_channel[tuple[int, dict[str, Any]]](buffer)
         #: True when the journal dropped this subscriber for falling behind.
         self.dropped = False
@@ -71,7 +69,7 @@ class Subscription:
         return True
 
     def close(self) -> None:
-        self._journal._subscribers.discard(self)
+        self._on_close(self)
         self._send.close()
         self._receive.close()
 
@@ -80,3 +78,36 @@ class Subscription:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class Subscribers:
+    """The journal's live subscriptions: each fed every committed event it publishes, in
+    order; one that falls behind is dropped; all end when the journal closes."""
+
+    def __init__(self) -> None:
+        self._subs: set[Subscription] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self._subs)
+
+    def add(self, buffer: int) -> Subscription:
+        sub = Subscription(self._subs.discard, buffer)
+        self._subs.add(sub)
+        return sub
+
+    def publish(self, published: list[tuple[int, Wire]]) -> None:
+        """Hand the committed records ``(seq, wire)`` to every subscription."""
+        if not published or not self._subs:
+            return  # payload dicts are built only for someone to read
+        payloads = [(seq, payload_of(w)) for seq, w in published]
+        for sub in list(self._subs):
+            for seq, payload in payloads:
+                if not sub._offer(seq, payload):
+                    self._subs.discard(sub)
+                    break
+
+    def close_all(self) -> None:
+        """The journal closed: every subscription's iteration ends after what it buffered."""
+        for sub in list(self._subs):
+            sub._send.close()
+        self._subs.clear()

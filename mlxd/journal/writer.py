@@ -218,7 +218,7 @@ class Writer:
         self.path = Path(settings.path)
         self._send = send
         self._lock_file: IO[str] | None = None
-        #: an open descriptor of the journal file, flocked (see _take_lock)
+        #: an open descriptor of the journal file, flocked (see take_lock)
         self._file_lock: int | None = None
         self._pending: deque[Chunk | Call] = deque()
         self._stopping = False
@@ -270,7 +270,7 @@ class Writer:
     def _open(self) -> sqlite3.Connection:
         s = self.settings
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_file, self._file_lock = _take_lock(self.path, s.daemon_pid, s.lock_wait)
+        self._lock_file, self._file_lock = take_lock(self.path, s.daemon_pid, s.lock_wait)
         conn = open_database(
             self.path, synchronous=s.synchronous, busy_timeout_ms=s.busy_timeout_ms
         )
@@ -285,7 +285,7 @@ class Writer:
         return conn
 
     def _release_lock(self) -> None:
-        """Drop both locks; only once the database connection is closed (see _take_lock)."""
+        """Drop both locks; only once the database connection is closed (see take_lock)."""
         if self._file_lock is not None:
             with contextlib.suppress(OSError):
                 os.close(self._file_lock)
@@ -472,11 +472,11 @@ class Writer:
                 conn.execute("ROLLBACK")
 
 
-#: how long the journal file's own lock is awaited after the lock file was (see _take_lock)
+#: how long the journal file's own lock is awaited after the lock file was (see take_lock)
 FILE_LOCK_GRACE_S = 1.0
 
 
-def _take_lock(path: Path, daemon_pid: int, wait: float) -> tuple[IO[str], int]:
+def take_lock(path: Path, daemon_pid: int, wait: float) -> tuple[IO[str], int]:
     """Exclusive ``flock`` locks on ``<real path>.lock`` and on the journal file itself.
 
     The lock file is named after the resolved path, so a symlink or a relative

@@ -7,7 +7,10 @@ scheduling pass in :mod:`.scheduler`, with :mod:`.messages`, :mod:`.records`,
 plan (:mod:`.plan`: what an acquire would do, on a copy of the core) and load
 progress estimates (:mod:`.progress`); and the Trio shell that carries the
 commands out (:mod:`.manager`, with :mod:`.lease`, :mod:`.events`, the
-per-model counts of :mod:`.stats` and the read-only :mod:`.views`).
+per-model counts of :mod:`.stats`, the memory estimates of :mod:`.estimates` and
+the read-only :mod:`.views`). The core is private to the manager: everything
+else reads it through the manager's queries and the frozen snapshots of
+:mod:`.records` (``ModelSnapshot``, ``ResidencySnapshot``).
 
 May import: :mod:`mlxd.errors` and :mod:`mlxd.units` everywhere. The core
 modules (states, policy, messages, records, refusals, moves, scheduler, core,

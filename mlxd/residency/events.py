@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from mlxd.residency.messages import Transition
 from mlxd.residency.states import Outcome, Reason, State
 
 
@@ -28,6 +29,11 @@ class TransitionEvent:
     cause: str | None = None
 
     kind = "transition"
+
+    @classmethod
+    def of(cls, t: Transition, at: float) -> TransitionEvent:
+        """The event of the core's transition ``t``, stamped ``at`` (wall clock)."""
+        return cls(t.model, t.from_state, t.to_state, t.reason, at, t.memory_bytes, t.error, t.cause)
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **asdict(self)}

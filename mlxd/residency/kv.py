@@ -27,10 +27,9 @@ import trio
 from mlxd.config.kv import eligibility, kv_need_bytes, resolve_cache_sizes
 from mlxd.engines.base import KvAnswer
 from mlxd.engines.kv_gate import KvBook
-from mlxd.residency.lease import Ticket
-from mlxd.residency.messages import CancelWaiter, ReserveKV, ReturnKV, WaiterKind
 
 if TYPE_CHECKING:
+    from mlxd.errors import MlxdError
     from mlxd.residency.manager import Manager
 
 
@@ -43,41 +42,34 @@ class ModelKv:
         self._token = trio.lowlevel.current_trio_token()
 
     def floor(self) -> int:
-        return self._manager.memory_parts(self.model)["kv_cache"]
+        return self._manager.estimates.memory_parts(self.model)["kv_cache"]
 
     def room(self) -> int:
-        r = self._manager.core.models.get(self.model)
-        if r is None:
-            return 0
-        return max(0, self._manager.core.budget - (r.committed_bytes - r.kv_bytes))
+        return self._manager.kv_room(self.model)
 
     def reserve(self, lease_id: str | None, nbytes: int, answer: KvAnswer) -> Callable[[], None]:
         m = self._manager
-        ticket = Ticket(m, next(m._ids), self.model, None, None, WaiterKind.KV)
-        m._waiters[ticket.id] = ticket
         asked, queued = trio.current_time(), False
 
-        def settled() -> None:
-            if queued:  # not granted (or refused) at once: it waited, the lease says how long
-                lease = m._leases.get(lease_id or "")
+        def settled(error: MlxdError | None) -> None:
+            if queued:  # not granted (or refused) at once: it waited, its lease says how long
+                lease = next((x for x in m.leases() if x.id == lease_id), None)
                 if lease is not None:
                     lease.note_kv_wait(trio.current_time() - asked)
-            self._token.run_sync_soon(answer, ticket.error)
+            self._token.run_sync_soon(answer, error)
 
-        ticket.on_settle = settled
-        m._dispatch(ReserveKV(ticket.id, self.model, lease_id or "", nbytes, asked))
+        ticket = m.ask_kv(self.model, lease_id or "", nbytes, settled)
         queued = True
 
         def withdraw() -> None:
             ticket.on_settle = None
-            if m._waiters.pop(ticket.id, None) is not None:
-                m._dispatch(CancelWaiter(ticket.id, trio.current_time()))
+            m.withdraw(ticket.id)
 
         return withdraw
 
     def give_back(self, nbytes: int) -> None:
         if nbytes > 0:
-            self._manager._dispatch(ReturnKV(self.model, nbytes, trio.current_time()))
+            self._manager.return_kv(self.model, nbytes)
 
 
 def draw_kv(manager: Manager, model: str, engine: object) -> None:
@@ -92,7 +84,7 @@ def kv_bytes_for(manager: Manager, model: str, tokens: int) -> int:
     max_tokens) would reserve, as if it ran alone: what ``GET /admin/plan?tokens=N`` plans.
     0 where nothing is drawn per request (``kv_cache_gb`` set, fake, embedding, distributed,
     unknown size: :func:`mlxd.config.kv.eligibility`)."""
-    book = getattr(manager._engines.get(model), "kv", None)
+    book = getattr(manager.engine_of(model), "kv", None)
     if isinstance(book, KvBook):  # loaded: its own book (the floor and what it holds)
         if not book.draws:
             return 0

@@ -5,7 +5,9 @@ A :class:`Lease` is an async context manager handed out by
 acquire still waiting for one (:meth:`~mlxd.residency.manager.Manager.enqueue`). Work that preemption must be
 able to stop runs inside ``with lease.scope():``; preemption cancels those
 scopes and the holder sees :class:`mlxd.errors.Preempted` (``ShuttingDown``
-when the shutdown grace ran out).
+when the shutdown grace ran out). A streaming response that cannot hold a
+cancel scope across its ``yield``s opens ``lease.scope()`` around each await
+instead. Leases and tickets see their manager only as a :class:`LeaseOwner`.
 
 How a lease ends: one rule
 --------------------------
@@ -38,18 +40,15 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
 from mlxd.engines.base import Engine
 from mlxd.errors import MlxdError, Preempted, ShuttingDown
 from mlxd.residency.events import LeaseReleased
-from mlxd.residency.messages import CancelWaiter, WaiterKind
-from mlxd.residency.states import Outcome, State
-
-if TYPE_CHECKING:
-    from mlxd.residency.manager import Manager
+from mlxd.residency.messages import WaiterKind
+from mlxd.residency.states import Outcome
 
 log = logging.getLogger("mlxd.residency.lease")
 
@@ -57,6 +56,19 @@ log = logging.getLogger("mlxd.residency.lease")
 LEASE_END_S = 0.25
 
 AbandonHook = Callable[[], Awaitable[None]]
+
+
+class LeaseOwner(Protocol):
+    """What a lease and a ticket need of their manager (:class:`~mlxd.residency.manager.Manager`)."""
+
+    def lease_ended(self, lease: Lease) -> None:
+        """``lease`` has ended: journal it and free its room."""
+
+    def withdraw(self, waiter_id: int) -> None:
+        """Take a waiter out of its queue, if it is still waiting."""
+
+    def load_joinable(self, model: str) -> bool:
+        """Whether a new waiter of ``model`` would join its load in flight."""
 
 
 def new_lease_id(salt: str, counter: Iterator[int]) -> str:
@@ -94,7 +106,7 @@ class Lease:
 
     def __init__(
         self,
-        manager: Manager,
+        manager: LeaseOwner,
         lease_id: str,
         model: str,
         engine: Engine,
@@ -157,19 +169,6 @@ class Lease:
         if cs.cancelled_caught and self.preempted:
             raise self.preempted_error()
 
-    def release_record(self, at: float) -> LeaseReleased:
-        """The journal's record of its end (``at``: wall-clock time)."""
-        return LeaseReleased(
-            lease_id=self.id,
-            model=self.model,
-            outcome=self.outcome or Outcome.COMPLETED,
-            at=at,
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens,
-            held_seconds=trio.current_time() - self.acquired_at,
-            kv_wait_seconds=self.kv_wait_seconds,
-        )
-
     def note_kv_wait(self, seconds: float) -> None:
         """A KV reservation of one of its requests waited ``seconds`` for room."""
         self.kv_wait_seconds = (self.kv_wait_seconds or 0.0) + seconds
@@ -184,7 +183,7 @@ class Lease:
 
     def finish(self, exc: BaseException | None = None) -> None:
         """End the lease: the request ended with ``exc`` (None: it completed). Idempotent."""
-        self._end(outcome_of(self, exc))
+        self.end(outcome_of(self, exc))
 
     def release(self) -> None:
         """End the lease as completed (the request is done). Idempotent."""
@@ -198,15 +197,23 @@ class Lease:
 
     # -- the manager's side ------------------------------------------------------------
 
-    def _end(self, outcome: Outcome) -> None:
+    def end(self, outcome: Outcome) -> None:
+        """End the lease with ``outcome`` (the manager's side: a holder calls :meth:`finish`)."""
         if self.released:
             return
         self.released = True
         self.outcome = outcome
         self.ended.set()
-        self._manager._release(self)
+        self._manager.lease_ended(self)
 
-    def _preempt(self, shutdown: bool) -> None:
+    def released_event(self, at: float) -> LeaseReleased:
+        """What the manager tells its subscribers once the lease has ended (``at``: wall clock)."""
+        return LeaseReleased(self.id, self.model, self.outcome or Outcome.COMPLETED, at,
+                             self.prompt_tokens, self.completion_tokens,
+                             trio.current_time() - self.acquired_at, self.kv_wait_seconds)
+
+    def preempt(self, shutdown: bool) -> None:
+        """Cancel the lease's scopes: preempted for another model, or by the shutdown."""
         self.preempted = True
         self.preempted_by_shutdown = shutdown
         for cs in list(self._scopes):
@@ -214,7 +221,7 @@ class Lease:
 
     async def _abandon(self) -> None:
         """End the lease now with its preemption's outcome, then run the abandon hooks."""
-        self._end(self.preempt_outcome)
+        self.end(self.preempt_outcome)
         hooks, self._abandon_hooks = self._abandon_hooks, []
         for hook in hooks:
             await hook()
@@ -242,7 +249,7 @@ async def abandon(leases: Iterable[Lease]) -> None:
         cs.shield = True
         for lease in list(leases):
             if not lease.preempted:
-                lease._preempt(shutdown=True)
+                lease.preempt(shutdown=True)
             await lease._abandon()
 
 
@@ -255,7 +262,7 @@ class Ticket:
     :meth:`cancel` it however it ends.
     """
 
-    manager: Manager
+    manager: LeaseOwner
     id: int
     model: str
     request_id: str | None
@@ -292,19 +299,12 @@ class Ticket:
     @property
     def loading(self) -> bool:
         """Whether it waits for its model's load in flight (not for room)."""
-        r = self.manager.core.models.get(self.model)
-        return (
-            not self.done.is_set()
-            and r is not None
-            and r.state is State.LOADING
-            and not r.load_cancelling
-        )
+        return not self.done.is_set() and self.manager.load_joinable(self.model)
 
     def cancel(self, exc: BaseException | None) -> None:
         """The caller ended with ``exc`` before using its lease: leave the queue, or end
         a lease already granted with the outcome of ``exc``. Idempotent."""
         if not self.done.is_set():
-            if self.manager._waiters.pop(self.id, None) is not None:
-                self.manager._dispatch(CancelWaiter(self.id, trio.current_time()))
+            self.manager.withdraw(self.id)
         elif self.lease is not None:
             self.lease.finish(exc)

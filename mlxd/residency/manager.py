@@ -10,15 +10,10 @@ wake waiters, preemption cancels lease scopes, transitions go to subscribers.
 All of that happens synchronously inside :meth:`Manager._dispatch`; the only
 awaits are waiting (for a grant, for a state) and the engines' own work.
 
-Leases
-------
 ``async with manager.lease("qwen") as lease:`` waits for a lease and releases
-it however the block ends. Work that preemption must be able to stop runs
-inside ``with lease.scope():``; preemption cancels those scopes and the holder
-sees :class:`mlxd.errors.Preempted` (``ShuttingDown`` when the shutdown grace
-ran out). A streaming response that cannot hold a cancel scope across its
-``yield``s opens ``lease.scope()`` around each await instead. The manager owns
-the end of a lease it preempted (:func:`~mlxd.residency.lease.end_when_overdue`).
+it however the block ends (:mod:`mlxd.residency.lease`). The core is private:
+HTTP, metrics and the daemon read it through the queries (:meth:`Manager.snapshot`,
+:meth:`Manager.model_snapshot`, ...), frozen copies that change nothing.
 
 Shutdown (:meth:`Manager.shutdown`) has a hard limit: after the grace it preempts
 what is left; at the limit it ends every lease still open, abandons the engine
@@ -40,13 +35,14 @@ from typing import Any
 
 import trio
 
-from mlxd.config import Config, Measurement, MemoryEstimate, ModelConfig
+from mlxd.config import Config, Measurement, ModelConfig
 from mlxd.engines import loaded_weights
 from mlxd.engines.base import Engine, LoadProgress
-from mlxd.errors import EngineDied, EngineError, ModelNotFound
+from mlxd.errors import EngineDied, EngineError, MlxdError, ModelNotFound
 from mlxd.errors import describe_error as describe
 from mlxd.residency import views
 from mlxd.residency.core import Core
+from mlxd.residency.estimates import Estimates
 from mlxd.residency.events import (
     LeaseAcquired,
     ManagerEvent,
@@ -59,17 +55,19 @@ from mlxd.residency.messages import (
     Acquire,
     AdminUnload,
     CancelLoad,
+    CancelWaiter,
     Command,
     EngineDeath,
     Event,
     Grant,
     LoadAborted,
     LoadFinished,
-    ModelSpec,
     Preempt,
     Reconfigure,
     Reject,
     Release,
+    ReserveKV,
+    ReturnKV,
     Satisfy,
     SetLoadGate,
     SetLoadTime,
@@ -83,7 +81,9 @@ from mlxd.residency.messages import (
     UnloadFinished,
     WaiterKind,
 )
+from mlxd.residency.plan import Plan, plan
 from mlxd.residency.policy import ContentionPolicy
+from mlxd.residency.records import ModelSnapshot, ResidencySnapshot
 from mlxd.residency.states import Outcome, Reason, State
 from mlxd.residency.stats import ModelStats, totals
 from mlxd.residency.stops import DeathWatch, EngineStops
@@ -106,24 +106,19 @@ class Manager:
         load_times: Mapping[str, float] | None = None,
         wall_clock: Callable[[], float] = time.time,
         stop_timeout_s: float | None = None,
-        load_gate: Callable[[], str | None] | None = None,
     ) -> None:
-        """``load_gate``, if given, is asked before each new waiter: a reason string
-        refuses new loads (e.g. the journal cannot write), None allows them.
-        ``measured`` and ``load_times``: each model's latest measured size and load seconds."""
+        """``measured`` and ``load_times``: each model's latest measured size and load seconds.
+        New loads are refused while :meth:`set_load_gate` holds a reason (the daemon sets it
+        when the journal's health changes)."""
         self.config = config
         self._engines_factory = engines
-        self._measured: dict[str, Measurement] = dict(measured or {})
-        self._load_seconds: dict[str, float] = dict(load_times or {})
+        #: each model's memory estimate and measured load time
+        self.estimates = Estimates(measured, load_times)
         self._wall = wall_clock
         self._stops = EngineStops(stop_timeout_s or config.manager.stop_timeout_s)
-        self._load_gate_probe = load_gate
-        #: where each model's memory estimate comes from (config, measured, weights, fake)
-        self._memory_source: dict[str, str | None] = {}
-        #: each model's estimate with its parts (weights, kv_cache, prompt_cache)
-        self._estimates: dict[str, MemoryEstimate] = {}
         m = config.manager
-        self.core = Core([self._spec(model, config) for model in config.models],
+        #: the sans-IO core: private to the manager; read through the queries below
+        self._core = Core([self.estimates.spec(model, config) for model in config.models],
                          m.memory_budget_bytes, m.contention_policy, m.rules)
         self._subscribers: tuple[Subscriber, ...] = ()
         self._lease_salt = os.urandom(4).hex()
@@ -148,29 +143,10 @@ class Manager:
         #: what happened to each configured model in this run (read by /metrics)
         self.stats: dict[str, ModelStats] = {m.name: ModelStats() for m in config.models}
 
-    def _spec(self, model: ModelConfig, config: Config) -> ModelSpec:
-        """The core's view of a model: the config's own estimate and idle rule, nothing re-derived."""
-        est = config.estimate(model.name, self._measured)  # may walk a model dir: not per request
-        self._memory_source[model.name] = est.source
-        self._estimates[model.name] = est
-        return ModelSpec(
-            name=model.name,
-            size_bytes=est.bytes,
-            pinned=model.pin,
-            idle_unload_s=config.idle_unload_for(model.name),
-            priority=model.priority,
-            load_s=self._load_seconds.get(model.name),
-        )
-
-    def memory_parts(self, name: str) -> dict[str, int]:
-        """``{weights, kv_cache, prompt_cache}`` of the model's estimate (what a load commits)."""
-        est = self._estimates.get(name)
-        return est.parts() if est is not None else {"weights": 0, "kv_cache": 0, "prompt_cache": 0}
-
     def _engine_config(self, mc: ModelConfig) -> ModelConfig:
         """The model's config with the prompt cache this load committed, for its engine (its
         KV floor is the same rule's; a ``kv_cache_gb`` left out stays out: KV is drawn)."""
-        est = self._estimates.get(mc.name)
+        est = self.estimates.get(mc.name)
         if est is None or not mc.engine_kind.kv or not est.kv_cache:
             return mc  # unknown KV size: the engine bounds its batch by max_batch_size only
         return replace(mc, prompt_cache_bytes=est.prompt_cache)
@@ -191,7 +167,7 @@ class Manager:
 
     async def _timer(self) -> None:
         while True:
-            deadline = self.core.next_deadline()
+            deadline = self._core.next_deadline()
             with trio.CancelScope(deadline=deadline if deadline is not None else math.inf) as cs:
                 self._timer_scope = cs
                 await trio.sleep_forever()
@@ -205,7 +181,7 @@ class Manager:
     # -- public operations -----------------------------------------------------------
 
     def has_model(self, name: str) -> bool:
-        return name in self.core.models
+        return name in self._core.models
 
     async def acquire(self, model: str, **asked: Any) -> Lease:
         """Wait for a lease on ``model`` (``asked``: :meth:`enqueue`'s keywords); raises a typed
@@ -287,10 +263,10 @@ class Manager:
                     return
                 if t.reason is Reason.UNLOAD_FAILED:
                     raise EngineError(f"unloading '{model}' failed: {t.error}")
-            if self.core.state(model) is State.UNLOADED:
+            if self._core.state(model) is State.UNLOADED:
                 return  # it was unloaded already
             mark = self._transition_count
-            await self._wait_change()
+            await self._changed.wait()
 
     def _transitions_since(self, mark: int, model: str) -> list[Transition]:
         newer = self._transition_count - mark
@@ -302,7 +278,7 @@ class Manager:
         old = {m.name: m for m in self.config.models}
         new = {m.name: m for m in config.models}
         replaced = frozenset(n for n in old.keys() & new.keys() if old[n] != new[n])
-        specs = tuple(self._spec(m, config) for m in config.models)
+        specs = tuple(self.estimates.spec(m, config) for m in config.models)
         m = config.manager
         self._dispatch(Reconfigure(specs, m.memory_budget_bytes, m.contention_policy,
                                    trio.current_time(), replaced=replaced, rules=m.rules))
@@ -317,7 +293,7 @@ class Manager:
 
     def set_load_gate(self, reason: str | None) -> None:
         """Refuse new loads with ``reason`` (e.g. the journal cannot write); None allows them."""
-        if reason != self.core.load_gate:
+        if reason != self._core.load_gate:
             self._dispatch(SetLoadGate(reason, trio.current_time()))
 
     async def shutdown(self, grace_s: float, *, limit_s: float | None = None) -> bool:
@@ -345,11 +321,7 @@ class Manager:
         return whole
 
     def _whole(self) -> bool:
-        return self.core.shutdown_complete and not self._leases
-
-    @property
-    def shutting_down(self) -> bool:
-        return self.core.shutting_down
+        return self._core.shutdown_complete and not self._leases
 
     # -- status ----------------------------------------------------------------------
 
@@ -360,14 +332,6 @@ class Manager:
 
     def loads_in_flight(self) -> list[views.LoadInfo]:
         return list(self._loads.values())
-
-    def measured(self) -> dict[str, Measurement]:
-        """Each model's latest measurement (bytes and weights), as known to this run."""
-        return dict(self._measured)
-
-    def expected_load_seconds(self, model: str) -> float | None:
-        """How long the last successful load of ``model`` took in this run, if any."""
-        return self._load_seconds.get(model)
 
     def model_status(self, name: str) -> dict[str, Any]:
         """One model's residency as ``/v1/models`` and ``/admin/status`` show it."""
@@ -383,6 +347,71 @@ class Manager:
             return None
         return self._wall() - (trio.current_time() - mono)
 
+    # -- queries: the core is private; HTTP, metrics and the daemon read these --------
+
+    def model_names(self) -> list[str]:
+        """The configured models, in config order."""
+        return list(self._core.models)
+
+    def state_of(self, name: str) -> State:
+        """``name``'s residency state (KeyError if it is not configured)."""
+        return self._core.state(name)
+
+    def model_snapshot(self, name: str) -> ModelSnapshot:
+        """``name``'s residency now, as a frozen copy (KeyError if it is not configured)."""
+        return ModelSnapshot.of(self._core.models[name], self._core.unload_due(name))
+
+    def snapshot(self) -> ResidencySnapshot:
+        """The budget, policy, load gate, waiters and each model's state now, as a frozen copy."""
+        c = self._core
+        return ResidencySnapshot(c.budget, c.committed, c.policy, c.rules, c.shutting_down,
+                                 c.load_gate, tuple(c.waiters.values()),
+                                 tuple((n, r.state, len(r.leases), r.stop_failures)
+                                       for n, r in c.models.items()))
+
+    def plan(self, model: str, *, contention: ContentionPolicy | None = None,
+             kv_bytes: int = 0) -> Plan:
+        """What acquiring ``model`` now would do (:func:`mlxd.residency.plan.plan`); changes nothing."""
+        return plan(self._core, model, trio.current_time(), contention=contention, kv_bytes=kv_bytes)
+
+    def load_joinable(self, model: str) -> bool:
+        """Whether a new waiter of ``model`` would join its load in flight (not wait for room)."""
+        r = self._core.models.get(model)
+        return r is not None and r.state is State.LOADING and not r.load_cancelling
+
+    def kv_room(self, model: str) -> int:
+        """The most KV ``model`` could hold: the budget less what its load committed."""
+        r = self._core.models.get(model)
+        return 0 if r is None else max(0, self._core.budget - (r.committed_bytes - r.kv_bytes))
+
+    def engine_of(self, model: str) -> Engine | None:
+        """The engine of ``model`` while one is resident (or held by a failed stop)."""
+        return self._engines.get(model)
+
+    def leases(self) -> list[Lease]:
+        """The leases held now."""
+        return list(self._leases.values())
+
+    # -- what leases and KV brokers ask of the manager ----------------------------
+
+    def withdraw(self, waiter_id: int) -> None:
+        """Take waiter ``waiter_id`` out of its queue, if it is still waiting."""
+        if self._waiters.pop(waiter_id, None) is not None:
+            self._dispatch(CancelWaiter(waiter_id, trio.current_time()))
+
+    def ask_kv(self, model: str, lease_id: str, nbytes: int,
+               answer: Callable[[MlxdError | None], None]) -> Ticket:
+        """Queue ``nbytes`` of KV for ``lease_id`` (:mod:`.kv`); ``answer(None or error)`` once settled."""
+        ticket = Ticket(self, next(self._ids), model, None, None, WaiterKind.KV)
+        self._waiters[ticket.id] = ticket
+        ticket.on_settle = lambda: answer(ticket.error)
+        self._dispatch(ReserveKV(ticket.id, model, lease_id, nbytes, trio.current_time()))
+        return ticket
+
+    def return_kv(self, model: str, nbytes: int) -> None:
+        """``model``'s batch gave back ``nbytes`` of the KV it reserved."""
+        self._dispatch(ReturnKV(model, nbytes, trio.current_time()))
+
     # -- internals -------------------------------------------------------------------
 
     def _new_waiter(
@@ -390,23 +419,19 @@ class Manager:
     ) -> Ticket:
         if self._nursery is None:
             raise RuntimeError("Manager.run() must be started before use")
-        if self._load_gate_probe is not None:
-            self.set_load_gate(self._load_gate_probe())
         w = Ticket(self, next(self._ids), model, request_id, route, kind)
         self._waiters[w.id] = w
         return w
 
-    async def _wait_change(self) -> None:
-        await self._changed.wait()
-
     async def _wait_until(self, predicate: Callable[[], bool]) -> None:
         while not predicate():
-            await self._wait_change()
+            await self._changed.wait()
 
-    def _release(self, lease: Lease) -> None:
+    def lease_ended(self, lease: Lease) -> None:
+        """``lease`` has ended (its :meth:`~mlxd.residency.lease.Lease.end`): journal it, free its room."""
         if self._leases.pop(lease.id, None) is None:
             return  # ended when shutdown gave up; its outcome is journaled already
-        self._emit(lease.release_record(at=self._wall()))
+        self._emit(lease.released_event(self._wall()))
         self._dispatch(Release(lease.id, trio.current_time()))
 
     def _emit(self, event: ManagerEvent) -> None:
@@ -420,13 +445,13 @@ class Manager:
         assert not self._dispatching, "re-entrant dispatch"
         self._dispatching = True
         try:
-            commands = self.core.step(event)
+            commands = self._core.step(event)
         finally:
             self._dispatching = False
         for cmd in commands:
             self._execute(cmd)
         if self._timer_scope is not None:
-            d = self.core.next_deadline()
+            d = self._core.next_deadline()
             self._timer_scope.deadline = d if d is not None else math.inf
 
     def _execute(self, cmd: Command) -> None:
@@ -442,7 +467,7 @@ class Manager:
             self._emit(LeaseAcquired(lease.id, cmd.model, lease.request_id, lease.route,
                                      self._wall(), lease.client))
             if w is None:  # the waiter is gone; give the lease straight back
-                lease._end(Outcome.CANCELLED)
+                lease.end(Outcome.CANCELLED)
             else:
                 w.lease = lease
                 w.settle()
@@ -479,7 +504,7 @@ class Manager:
             for lid in cmd.lease_ids:
                 victim = self._leases.get(lid)
                 if victim is not None and not victim.preempted:
-                    victim._preempt(cmd.shutdown)
+                    victim.preempt(cmd.shutdown)
                     self._nursery.start_soon(end_when_overdue, victim)
 
     def _on_transition(self, t: Transition) -> None:
@@ -487,18 +512,7 @@ class Manager:
         self._transition_count += 1
         self._recent_transitions.append(t)
         self.stats.setdefault(t.model, ModelStats()).count_transition(t.to_state, t.reason)
-        self._emit(
-            TransitionEvent(
-                model=t.model,
-                from_state=t.from_state,
-                to_state=t.to_state,
-                reason=t.reason,
-                at=self._wall(),
-                memory_bytes=t.memory_bytes,
-                error=t.error,
-                cause=t.cause,
-            )
-        )
+        self._emit(TransitionEvent.of(t, self._wall()))
         self._changed.set()
         self._changed = trio.Event()
 
@@ -550,17 +564,13 @@ class Manager:
             return
         assert engine is not None
         self._engines[model] = engine
-        self._load_seconds[model] = now - t0
         measured = engine.measured_bytes()
+        measurement = Measurement(measured, weights) if measured else None
+        size = self.estimates.loaded(model, now - t0, measurement, self.config)
         if measured:
-            self._measured[model] = Measurement(measured, weights)
             self._emit(MeasurementEvent(model, self._wall(), measured, now - t0, weights))
-            if mc is not None and mc.estimated_memory_bytes is None:
-                # the weights measured, plus the caches (known now that the files exist)
-                est = self.config.estimate(model, self._measured)
-                self._memory_source[model] = est.source
-                self._estimates[model] = est
-                self._dispatch(SetSize(model, est.bytes, now))
+        if size is not None:
+            self._dispatch(SetSize(model, size, now))
         assert self._nursery is not None
         self._deaths.watch(self._nursery, model, engine)
         self._dispatch(SetLoadTime(model, now - t0, now))
@@ -571,7 +581,7 @@ class Manager:
         if self._engines.get(model) is not engine:
             return
         log.error("the engine of %s died: %s", model, error)
-        if self.core.state(model) in (State.LOADED, State.DRAINING):
+        if self._core.state(model) in (State.LOADED, State.DRAINING):
             del self._engines[model]  # the core takes the death: the engine is gone
         self._dispatch(EngineDeath(model, trio.current_time(), error))
         await self._stops.stop(model, engine)  # whatever it left (other ranks, files)

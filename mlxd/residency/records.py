@@ -2,6 +2,8 @@
 
 Plain mutable dataclasses owned by :class:`mlxd.residency.core.Core`; nothing
 else mutates them. Invariants are written beside the fields they constrain.
+Outside the core they are read as frozen copies, :class:`ModelSnapshot` and
+:class:`ResidencySnapshot`, which the manager hands to HTTP, metrics and the daemon.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlxd.residency.messages import ModelSpec, WaiterKind
-from mlxd.residency.policy import ContentionPolicy
+from mlxd.residency.policy import ContentionPolicy, ResidencyRules
 from mlxd.residency.states import COMMITTED, Reason, State
 
 #: drain owners that are not waiters: these drains are never called off
@@ -150,3 +152,63 @@ class Waiter:
     keep_alive_s: float | None = None
     #: KV bytes it asks for (``WaiterKind.KV`` only)
     kv_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSnapshot:
+    """One model's residency at one moment, copied off its :class:`ModelRecord`."""
+
+    spec: ModelSpec
+    state: State
+    #: what it holds or reserves of the budget (counted only when ``holds_budget``)
+    committed_bytes: int
+    holds_budget: bool
+    kv_bytes: int
+    #: waiters in its queue
+    queued: int
+    #: leases held on it
+    running: int
+    #: its waiters wait for room, not for a load in flight
+    blocked: bool
+    #: a CancelLoad was issued for its load in flight (it cannot be joined)
+    load_cancelling: bool
+    last_used: float | None
+    loaded_at: float | None
+    keep_alive_s: float | None
+    last_error: str | None
+    stop_failures: int
+    retry_at: float | None
+    #: when it unloads for want of leases if none comes (None: not while it stays as it is)
+    unload_due: float | None
+
+    @classmethod
+    def of(cls, r: ModelRecord, unload_due: float | None) -> ModelSnapshot:
+        return cls(
+            r.spec, r.state, r.committed_bytes, r.holds_budget, r.kv_bytes, len(r.queue),
+            len(r.leases), r.blocked, r.load_cancelling, r.last_used, r.loaded_at,
+            r.keep_alive_s, r.last_error, r.stop_failures, r.retry_at, unload_due,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencySnapshot:
+    """The whole budget at one moment: what ``/admin/status``, ``/metrics`` and the daemon read."""
+
+    budget_bytes: int
+    committed_bytes: int
+    policy: ContentionPolicy
+    rules: ResidencyRules
+    shutting_down: bool
+    #: None, or why new loads are refused (the journal cannot write)
+    load_gate: str | None
+    #: every waiter, in arrival order (frozen records: shared, not copied)
+    waiters: tuple[Waiter, ...]
+    #: ``(name, state, leases held, stop failures)`` of every model, in config order: one
+    #: cheap pass (``/metrics``, ``/health`` of 10,000 models); :class:`ModelSnapshot` has
+    #: the rest of one model
+    models: tuple[tuple[str, State, int, int], ...]
+
+    @property
+    def free_bytes(self) -> int:
+        """What is left of the budget: a model this size or smaller loads without evicting."""
+        return max(0, self.budget_bytes - self.committed_bytes)

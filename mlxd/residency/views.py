@@ -1,7 +1,7 @@
 """Status views of the manager: what ``/admin/status``, ``/v1/models`` and ``mlxd status`` show.
 
-Read-only: these functions look at a :class:`~mlxd.residency.manager.Manager`
-and its core and build plain dicts (and :func:`kv_peak`, the event the manager
+Read-only: these functions read a :class:`~mlxd.residency.manager.Manager`
+through its public queries (frozen snapshots of its core) and build plain dicts (and :func:`kv_peak`, the event the manager
 emits when a residency ends: what it used of its KV budgets); they never
 change anything.
 """
@@ -16,6 +16,7 @@ import trio
 from mlxd.engines.base import LoadProgress
 from mlxd.residency.events import KvPeakEvent
 from mlxd.residency.progress import LoadEstimate
+from mlxd.residency.records import ResidencySnapshot
 from mlxd.residency.states import Reason, State
 from mlxd.units import format_bytes
 
@@ -35,14 +36,14 @@ class LoadInfo:
 
 def load_estimate(manager: Manager, model: str) -> LoadEstimate | None:
     """How far ``model``'s load in flight is, by its measured load time (None: not loading)."""
-    info = manager._loads.get(model)
+    info = next((i for i in manager.loads_in_flight() if i.model == model), None)
     if info is None:
         return None
     p = info.progress
     return LoadEstimate(
         model,
         trio.current_time() - info.started,
-        manager.expected_load_seconds(model),
+        manager.estimates.load_seconds(model),
         p.phase,
         p.bytes_done,
         p.bytes_total,
@@ -50,7 +51,7 @@ def load_estimate(manager: Manager, model: str) -> LoadEstimate | None:
 
 
 def model_status(manager: Manager, name: str) -> dict[str, Any]:
-    r = manager.core.models[name]
+    r = manager.model_snapshot(name)
     est = load_estimate(manager, name)
     in_use = _in_use(manager, name)
     return {
@@ -59,19 +60,19 @@ def model_status(manager: Manager, name: str) -> dict[str, Any]:
         #: what this model holds of the budget now (0 unless loading, loaded, draining or unloading)
         "committed_bytes": r.committed_bytes if r.holds_budget else 0,
         #: requests waiting for a lease on it (its load, or room)
-        "queued": len(r.queue),
+        "queued": r.queued,
         #: requests holding a lease on it (generating, or queued in its engine)
-        "running": len(r.leases),
+        "running": r.running,
         #: KV bytes its running generations hold now (engines that measure it; else 0)
         "kv_in_use": int(in_use.get("kv_cache", 0)) if in_use is not None else 0,
         #: how long its last measured load took (journaled: survives restarts; None: never loaded)
-        "expected_load_seconds": _rounded(manager.expected_load_seconds(name)),
+        "expected_load_seconds": _rounded(manager.estimates.load_seconds(name)),
         "loaded": r.state is State.LOADED,
         "pinned": r.spec.pinned,
         "memory_bytes": r.committed_bytes if r.holds_budget else r.spec.size_bytes,
-        "memory_source": manager._memory_source.get(name),
+        "memory_source": manager.estimates.source(name),
         #: what a load commits, by part (weights + kv_cache + prompt_cache = estimated_bytes)
-        "memory": manager.memory_parts(name),
+        "memory": manager.estimates.memory_parts(name),
         #: what a resident engine holds now beyond its weights (batched mlx-lm models)
         "memory_in_use": in_use,
         "estimated_bytes": r.spec.size_bytes,
@@ -81,8 +82,8 @@ def model_status(manager: Manager, name: str) -> dict[str, Any]:
         "stop_retry_in_s": None
         if r.retry_at is None
         else round(max(0.0, r.retry_at - trio.current_time()), 3),
-        "active_leases": len(r.leases),
-        "waiters": len(r.queue),
+        "active_leases": r.running,
+        "waiters": r.queued,
         "idle_unload_seconds": r.spec.idle_unload_s,
         "engine": _engine(manager, name),
         "loading": None if est is None else {
@@ -99,7 +100,7 @@ def model_status(manager: Manager, name: str) -> dict[str, Any]:
 
 def _in_use(manager: Manager, name: str) -> dict[str, int] | None:
     """``{kv_cache, kv_cache_peak, prompt_cache}`` bytes of an engine that reports them, else None."""
-    usage = getattr(manager._engines.get(name), "memory_usage", None)
+    usage = getattr(manager.engine_of(name), "memory_usage", None)
     held = usage() if callable(usage) else None
     return dict(held) if held is not None else None
 
@@ -112,16 +113,18 @@ def kv_peak(manager: Manager, name: str) -> KvPeakEvent | None:
     the partial engine of a failed load). The budgets are the ``kv_cache`` and
     ``prompt_cache`` parts its load committed (what ``/v1/models`` shows).
     """
-    r = manager.core.models.get(name)
-    usage = _in_use(manager, name)
-    if r is None or r.loaded_at is None or usage is None or "kv_cache_peak" not in usage:
+    if not manager.has_model(name):
         return None
-    parts = manager.memory_parts(name)
-    loaded_at = manager.wall_of(r.loaded_at)
-    assert loaded_at is not None
+    r = manager.model_snapshot(name)
+    usage = _in_use(manager, name)
+    if r.loaded_at is None or usage is None or "kv_cache_peak" not in usage:
+        return None
+    parts = manager.estimates.memory_parts(name)
+    loaded_at, now = manager.wall_of(r.loaded_at), manager.wall_of(trio.current_time())
+    assert loaded_at is not None and now is not None
     return KvPeakEvent(
         model=name,
-        at=manager._wall(),
+        at=now,
         loaded_at=loaded_at,
         kv_peak_bytes=int(usage["kv_cache_peak"]),
         kv_budget_bytes=parts["kv_cache"],
@@ -130,20 +133,20 @@ def kv_peak(manager: Manager, name: str) -> KvPeakEvent | None:
     )
 
 
-def dead_engines(manager: Manager) -> list[str]:
+def dead_engines(manager: Manager, res: ResidencySnapshot) -> list[str]:
     """One line per model failed because its engine died (until it loads again), for /health."""
-    return [
-        f"the engine of '{name}' died ({r.last_error}); the next request loads it again"
-        for name, r in manager.core.models.items()
-        if r.state is State.FAILED
-        and (t := manager.last_transition.get(name)) is not None
-        and t.reason is Reason.ENGINE_DIED
-    ]
+    lines = []
+    for name, state, _, _ in res.models:
+        t = manager.last_transition.get(name)
+        if state is State.FAILED and t is not None and t.reason is Reason.ENGINE_DIED:
+            error = manager.model_snapshot(name).last_error
+            lines.append(f"the engine of '{name}' died ({error}); the next request loads it again")
+    return lines
 
 
 def _engine(manager: Manager, name: str) -> dict[str, Any] | None:
     """Where a resident model's engine runs (worker pids for ``isolation: process``)."""
-    engine = manager._engines.get(name)
+    engine = manager.engine_of(name)
     if engine is None:
         return None
     describe = getattr(engine, "describe", None)
@@ -151,32 +154,33 @@ def _engine(manager: Manager, name: str) -> dict[str, Any] | None:
 
 
 def status(manager: Manager) -> dict[str, Any]:
+    res = manager.snapshot()
     return {
-        "budget_bytes": manager.core.budget,
-        "committed_bytes": manager.core.committed,
+        "budget_bytes": res.budget_bytes,
+        "committed_bytes": res.committed_bytes,
         #: what is left of the budget: a model this size or smaller loads without evicting
-        "free_bytes": max(0, manager.core.budget - manager.core.committed),
+        "free_bytes": res.free_bytes,
         "policy": {
-            "strategy": manager.core.policy.strategy,
-            "wait_timeout_s": manager.core.policy.wait_timeout_s,
-            "preempt_after_s": manager.core.policy.preempt_after_s,
-            **asdict(manager.core.rules),
+            "strategy": res.policy.strategy,
+            "wait_timeout_s": res.policy.wait_timeout_s,
+            "preempt_after_s": res.policy.preempt_after_s,
+            **asdict(res.rules),
         },
-        "shutting_down": manager.core.shutting_down,
-        "load_gate": manager.core.load_gate,
-        "models": {name: model_status(manager, name) for name in manager.core.models},
+        "shutting_down": res.shutting_down,
+        "load_gate": res.load_gate,
+        "models": {name: model_status(manager, name) for name in manager.model_names()},
         "waiters": [
             {
                 "model": w.model,
                 "kind": w.kind.value,
                 "reason": w.reason.value,
                 "waiting_s": round(trio.current_time() - w.since, 3),
-                "blocked": manager.core.models[w.model].blocked,
+                "blocked": manager.model_snapshot(w.model).blocked,
                 "deadline_in_s": None
                 if w.deadline is None
                 else round(w.deadline - trio.current_time(), 3),
             }
-            for w in manager.core.waiters.values()
+            for w in res.waiters
         ],
         "leases": [
             {
@@ -187,18 +191,19 @@ def status(manager: Manager) -> dict[str, Any]:
                 "held_s": round(trio.current_time() - lease.acquired_at, 3),
                 "preempted": lease.preempted,
             }
-            for lease in manager._leases.values()
+            for lease in manager.leases()
         ],
     }
 
 
-def failing_stops(manager: Manager) -> list[str]:
+def failing_stops(manager: Manager, res: ResidencySnapshot) -> list[str]:
     """One line per model whose engine failed to stop and still holds its memory (for /health)."""
     lines = []
     now = trio.current_time()
-    for name, r in manager.core.models.items():
-        if r.stop_failures == 0:
+    for name, _, _, stop_failures in res.models:
+        if stop_failures == 0:
             continue
+        r = manager.model_snapshot(name)
         retry = (
             "being retried now"
             if r.retry_at is None

@@ -330,12 +330,12 @@ async def test_preempting_a_batched_model_stops_all_its_leases(tiny_model_dir: P
                 streams.start_soon(stream, i)
             for ev in streaming:
                 await ev.wait()
-            engine = manager._engines["tiny"]
+            engine = manager.engine_of("tiny")
             assert isinstance(engine, RecordedTextEngine) and engine.batch is not None
             await manager.unload("tiny", preempt=True)
         assert len(errors) == 3, errors
         assert all(isinstance(e, Preempted) for e in errors), errors
-        assert manager.core.state("tiny").value == "unloaded"
+        assert manager.state_of("tiny").value == "unloaded"
         outcomes = [s.outcome for s in engine.history]
         assert outcomes.count("cancelled") == 3
         await manager.shutdown(1.0)

@@ -22,7 +22,6 @@ from mlxd.engines.base import Finished, GenerationRequest
 from mlxd.errors import InvalidRequest
 from mlxd.residency.events import KvPeakEvent, LeaseReleased, ManagerEvent, TransitionEvent
 from mlxd.residency.manager import Manager
-from mlxd.residency.plan import plan
 from mlxd.residency.states import Reason, State
 from tests.engines.mlx_helpers import tiny_config
 
@@ -57,7 +56,7 @@ async def _manager(config: Config) -> AsyncIterator[tuple[Manager, list[ManagerE
                 await manager.load(name)
             yield manager, events
         finally:
-            manager.core.check_invariants()
+            manager._core.check_invariants()  # white-box: the core's own invariants
             nursery.cancel_scope.cancel()
 
 
@@ -72,7 +71,7 @@ async def _generate(manager: Manager, request: GenerationRequest) -> Finished:
         fin = None
         with lease.scope():
             async for ev in lease.engine.generate(replace(request, lease_id=lease.id)):
-                assert manager.core.committed <= manager.core.budget
+                assert manager.snapshot().committed_bytes <= manager.snapshot().budget_bytes
                 if isinstance(ev, Finished):
                     fin = ev
         assert fin is not None
@@ -89,8 +88,8 @@ async def test_kv_beyond_the_floor_evicts_the_idle_lru_model_and_comes_back(
     (the daemon side reserves)."""
     budget = 31 * MIB + MIB // 2  # 10 + 10 + (8 + 2 + 1) committed: 0.5 MiB free
     async with _manager(_config(tiny_model_dir, budget, isolation=isolation)) as (manager, events):
-        assert manager.core.models["tiny"].committed_bytes == 11 * MIB  # weights + floor + cache
-        p = plan(manager.core, "tiny", trio.current_time(), kv_bytes=(3008 + 255) * 1024 - 2 * MIB)
+        assert manager.model_snapshot("tiny").committed_bytes == 11 * MIB  # weights + floor + cache
+        p = manager.plan("tiny", kv_bytes=(3008 + 255) * 1024 - 2 * MIB)
         assert (p.action, [v.model for v in p.victims]) == ("evict_then_load", ["fake-a"])
         fin = await _generate(manager, _ids(3000))
         assert (fin.prompt_tokens, fin.completion_tokens) == (3000, 8)
@@ -98,11 +97,11 @@ async def test_kv_beyond_the_floor_evicts_the_idle_lru_model_and_comes_back(
                    and e.to_state is State.UNLOADING]
         assert len(evicted) == 1 and evicted[0].reason is Reason.EVICTED
         assert evicted[0].cause is not None and "KV of a request on 'tiny'" in evicted[0].cause
-        assert manager.core.state("fake-b") is State.LOADED
+        assert manager.state_of("fake-b") is State.LOADED
         with trio.fail_after(10):
-            while manager.core.models["tiny"].kv_bytes:  # noqa: ASYNC110 (given back by the engine)
+            while manager.model_snapshot("tiny").kv_bytes:  # noqa: ASYNC110 (given back by the engine)
                 await trio.sleep(0.01)
-        assert manager.core.models["tiny"].committed_bytes == 11 * MIB
+        assert manager.model_snapshot("tiny").committed_bytes == 11 * MIB
 
 
 async def test_a_small_request_fits_the_floor_and_evicts_nothing(tiny_model_dir: Path) -> None:
@@ -114,7 +113,7 @@ async def test_a_small_request_fits_the_floor_and_evicts_nothing(tiny_model_dir:
         assert not [e for e in events[mark:] if isinstance(e, TransitionEvent)]
         (released,) = [e for e in events[mark:] if isinstance(e, LeaseReleased)]
         assert released.kv_wait_seconds is None
-        assert manager.core.models["tiny"].kv_bytes == 0
+        assert manager.model_snapshot("tiny").kv_bytes == 0
 
 
 async def test_a_reservation_that_waited_says_how_long_on_its_lease(tiny_model_dir: Path) -> None:
@@ -126,12 +125,12 @@ async def test_a_reservation_that_waited_says_how_long_on_its_lease(tiny_model_d
         async with trio.open_nursery() as n, manager.lease("fake-a"), manager.lease("fake-b"):
             n.start_soon(_generate, manager, _ids(3000))
             with trio.fail_after(30):
-                while not manager.core.models["tiny"].kv_waiters:  # noqa: ASYNC110
+                while not manager.model_snapshot("tiny").queued:  # noqa: ASYNC110 (its KV waits)
                     await trio.sleep(0.001)
             await trio.sleep(held_s)  # the subject: the fakes stay busy this long
         (released,) = [e for e in events if isinstance(e, LeaseReleased) and e.model == "tiny"]
         assert released.kv_wait_seconds is not None and released.kv_wait_seconds >= held_s
-        assert manager.core.state("fake-a") is State.UNLOADED
+        assert manager.state_of("fake-a") is State.UNLOADED
 
 
 async def test_kv_that_cannot_fit_the_budget_is_a_400_that_says_by_how_much(tiny_model_dir: Path) -> None:
@@ -147,7 +146,7 @@ async def test_kv_that_cannot_fit_the_budget_is_a_400_that_says_by_how_much(tiny
         text = err.value.message
         assert err.value.code == "model_exceeds_budget" and err.value.http_status == 400
         assert "memory budget" in text and "short" in text and "30,000 tokens" in text, text
-        assert manager.core.state("fake-a") is State.LOADED  # nothing was evicted for it
+        assert manager.state_of("fake-a") is State.LOADED  # nothing was evicted for it
 
 
 async def test_fail_policy_refuses_kv_it_would_have_to_wait_for(tiny_model_dir: Path) -> None:
@@ -158,7 +157,7 @@ async def test_fail_policy_refuses_kv_it_would_have_to_wait_for(tiny_model_dir: 
             with pytest.raises(Exception) as err:
                 await _generate(manager, _ids(3000))
         assert getattr(err.value, "code", None) == "model_capacity", err.value
-        assert manager.core.models["tiny"].kv_bytes == 0
+        assert manager.model_snapshot("tiny").kv_bytes == 0
 
 
 async def test_an_isolated_batched_model_reports_its_kv_like_a_thread_one(tiny_model_dir: Path) -> None:

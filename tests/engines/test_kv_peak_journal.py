@@ -51,14 +51,14 @@ async def test_generations_then_unload_and_shutdown_journal_one_peak_per_residen
             async with trio.open_nursery() as generations:
                 for prompt in prompts:
                     generations.start_soon(_generate, manager, prompt, tokens)
-            engine = manager._engines["tiny"]
+            engine = manager.engine_of("tiny")
             assert isinstance(engine, MlxTextEngine) and engine.batch is not None
             bytes_per_token.append(engine.kv_bytes_per_token or 0)
             if prompts is PROMPTS:
                 await manager.unload("tiny")
         assert await manager.shutdown(10.0)
         await journal.wait_committed()
-        parts = manager.memory_parts("tiny")
+        parts = manager.estimates.memory_parts("tiny")
         conn = open_readonly(journal.path)
         try:
             rows = conn.execute(

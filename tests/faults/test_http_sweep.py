@@ -130,13 +130,13 @@ async def watch_health(s: Served, w: Watch, fleet: Any) -> None:
             w.worst_health = max(w.worst_health, took)
             if took > HEALTH_BOUND_S or r.status_code not in (200, 503):
                 w.violations.append(f"/health took {took:.2f} s (HTTP {r.status_code})")
-            core = s.manager.core
-            for name, model in core.models.items():
-                fake = fleet.models.get(name)  # made at its first load
-                if fake is not None and fake.resident and model.state not in COMMITTED:
-                    w.violations.append(f"{name}: an engine holds memory while {model.state}")
-            if core.committed > core.budget:
-                w.violations.append(f"committed {core.committed} > budget {core.budget}")
+            for name in s.manager.model_names():
+                fake, state = fleet.models.get(name), s.manager.state_of(name)  # fake: at its first load
+                if fake is not None and fake.resident and state not in COMMITTED:
+                    w.violations.append(f"{name}: an engine holds memory while {state}")
+            res = s.manager.snapshot()
+            if res.committed_bytes > res.budget_bytes:
+                w.violations.append(f"committed {res.committed_bytes} > budget {res.budget_bytes}")
             await trio.sleep(0.2)  # the subject: a probe five times a second, whatever happens
 
 

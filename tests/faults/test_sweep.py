@@ -89,7 +89,7 @@ class Run:
     def check(self, where: str) -> None:
         """The promises of the module docstring, now."""
         self.steps += 1
-        core = self.manager.core
+        core = self.manager._core  # white-box: the sweep checks the core's own books
         now = trio.current_time()
         bad: list[str] = []
         if core.committed > core.budget:
@@ -106,7 +106,7 @@ class Run:
                 bad.append(f"{name}: leases while {r.state}")
             if core.policy.strategy == "fail" and r.queue and (r.claims or r.state is State.DRAINING):
                 bad.append(f"{name}: under `fail`, a request waits for a drain")
-        for lease in self.manager._leases.values():
+        for lease in self.manager.leases():
             if getattr(lease.engine, "stop_failed", False):
                 bad.append(f"{lease.model}: an engine whose stop failed was handed to a request")
         if held > core.committed:
@@ -131,8 +131,8 @@ class Run:
             self.violations.append("a lease was released twice")
         if acquired != set(released):
             self.violations.append(f"leases never released: {sorted(acquired - set(released))}")
-        if self.manager._leases:
-            self.violations.append(f"the manager still holds {len(self.manager._leases)} leases")
+        if self.manager.leases():
+            self.violations.append(f"the manager still holds {len(self.manager.leases())} leases")
         if not all(req.done for req in self.requests):
             self.violations.append("requests still pending after shutdown")
 

@@ -93,7 +93,7 @@ async def test_list_show_and_version_describe_every_configured_model(cfg: Any, t
         assert v["version"] and v["mlxd"]
         assert older["capabilities"] == ["completion", "tools"]
         assert older["model_info"]["general.basename"] == "tiny"  # what Copilot names it
-        assert s.manager.core.state("tiny").value == "unloaded"  # discovery loads nothing
+        assert s.manager.state_of("tiny").value == "unloaded"  # discovery loads nothing
 
 
 async def test_ps_lists_resident_models_with_expiry_from_keep_alive(cfg: Any, tmp_path: Path) -> None:
@@ -237,11 +237,11 @@ async def test_keep_alive_zero_unloads_and_the_unload_call(cfg: Any, tmp_path: P
         c = client(s)
         await run(lambda: c.chat("tiny", ASK, options=GREEDY, keep_alive=0))
         with trio.fail_after(10):
-            await s.until(lambda: s.manager.core.state("tiny").value == "unloaded")
+            await s.until(lambda: s.manager.state_of("tiny").value == "unloaded")
         loaded = await run(lambda: c.generate("tiny", keep_alive="5m"))
-        assert loaded.done_reason == "load" and s.manager.core.state("tiny").value == "loaded"
+        assert loaded.done_reason == "load" and s.manager.state_of("tiny").value == "loaded"
         unloaded = await run(lambda: c.chat("tiny", [], keep_alive=0))
-        assert unloaded.done_reason == "unload" and s.manager.core.state("tiny").value == "unloaded"
+        assert unloaded.done_reason == "unload" and s.manager.state_of("tiny").value == "unloaded"
         await s.journal.wait_committed()
         rows = [(r["from_state"], r["to_state"], r["reason"]) for r in s.journal.history(model="tiny", limit=20)]
         assert ("loaded", "unloading", "idle_timeout") in rows

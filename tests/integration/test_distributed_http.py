@@ -61,7 +61,7 @@ async def test_a_distributed_model_lives_like_any_model(tmp_path: Path, tiny_mod
         assert len(first) == 2
         # evicted (idle) for f: both ranks end
         assert (await c.post(CHAT, json=body("f"))).status_code == 200
-        assert s.manager.core.state("d").value == "unloaded" and all_gone(first)
+        assert s.manager.state_of("d").value == "unloaded" and all_gone(first)
         # preempted (busy) for f
         assert (await c.post("/admin/models/f/unload")).status_code == 200
         lines: list[str] = []
@@ -79,7 +79,7 @@ async def test_a_distributed_model_lives_like_any_model(tmp_path: Path, tiny_mod
         third = ranks(s)
         os.kill(third[1], signal.SIGKILL)
         with trio.fail_after(30):
-            await s.until(lambda: s.manager.core.state("d").value == "failed")
+            await s.until(lambda: s.manager.state_of("d").value == "failed")
         assert all_gone(third)
         assert "rank 1 killed by SIGKILL" in (await c.get("/v1/models/d")).json()["last_error"]
         r = await c.post(CHAT, json=body("d", max_tokens=4))

@@ -146,7 +146,7 @@ async def test_a_load_that_ignores_cancellation_is_ended_within_2s(
                 scope.cancel()  # the client leaves: the load is abandoned
         left = time.monotonic()
         with trio.fail_after(10):
-            await s.until(lambda: s.manager.core.state("t").value == "unloaded")
+            await s.until(lambda: s.manager.state_of("t").value == "unloaded")
         assert gone(worker.pid)
         took = time.monotonic() - left
         assert took < 2.0, took

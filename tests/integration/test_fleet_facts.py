@@ -107,4 +107,4 @@ async def test_status_and_require_resident_hold_under_100_concurrent_polls(tmp_p
                     nursery.start_soon(refused)
         assert sorted(answers) == [200] * 100 + [503] * 100
         assert await _rows(s, c, "transitions") == []
-        assert s.manager.core.models["a"].state.value == "unloaded"
+        assert s.manager.model_snapshot("a").state.value == "unloaded"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import trio
 
 from mlxd.config import Config
+from mlxd.journal.journal import Journal
 from tests.integration.conftest import config_of, fake
 from tests.support.daemon import Served, serving
 
@@ -88,7 +90,7 @@ async def test_client_leaving_during_load_abandons_it(tmp_path: Path) -> None:
             with trio.move_on_after(1):
                 await c.post(CHAT, json=body("a"))
         with trio.fail_after(5):
-            await s.until(lambda: s.manager.core.state("a").value == "unloaded")
+            await s.until(lambda: s.manager.state_of("a").value == "unloaded")
         await s.journal.wait_committed()
         assert transitions(s, "a") == [("unloaded", "loading", "request"),
                                        ("loading", "unloaded", "abandoned")]
@@ -244,25 +246,41 @@ async def test_api_key_guards_v1_and_admin_but_not_health(tmp_path: Path) -> Non
         assert (await c.get("/health")).json()["status"] == "ok"
 
 
-async def health_becomes(c: httpx.AsyncClient, status: str) -> None:
-    """Poll /health: the journal's health has no event to wait on; /health is what operators poll."""
-    with trio.fail_after(30):
-        while (await c.get("/health")).json()["status"] != status:  # noqa: ASYNC110
-            await trio.sleep(0.1)
+class HealthChanges:
+    """The journal's health changes, as the journal pushes them (``Journal.on_health``)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self._changed = trio.Event()
+        journal.on_health(self._on_change)
+
+    def _on_change(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        """Wait, change by change, until ``done()`` (bounded: the writer works in real time)."""
+        with trio.fail_after(30):
+            while not done():
+                await self._changed.wait()
 
 
 async def test_health_reports_a_journal_that_cannot_write(tmp_path: Path) -> None:
-    """When the journal cannot write, /health is degraded with the reason and new loads get a typed 503, while loaded models serve."""
+    """When the journal cannot write, the load gate closes with it (pushed, not polled): /health is degraded with the reason and new loads get a typed 503, while loaded models serve; it opens when the journal writes again."""
     cfg = config_of({"manager": {"memory_budget_gb": 2}, "models": [fake("a", 0.5), fake("b", 0.5)]},
                     tmp_path)
     async with serving(cfg, tmp_path) as s, s.client() as c:
         await c.post("/admin/models/a/load")
+        changes = HealthChanges(s.journal)  # after the daemon's own listener: it has run first
         blocker = sqlite3.connect(s.journal.path, timeout=0)
         blocker.execute("BEGIN EXCLUSIVE")  # another process holds the database
         try:
             assert (await c.post(CHAT, json=body("a"))).status_code == 200  # its lease rows queue up
-            await health_becomes(c, "degraded")
+            await changes.until(lambda: not s.journal.healthy)
+            gate = s.manager.snapshot().load_gate
+            assert gate is not None and s.journal.last_error is not None
+            assert s.journal.last_error in gate
             health = (await c.get("/health")).json()
+            assert health["status"] == "degraded"
             assert any("journal" in reason for reason in health["reasons"])
             r = await c.post(CHAT, json=body("b"))
             assert r.status_code == 503 and r.json()["error"]["code"] == "journal_unavailable"
@@ -270,7 +288,9 @@ async def test_health_reports_a_journal_that_cannot_write(tmp_path: Path) -> Non
         finally:
             blocker.rollback()
             blocker.close()
-        await health_becomes(c, "ok")
+        await changes.until(lambda: s.journal.healthy)
+        assert s.manager.snapshot().load_gate is None
+        assert (await c.get("/health")).json()["status"] == "ok"
         assert (await c.post(CHAT, json=body("b"))).status_code == 200
         await s.journal.wait_committed()
         assert rows(s, "SELECT count(*) FROM leases WHERE model = 'a'") == [(2,)]

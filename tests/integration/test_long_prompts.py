@@ -57,7 +57,7 @@ async def test_a_20k_token_prompt_is_served_on_the_default_demo_config(
         plan = (await c.get("/admin/plan", params={"model": "demo", "tokens": "70000"})).json()
         assert plan["error"]["code"] == "context_length_exceeded", plan
         with trio.fail_after(10):
-            await s.until(lambda: s.manager.core.models["demo"].kv_bytes == 0)
+            await s.until(lambda: s.manager.model_snapshot("demo").kv_bytes == 0)
 
 
 @pytest.mark.stress
@@ -83,7 +83,7 @@ async def test_an_idle_model_is_evicted_for_kv_and_the_journal_says_why(
         for name in ("fake-a", "demo-small", "demo"):
             assert (await c.post(f"/admin/models/{name}/load")).status_code == 200
         # the budget now holds the three and 1 MiB more (a reload, as POST /admin/reload)
-        tight = s.manager.core.committed + (1 << 20)
+        tight = s.manager.snapshot().committed_bytes + (1 << 20)
         await s.manager.reload(replace(demo_config, manager=replace(
             demo_config.manager, memory_budget_bytes=tight)))
         async with s.manager.lease("fake-a"):  # busy: not an idle victim
@@ -91,7 +91,7 @@ async def test_an_idle_model_is_evicted_for_kv_and_the_journal_says_why(
             assert plan["action"] == "evict_then_load", plan
             assert [v["model"] for v in plan["victims"]] == ["demo-small"], plan
             await _complete(c, 12_000)
-            assert s.manager.core.state("fake-a").value == "loaded"
+            assert s.manager.state_of("fake-a").value == "loaded"
         history = (await c.get("/admin/history", params={"model": "demo-small"})).json()
     db = sqlite3.connect(tmp_path / "journal.db")
     rows = db.execute(

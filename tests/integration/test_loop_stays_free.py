@@ -225,4 +225,4 @@ async def test_ollamas_embed_refuses_inputs_too_long_by_length_before_any_load(
         r = await c.post("/api/embed", json={"model": "bert", "input": ["lorem " * 1700] * 2000})
         assert r.status_code == 400, r.text
         assert "10,200 characters" in r.json()["error"], r.json()
-        assert s.manager.core.models["bert"].state.value == "unloaded"
+        assert s.manager.model_snapshot("bert").state.value == "unloaded"

@@ -108,7 +108,7 @@ async def test_load_progress_events_are_live_and_carry_no_id(tmp_path: Path) -> 
 
 async def until_state(s: Served, model: str, state: str) -> None:
     with trio.fail_after(10):
-        await s.until(lambda: s.manager.core.state(model).value == state)
+        await s.until(lambda: s.manager.state_of(model).value == state)
 
 
 async def test_keep_alive_in_the_body_or_the_header(tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ async def test_keep_alive_in_the_body_or_the_header(tmp_path: Path) -> None:
         assert r.status_code == 200
         await until_state(s, "a", "unloaded")
         r = await c.post(CHAT, json=body("a", keep_alive="5m"))
-        assert r.status_code == 200 and s.manager.core.models["a"].keep_alive_s == 300
+        assert r.status_code == 200 and s.manager.model_snapshot("a").keep_alive_s == 300
         bad = await c.post(CHAT, json=body("a", keep_alive="soon"))
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
         bad = await c.post(CHAT, json=body("a"), headers={"X-Mlxd-Contention": "eventually"})
@@ -171,7 +171,7 @@ async def test_admin_plan_and_the_plan_command(tmp_path: Path) -> None:
                          "why": "idle_lru"}],
             "error": None, "committed_after": int(0.6 * 1024**3), "eta_s": None,
         }
-        assert s.manager.core.state("a").value == "loaded" and s.journal.last_seq == seq
+        assert s.manager.state_of("a").value == "loaded" and s.journal.last_seq == seq
         failing = (await c.get("/admin/plan", params={"model": "b", "contention": "fail"})).json()
         assert failing["action"] == "evict_then_load"  # idle eviction needs no waiting
         assert (await c.get("/admin/plan")).status_code == 400

@@ -74,4 +74,4 @@ async def test_a_lone_surrogate_is_a_400_naming_its_field(
             assert r.json()["error"]["param"] == path, r.text
             message = r.json()["error"]["message"]
         assert message.startswith(f"{path}: ") and "lone surrogate" in message, message
-        assert s.manager.core.committed == 0, "nothing was loaded for a refused body"
+        assert s.manager.snapshot().committed_bytes == 0, "nothing was loaded for a refused body"

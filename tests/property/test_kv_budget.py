@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from mlxd.config import Config, ContentionPolicy, FakeSettings, ManagerConfig, ModelConfig
 from mlxd.errors import MlxdError, ModelExceedsBudget
 from mlxd.residency.kv import ModelKv
+from mlxd.residency.manager import Manager
 from mlxd.residency.states import State
 from mlxd.units import format_bytes
 from tests.support.harness import running
@@ -76,7 +77,7 @@ def test_committed_bytes_with_kv_never_exceed_the_budget(
         async with running(config) as h:
             for pick, kv in requests:
                 name = f"m{pick % len(models)}"
-                assert h.manager.memory_parts(name) == dict(
+                assert h.manager.estimates.memory_parts(name) == dict(
                     zip(
                         ("weights", "kv_cache", "prompt_cache"),
                         parts[pick % len(models)],
@@ -89,7 +90,7 @@ def test_committed_bytes_with_kv_never_exceed_the_budget(
                 try:
                     with trio.fail_after(60):
                         async with h.manager.lease(name) as lease:
-                            await _hold_kv(ModelKv(h.manager, name), lease.id, kv, budget)
+                            await _hold_kv(h.manager, name, lease.id, kv, budget)
                 except ModelExceedsBudget as e:
                     assert too_big, e
                     assert (e.http_status, e.type, e.code, e.param) == (
@@ -99,20 +100,20 @@ def test_committed_bytes_with_kv_never_exceed_the_budget(
                         f"'{name}' needs {format_bytes(want[name])}, more than the whole "
                         f"memory budget of {format_bytes(budget)}"
                     )
-                    assert h.manager.core.models[name].state is State.UNLOADED  # not loaded
+                    assert h.manager.state_of(name) is State.UNLOADED  # not loaded
                 else:
                     assert not too_big, f"{name} ({want[name]} bytes) loaded over {budget}"
-                core = h.manager.core
-                assert core.committed <= budget
-                for r in core.models.values():
+                assert h.manager.snapshot().committed_bytes <= budget
+                for r in map(h.manager.model_snapshot, h.manager.model_names()):
                     if r.holds_budget:
                         assert r.committed_bytes == want[r.spec.name] and r.kv_bytes == 0
 
     trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-async def _hold_kv(broker: ModelKv, lease_id: str, nbytes: int, budget: int) -> None:
+async def _hold_kv(manager: Manager, model: str, lease_id: str, nbytes: int, budget: int) -> None:
     """Reserve ``nbytes`` of KV as an engine admitting a request does, run, give them back."""
+    broker = ModelKv(manager, model)
     answered = trio.Event()
     box: list[MlxdError | None] = []
 
@@ -128,8 +129,8 @@ async def _hold_kv(broker: ModelKv, lease_id: str, nbytes: int, budget: int) -> 
     except BaseException:
         withdraw()
         raise
-    r = broker._manager.core.models[broker.model]
-    assert broker._manager.core.committed <= budget
+    r = manager.model_snapshot(broker.model)
+    assert manager.snapshot().committed_bytes <= budget
     note_event(f"KV {'granted' if box[0] is None else box[0].code}" + (" (waited)" if waited else ""))
     if box[0] is not None:
         if box[0].code == "model_exceeds_budget":  # only when it could never fit

@@ -251,15 +251,15 @@ class Run:
         ]
 
     def states(self) -> dict[str, State]:
-        return {name: self.manager.core.state(name) for name in self.manager.core.models}
+        return {name: self.manager.state_of(name) for name in self.manager.model_names()}
 
     def check(self) -> None:
         """Replay equals the core's state (a model without rows is unloaded); the history is legal."""
         rows = self.rows()
-        replayed = {name: State.UNLOADED for name in self.manager.core.models} | replay(rows)
+        replayed = {name: State.UNLOADED for name in self.manager.model_names()} | replay(rows)
         assert replayed == self.states(), rows
         assert check_history(rows) == []
-        self.manager.core.check_invariants()
+        self.manager._core.check_invariants()  # white-box: the core's own invariants
 
 
 async def _request(manager: Manager, op: Request, scale: float) -> None:
@@ -374,7 +374,7 @@ def _check_file(run: Run, path: Path) -> None:
         assert [{k: v for k, v in r.items() if k != "seq"} for r in stored] == [
             {k: v for k, v in r.items() if k != "seq"} for r in run.rows()
         ]
-        replayed = {name: State.UNLOADED for name in run.manager.core.models} | replay(stored)
+        replayed = {name: State.UNLOADED for name in run.manager.model_names()} | replay(stored)
         assert replayed == run.states()
         assert check_journal(conn) == []
         outcomes: dict[str, str | None] = {}

@@ -17,7 +17,7 @@ from mlxd.config import (
 )
 from mlxd.engines.fake import FakeFleet
 from mlxd.errors import MlxdError
-from mlxd.residency.events import ManagerEvent, TransitionEvent
+from mlxd.residency.events import TransitionEvent
 from mlxd.residency.lease import Lease
 from mlxd.residency.manager import Manager
 from mlxd.residency.policy import ResidencyRules
@@ -105,7 +105,8 @@ class Held:
 class Harness:
     manager: Manager
     fleet: FakeFleet
-    events: list[ManagerEvent]
+    #: every event the manager told its subscribers, awaitable by count
+    events: Results
     nursery: trio.Nursery
 
     def transitions(self, model: str | None = None) -> list[tuple[str, str, str, str]]:
@@ -116,7 +117,12 @@ class Harness:
         ]
 
     def state(self, model: str) -> str:
-        return self.manager.core.state(model).value
+        return self.manager.state_of(model).value
+
+    async def until_state(self, model: str, state: str) -> None:
+        """Wait, event by event of the manager, until ``model`` is in ``state``."""
+        while self.state(model) != state:
+            await self.events.wait_for(len(self.events) + 1)
 
     async def hold(self, model: str) -> Held:
         """Acquire ``model`` in a background task and hold the lease inside its scope."""
@@ -163,11 +169,11 @@ async def running(config: Config, fleet: FakeFleet | None = None) -> AsyncIterat
     for model in config.models:
         fleet.for_config(model)  # every fake exists (with zeroed counters) from the start
     manager = Manager(config, fleet)
-    events: list[ManagerEvent] = []
+    events = Results()
     manager.subscribe(events.append)
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.run)
         harness = Harness(manager, fleet, events, nursery)
         yield harness
-        manager.core.check_invariants()
+        manager._core.check_invariants()  # white-box: the core's own invariants
         nursery.cancel_scope.cancel()

@@ -551,8 +551,8 @@ def test_the_manager_budgets_with_the_configs_own_rules(tmp_path: Path) -> None:
     measured = {"measured": Measurement(3 * GIB, weights_fingerprint(config.models[1]))}
     manager = Manager(config, FakeFleet(), measured=measured)
     for model in config.models:
-        spec = manager.core.models[model.name].spec
+        spec = manager.model_snapshot(model.name).spec
         assert spec.size_bytes == config.estimate(model.name, measured).bytes
         assert spec.idle_unload_s == config.idle_unload_for(model.name)
-    assert [manager.core.models[n].spec.idle_unload_s for n in ("set", "measured", "pinned")] == [5, 30, 0]
-    assert manager.core.models["measured"].spec.size_bytes == 3 * GIB
+    assert [manager.model_snapshot(n).spec.idle_unload_s for n in ("set", "measured", "pinned")] == [5, 30, 0]
+    assert manager.model_snapshot("measured").spec.size_bytes == 3 * GIB

@@ -67,8 +67,8 @@ async def test_a_dead_engine_fails_its_stream_and_the_model_and_the_next_request
         assert h.state("a") == "failed"
         assert h.transitions("a")[-1] == ("a", "loaded", "failed", "engine_died")
         assert outcomes(h, "a") == [Outcome.ERROR]
-        assert h.manager.core.models["a"].leases == set()
-        assert views.dead_engines(h.manager) == [
+        assert h.manager.model_snapshot("a").running == 0
+        assert views.dead_engines(h.manager, h.manager.snapshot()) == [
             "the engine of 'a' died (the engine process killed by SIGKILL); "
             "the next request loads it again"
         ]
@@ -78,7 +78,7 @@ async def test_a_dead_engine_fails_its_stream_and_the_model_and_the_next_request
         async with h.manager.lease("a") as lease:
             assert lease.engine is not None and h.state("a") == "loaded"
         assert h.fleet["a"].loads_started == 2
-        assert views.dead_engines(h.manager) == []
+        assert views.dead_engines(h.manager, h.manager.snapshot()) == []
         assert h.manager.stats["a"].transitions[State.FAILED, Reason.ENGINE_DIED] == 1
         other.release.set()
 

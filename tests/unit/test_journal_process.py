@@ -23,7 +23,7 @@ from mlxd.errors import JournalError
 from mlxd.journal import link
 from mlxd.journal.journal import Journal
 from mlxd.journal.rows import EndRun, decode, encode, event_json
-from mlxd.journal.writer import Frames, _take_lock, frame
+from mlxd.journal.writer import Frames, frame, take_lock
 from mlxd.residency.events import LeaseAcquired, LeaseReleased, MeasurementEvent, TransitionEvent
 from mlxd.residency.states import Outcome, Reason, State
 from tests.support.logs import logged
@@ -302,7 +302,7 @@ def test_the_lock_of_a_dead_daemons_writer_is_awaited(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     holder = _holding(path.with_name("j.db.lock"), _dead_pid(), 0.5)
     t0 = time.monotonic()
-    lock, fd = _take_lock(path, os.getpid(), wait=10.0)
+    lock, fd = take_lock(path, os.getpid(), wait=10.0)
     waited = time.monotonic() - t0
     lock.close()
     os.close(fd)
@@ -317,7 +317,7 @@ def test_the_lock_of_a_live_daemon_is_refused_at_once(tmp_path: Path) -> None:
     try:
         t0 = time.monotonic()
         with pytest.raises(JournalError, match=rf"in use by another mlxd \(pid {os.getpid()}\)"):
-            _take_lock(path, os.getpid(), wait=10.0)
+            take_lock(path, os.getpid(), wait=10.0)
         assert time.monotonic() - t0 < 1.0
     finally:
         holder.kill()

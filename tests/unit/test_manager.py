@@ -61,7 +61,7 @@ async def test_lru_eviction_loads_third_by_evicting_least_recent(autojump_clock:
             assert h.state("a") == "loaded"
             assert h.state("c") == "loaded"
         assert ("b", "loaded", "unloading", "evicted") in h.transitions("b")
-        assert h.manager.core.committed == 9 * GIB
+        assert h.manager.snapshot().committed_bytes == 9 * GIB
 
 
 async def test_fail_strategy_errors_at_once(autojump_clock: trio.abc.Clock) -> None:
@@ -182,7 +182,7 @@ async def test_last_waiter_leaving_cancels_the_load(autojump_clock: trio.abc.Clo
         assert fake.loads_cancelled == 1 and fake.stops == 1 and fake.resident == 0
         assert h.state("a") == "unloaded"
         assert h.transitions("a")[-1] == ("a", "loading", "unloaded", "abandoned")
-        assert h.manager.core.committed == 0
+        assert h.manager.snapshot().committed_bytes == 0
 
 
 async def test_one_of_two_waiters_leaving_keeps_the_load(autojump_clock: trio.abc.Clock) -> None:
@@ -218,9 +218,9 @@ async def test_cancelled_leader_leaks_nothing_and_others_get_the_model(
         assert h.fleet["a"].loads_started == 1
         for o in others:
             o.release()  # type: ignore[union-attr]
-        assert h.manager.core.committed == 3 * GIB  # a's residency only, no leaked reservation
+        assert h.manager.snapshot().committed_bytes == 3 * GIB  # a's residency only, no leaked reservation
         async with h.manager.lease("b"):
-            assert h.manager.core.committed == 6 * GIB
+            assert h.manager.snapshot().committed_bytes == 6 * GIB
 
 
 async def test_late_joiner_of_abandoned_load_starts_a_fresh_one(autojump_clock: trio.abc.Clock) -> None:
@@ -255,11 +255,11 @@ async def test_load_failure_gives_failed_and_next_acquire_retries(autojump_clock
             await h.manager.acquire("a")
         assert exc.value.http_status == 502
         assert h.state("a") == "failed"
-        assert "scripted failure of load 1" in (h.manager.core.models["a"].last_error or "")
-        assert h.manager.core.committed == 0 and fleet["a"].resident == 0
+        assert "scripted failure of load 1" in (h.manager.model_snapshot("a").last_error or "")
+        assert h.manager.snapshot().committed_bytes == 0 and fleet["a"].resident == 0
         async with h.manager.lease("a"):
             assert h.state("a") == "loaded"
-        assert h.manager.core.models["a"].last_error is None
+        assert h.manager.model_snapshot("a").last_error is None
         assert [t[2] for t in h.transitions("a")] == ["loading", "failed", "loading", "loaded"]
 
 
@@ -273,8 +273,8 @@ async def test_unload_failure_keeps_bytes_counted_and_retries(autojump_clock: tr
         with pytest.raises(Exception, match="scripted failure of unload 1"):
             await h.manager.unload("a")
         assert h.state("a") == "unloading"
-        assert "unload 1" in (h.manager.core.models["a"].last_error or "")
-        assert h.manager.core.committed == GIB and fleet["a"].resident == 1
+        assert "unload 1" in (h.manager.model_snapshot("a").last_error or "")
+        assert h.manager.snapshot().committed_bytes == GIB and fleet["a"].resident == 1
         lease = await h.manager.acquire("a")  # waits for the retry, then a fresh load
         assert trio.current_time() - t0 == 1 + 1  # retry after 1 s, load 1 s
         assert fleet["a"].stops == 2 and fleet["a"].loads_started == 2
@@ -469,10 +469,10 @@ async def test_reload_adds_and_removes_dormant_models_only(autojump_clock: trio.
             await h.manager.reload(make_config({"b": 1}, 4))
         with pytest.raises(Conflict):
             await h.manager.reload(make_config({"a": 2, "b": 1}, 4))
-        assert set(h.manager.core.models) == {"a", "b"}
+        assert set(h.manager.model_names()) == {"a", "b"}
         report = await h.manager.reload(make_config({"a": 1, "c": 2}, 4))
         assert report["added"] == ["c"] and report["removed"] == ["b"]
-        assert set(h.manager.core.models) == {"a", "c"}
+        assert set(h.manager.model_names()) == {"a", "c"}
         async with h.manager.lease("c"):
             assert h.state("c") == "loaded"
 
@@ -527,7 +527,7 @@ async def test_wait_checks_committed_never_exceeds_budget(autojump_clock: trio.a
         # Recorded, not asserted, in the subscriber: the manager logs and swallows
         # a subscriber's exceptions, so an assert there could never fail the test.
         committed: list[int] = []
-        h.manager.subscribe(lambda _event: committed.append(h.manager.core.committed))
+        h.manager.subscribe(lambda _event: committed.append(h.manager.snapshot().committed_bytes))
 
         async def user(i: int) -> None:
             for k in range(5):
@@ -540,7 +540,7 @@ async def test_wait_checks_committed_never_exceeds_budget(autojump_clock: trio.a
                 n.start_soon(user, i)
         await trio.testing.wait_all_tasks_blocked()
         assert len(committed) > 100  # every transition and lease event was watched
-        assert 0 < max(committed) <= 6 * GIB == h.manager.core.budget
+        assert 0 < max(committed) <= 6 * GIB == h.manager.snapshot().budget_bytes
 
 
 async def test_lease_ids_are_unique_and_time_ordered(autojump_clock: trio.abc.Clock) -> None:

@@ -153,7 +153,7 @@ async def test_the_manager_measures_with_the_weights_and_follows_the_rule_on_rel
         await nursery.start(manager.run)
         await manager.load("f")
         weights = weights_fingerprint(config(1).models[0])
-        assert manager.measured() == {"f": Measurement(GIB, weights)}
+        assert manager.estimates.measured() == {"f": Measurement(GIB, weights)}
         assert next(e for e in seen if isinstance(e, MeasurementEvent)).weights == weights
         assert manager.model_status("f")["memory_source"] == "measured"
         await manager.unload("f")

@@ -39,8 +39,8 @@ async def test_scrape_reads_the_manager_now(autojump_clock: trio.abc.Clock) -> N
             assert value(got, "mlxd_model_state", model="a", state="loaded") == 1.0
             assert value(got, "mlxd_model_state", model="a", state="unloaded") is None
             assert value(got, "mlxd_active_leases", model="a") == 1.0
-            assert value(got, "mlxd_committed_bytes") == h.manager.core.committed > 0
-            assert value(got, "mlxd_budget_bytes") == h.manager.core.budget
+            assert value(got, "mlxd_committed_bytes") == h.manager.snapshot().committed_bytes > 0
+            assert value(got, "mlxd_budget_bytes") == h.manager.snapshot().budget_bytes
             assert value(got, "mlxd_loads_total", model="a") == 1.0
         got = samples(metrics)
         assert value(got, "mlxd_active_leases", model="a") == 0.0

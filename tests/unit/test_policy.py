@@ -22,7 +22,7 @@ from mlxd.residency.messages import (
     Tick,
     UnloadFinished,
 )
-from mlxd.residency.plan import Plan, plan
+from mlxd.residency.plan import Plan
 from mlxd.residency.policy import ContentionPolicy, ResidencyRules
 from mlxd.residency.states import Outcome, State
 from mlxd.units import GIB
@@ -114,8 +114,7 @@ async def test_keep_alive_over_the_cap_is_clamped(autojump_clock: trio.abc.Clock
             lease = await h.manager.acquire(model, keep_alive_s=asked)
             t_release = trio.current_time()
             lease.release()
-            while h.state(model) != "unloaded":
-                await h.manager._wait_change()
+            await h.until_state(model, "unloaded")
             assert trio.current_time() - t_release == 60
             assert h.transitions(model)[-1] == (model, "unloading", "unloaded", "idle_timeout")
 
@@ -125,13 +124,11 @@ async def test_keep_alive_of_the_last_lease_decides(autojump_clock: trio.abc.Clo
     async with running(make_config({"a": 1}, 4, idle_unload_seconds=100)) as h:
         (await h.manager.acquire("a", keep_alive_s=5)).release()
         t0 = trio.current_time()
-        while h.state("a") != "unloaded":
-            await h.manager._wait_change()
+        await h.until_state("a", "unloaded")
         assert trio.current_time() - t0 == 5
         (await h.manager.acquire("a")).release()
         t1 = trio.current_time()
-        while h.state("a") != "unloaded":
-            await h.manager._wait_change()
+        await h.until_state("a", "unloaded")
         assert trio.current_time() - t1 == 100
 
 
@@ -194,7 +191,7 @@ async def test_a_request_cannot_ask_for_more_preemption(autojump_clock: trio.abc
 
 def plan_of(h: Harness, model: str, contention: ContentionPolicy | None = None) -> Plan:
     """What acquiring ``model`` now would do (the plan /admin/plan shows)."""
-    return plan(h.manager.core, model, trio.current_time(), contention=contention)
+    return h.manager.plan(model, contention=contention)
 
 
 async def _use(h: Harness, *models: str) -> None:

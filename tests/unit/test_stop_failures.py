@@ -35,17 +35,17 @@ async def test_a_failed_loads_partial_engine_that_cannot_stop_stays_counted(
             await h.manager.acquire("a")
         assert trio.current_time() - t0 == 1  # refused when the load failed
         assert h.state("a") == "loading" and fleet["a"].resident == 1
-        assert h.manager.core.committed == 4 * GIB  # what the engine really holds
+        assert h.manager.snapshot().committed_bytes == 4 * GIB  # what the engine really holds
         with pytest.raises(ModelCapacity):  # no room while a's engine holds memory
             await h.manager.acquire("b")
         await trio.sleep(1 + 2 + 0.5)  # retries after 1 s (fails again), then 2 s later
         assert h.state("a") == "failed" and fleet["a"].resident == 0
-        assert h.manager.core.committed == 0
+        assert h.manager.snapshot().committed_bytes == 0
         assert h.transitions("a") == [
             ("a", "unloaded", "loading", "request"),
             ("a", "loading", "failed", "load_failed"),
         ]
-        assert "scripted failure of load 1" in (h.manager.core.models["a"].last_error or "")
+        assert "scripted failure of load 1" in (h.manager.model_snapshot("a").last_error or "")
         async with h.manager.lease("b"):
             pass
 
@@ -60,7 +60,7 @@ async def test_an_abandoned_loads_partial_engine_that_cannot_stop_stays_counted(
         with trio.move_on_after(2):
             await h.manager.acquire("a")
         await trio.testing.wait_all_tasks_blocked()
-        assert h.state("a") == "loading" and h.manager.core.committed == 4 * GIB
+        assert h.state("a") == "loading" and h.manager.snapshot().committed_bytes == 4 * GIB
         await trio.sleep(1.5)  # the retry, 1 s after the failed stop
         assert h.state("a") == "unloaded" and fleet["a"].resident == 0
         assert h.transitions("a")[-1] == ("a", "loading", "unloaded", "abandoned")
@@ -91,9 +91,9 @@ async def test_a_stop_that_keeps_failing_is_retried_with_a_growing_delay(
         assert fleet["a"].stops == expected < 30
         rows = h.transitions("a")
         assert len(rows) == 3 + 2 * expected  # load, evict, then each failure as a pair
-        assert h.state("a") == "unloading" and h.manager.core.committed == 4 * GIB
-        r = h.manager.core.models["a"]
-        assert r.stuck and r.retry_at is not None
+        assert h.state("a") == "unloading" and h.manager.snapshot().committed_bytes == 4 * GIB
+        r = h.manager.model_snapshot("a")
+        assert r.retry_at is not None  # stuck: its stop failed and the retry is not due yet
         assert r.retry_at - trio.current_time() <= STOP_RETRY_MAX_S
 
 
