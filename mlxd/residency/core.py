@@ -77,7 +77,7 @@ from mlxd.residency.messages import (
 from mlxd.residency.policy import ContentionPolicy
 from mlxd.residency.records import ADMIN_DRAIN, SHUTDOWN_DRAIN, ModelRecord, Waiter
 from mlxd.residency.scheduler import Scheduler
-from mlxd.residency.states import Reason, State
+from mlxd.residency.states import DORMANT, SERVING, Reason, State
 
 # ---- the core --------------------------------------------------------------------------
 
@@ -182,7 +182,7 @@ class Core(Scheduler):
 
     def _on_EngineDeath(self, ev: EngineDeath) -> None:
         r = self.models.get(ev.model)
-        if r is None or r.state not in (State.LOADED, State.DRAINING):
+        if r is None or r.state not in SERVING:
             return  # an unload already has it (stopping a dead engine succeeds)
         for lid in list(r.leases):
             self._forget_lease(lid)
@@ -317,7 +317,7 @@ class Core(Scheduler):
 
     def _on_Reconfigure(self, ev: Reconfigure) -> None:
         new = {s.name: s for s in ev.specs}
-        live = {n for n, r in self.models.items() if r.state not in (State.UNLOADED, State.FAILED)}
+        live = {n for n, r in self.models.items() if r.state not in DORMANT}
         removed = set(self.models) - set(new)
         busy = sorted((removed | (ev.replaced & set(self.models))) & live)
         if busy:

@@ -85,7 +85,7 @@ from mlxd.residency.messages import (
     WaiterKind,
 )
 from mlxd.residency.policy import ContentionPolicy
-from mlxd.residency.states import Outcome, Reason, State
+from mlxd.residency.states import SERVING, Outcome, Reason, State
 from mlxd.residency.stats import ModelStats, totals
 from mlxd.residency.stops import DeathWatch, EngineStops
 
@@ -582,7 +582,7 @@ class Manager:
         if self._engines.get(model) is not engine:
             return
         log.error("the engine of %s died: %s", model, error)
-        if self.core.state(model) in (State.LOADED, State.DRAINING):
+        if self.core.state(model) in SERVING:
             del self._engines[model]  # the core takes the death: the engine is gone
         self._dispatch(EngineDeath(model, trio.current_time(), error))
         await self._stops.stop(model, engine)  # whatever it left (other ranks, files)

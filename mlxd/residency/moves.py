@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Self
 
 from mlxd.errors import MlxdError, ShuttingDown
@@ -35,23 +36,38 @@ from mlxd.residency.messages import (
 from mlxd.residency.policy import ContentionPolicy, ResidencyRules, stop_retry_delay
 from mlxd.residency.records import ModelRecord, Waiter
 from mlxd.residency.registry import Registry
-from mlxd.residency.states import Reason, State, check_transition
+from mlxd.residency.states import DORMANT, Reason, State, check_transition
+
+
+class VictimReason(StrEnum):
+    """Why the scheduling pass took a victim (``GET /admin/plan``'s ``victims[].why``)."""
+
+    #: an idle model, least recently used first (eviction rule ``lru``)
+    IDLE_LRU = "idle_lru"
+    #: an idle model, fewest reload seconds per byte first (eviction rule ``cost``)
+    IDLE_COST = "idle_cost"
+    #: a busy model whose leases finish first (the waiters do not preempt)
+    DRAIN = "drain"
+    #: a busy model whose leases are preempted, its priority equal to the waiter's
+    PREEMPT = "preempt"
+    #: a busy model whose leases are preempted, its priority lower than the waiter's
+    PRIORITY = "priority"
+
+
+#: victims with leases: they drain (or are preempted) before their room is free
+BUSY_REASONS: frozenset[VictimReason] = frozenset(
+    {VictimReason.DRAIN, VictimReason.PREEMPT, VictimReason.PRIORITY}
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Victim:
-    """A model the scheduling pass sent on its way out to make room, and why.
-
-    ``why``: ``idle_lru`` / ``idle_cost`` (an idle model, by the eviction rule),
-    ``drain`` (busy: its leases finish first), ``preempt`` (busy: its leases are
-    preempted, its priority equal to the waiter's), ``priority`` (preempted, its
-    priority lower than the waiter's).
-    """
+    """A model the scheduling pass sent on its way out to make room, and why."""
 
     model: str
     state: State
     bytes: int
-    why: str
+    why: VictimReason
     #: the model whose waiters needed the room
     for_model: str
 
@@ -139,6 +155,7 @@ class CoreState(Registry):
     # -- loads -----------------------------------------------------------------------
 
     def _start_load(self, r: ModelRecord) -> None:
+        check_transition(r.spec.name, r.state, State.LOADING)  # before any field changes
         head = r.head
         reason = head.reason if head is not None else Reason.REQUEST
         self.last_load_id += 1
@@ -179,6 +196,7 @@ class CoreState(Registry):
             r.out_reason = reason
 
     def _begin_unload(self, r: ModelRecord, reason: Reason, cause: str | None = None) -> None:
+        check_transition(r.spec.name, r.state, State.UNLOADING)  # before any field changes
         r.out_reason = reason
         self._move(r, State.UNLOADING, reason, cause=cause)
         self._start_stop(r)
@@ -200,6 +218,7 @@ class CoreState(Registry):
     def _begin_drain(
         self, r: ModelRecord, reason: Reason, owner: int | None, cause: str | None = None
     ) -> None:
+        check_transition(r.spec.name, r.state, State.DRAINING)  # before any field changes
         r.out_reason = reason
         r.drain_owner = owner
         r.preempted = False
@@ -225,7 +244,7 @@ class CoreState(Registry):
         frm, r.state = r.state, to
         if to in (State.UNLOADED, State.LOADED, State.LOADING):
             r.drain_owner = None
-        if to in (State.UNLOADED, State.FAILED):  # no longer resident
+        if to in DORMANT:  # no longer resident
             r.keep_alive_s = None
             r.loaded_at = None
         self._out.append(Transition(r.spec.name, frm, to, reason, r.committed_bytes, error, cause))

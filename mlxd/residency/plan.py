@@ -44,13 +44,11 @@ from typing import Any
 from mlxd.errors import ModelNotFound
 from mlxd.residency.core import Core
 from mlxd.residency.messages import Acquire, Command, Grant, Reject, ReserveKV, Satisfy
-from mlxd.residency.moves import Victim
+from mlxd.residency.moves import BUSY_REASONS, Victim, VictimReason
 from mlxd.residency.policy import ContentionPolicy
 from mlxd.residency.states import State
 
 ACTIONS = ("ready", "load", "evict_then_load", "drain_then_load", "wait", "fail")
-#: victims whose leases stop them (the waiter preempts) or whose leases must end (drain)
-BUSY_WHYS = frozenset({"drain", "preempt", "priority"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +67,7 @@ class Plan:
             "model": self.model,
             "action": self.action,
             "victims": [
-                {"model": v.model, "state": v.state.value, "bytes": v.bytes, "why": v.why}
+                {"model": v.model, "state": v.state.value, "bytes": v.bytes, "why": v.why.value}
                 for v in self.victims
             ],
             "error": None
@@ -137,7 +135,7 @@ def classify(loading: bool, victims: tuple[Victim, ...] | list[Victim]) -> str:
     """The action of a waiter neither served nor refused at once (see the module doc)."""
     if loading:
         return "load"
-    if any(v.why in BUSY_WHYS for v in victims):
+    if any(v.why in BUSY_REASONS for v in victims):
         return "drain_then_load"
     return "evict_then_load" if victims else "wait"
 
@@ -152,7 +150,7 @@ def _eta(sim: Core, model: str, action: str, victims: tuple[Victim, ...]) -> flo
         return max(0.0, load_s - (sim.now - started))
     if action == "evict_then_load":
         return load_s
-    busy = [v for v in victims if v.why in BUSY_WHYS]
-    if r.preempt_at is None or any(v.why == "drain" for v in busy):
+    busy = [v for v in victims if v.why in BUSY_REASONS]
+    if r.preempt_at is None or any(v.why is VictimReason.DRAIN for v in busy):
         return None  # the leases decide when the room is free
     return max(0.0, r.preempt_at - sim.now) + load_s

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from mlxd.residency.messages import ModelSpec, WaiterKind
 from mlxd.residency.policy import ContentionPolicy, ResidencyRules
 from mlxd.residency.records import ModelRecord, Waiter
-from mlxd.residency.states import State
+from mlxd.residency.states import DORMANT, SERVING, State
 
 
 class Registry:
@@ -59,7 +59,7 @@ class Registry:
     @property
     def shutdown_complete(self) -> bool:
         return self.shutting_down and all(
-            r.state in (State.UNLOADED, State.FAILED) for r in self.models.values()
+            r.state in DORMANT for r in self.models.values()
         )
 
     def next_deadline(self) -> float | None:
@@ -111,7 +111,7 @@ class Registry:
         for name, r in self.models.items():
             assert 0 <= r.kv_bytes <= r.committed_bytes, (name, r.kv_bytes, r.committed_bytes)
             if r.leases:
-                assert r.state in (State.LOADED, State.DRAINING), (name, r.state)
+                assert r.state in SERVING, (name, r.state)
             for lid in r.leases:
                 assert self.lease_model[lid] == name
         assert len(self.lease_model) == sum(len(r.leases) for r in self.models.values())

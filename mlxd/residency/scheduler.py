@@ -62,9 +62,9 @@ from dataclasses import dataclass, field
 from mlxd.errors import JournalError, MlxdError
 from mlxd.residency import refusals
 from mlxd.residency.messages import WaiterKind
-from mlxd.residency.moves import CoreState, Victim
+from mlxd.residency.moves import CoreState, Victim, VictimReason
 from mlxd.residency.records import ModelRecord
-from mlxd.residency.states import Reason, State
+from mlxd.residency.states import DORMANT, Reason, State
 
 #: ``reload seconds per byte`` of a model never measured: the dearest to evict
 _UNKNOWN_COST = float("inf")
@@ -152,7 +152,7 @@ class Scheduler(CoreState):
             r.blocked = False
             return
         r.blocked = True
-        if r.state not in (State.UNLOADED, State.FAILED):
+        if r.state not in DORMANT:
             # on its way out, or a failed or cancelled load still tearing down
             if r.fail_waiters and (r.state is State.DRAINING or r.stuck):
                 error = refusals.model_leaving(r.spec.name, r.state, r.retry_at, self.now)
@@ -324,15 +324,15 @@ class Scheduler(CoreState):
             return _UNKNOWN_COST
         return v.spec.load_s / v.committed_bytes
 
-    def _idle_why(self) -> str:
-        return "idle_cost" if self.rules.eviction == "cost" else "idle_lru"
+    def _idle_why(self) -> VictimReason:
+        return VictimReason.IDLE_COST if self.rules.eviction == "cost" else VictimReason.IDLE_LRU
 
-    def _busy_why(self, v: ModelRecord, r: ModelRecord) -> str:
+    def _busy_why(self, v: ModelRecord, r: ModelRecord) -> VictimReason:
         if r.preempt_at is None:
-            return "drain"
-        return "priority" if v.priority < r.priority else "preempt"
+            return VictimReason.DRAIN
+        return VictimReason.PRIORITY if v.priority < r.priority else VictimReason.PREEMPT
 
-    def _record_victim(self, v: ModelRecord, r: ModelRecord, why: str) -> None:
+    def _record_victim(self, v: ModelRecord, r: ModelRecord, why: VictimReason) -> None:
         self.victims.append(Victim(v.spec.name, v.state, v.committed_bytes, why, r.spec.name))
 
     # -- claims, calling off, preemption ---------------------------------------------
