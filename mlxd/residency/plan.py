@@ -1,7 +1,7 @@
 """What acquiring a model now would do, without doing it: the residency plan.
 
 :func:`plan` is a pure function of the core: it copies the
-:class:`~mlxd.residency.core.Core` (:meth:`~mlxd.residency.moves.CoreState.copy`), feeds the copy the very
+:class:`~mlxd.residency.core.Core` (:meth:`~mlxd.residency.core.Core.copy`), feeds the copy the very
 :class:`~mlxd.residency.messages.Acquire` a request would bring, and reads
 the answer off the copy: the commands for that waiter, the victims the
 scheduling pass recorded with their why (:class:`~mlxd.residency.moves.Victim`),
@@ -99,8 +99,7 @@ def plan(
     commands = sim.step(Acquire(wid, model, "plan", now, contention=contention))
     answer = _answer(commands, wid)
     if isinstance(answer, Grant) and kv_bytes > 0 and "plan" in sim.lease_model:
-        sim.victims = []
-        wid += 1
+        wid += 1  # the victims read next are this step's own
         answer = _answer(sim.step(ReserveKV(wid, model, "plan", kv_bytes, now)), wid)
         if answer is None:  # room is being made for the KV: the request waits for it
             victims = tuple(sim.victims)

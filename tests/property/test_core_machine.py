@@ -516,7 +516,7 @@ class CoreMachine(KvRules, RuleBasedStateMachine):
                     for r in core.models.values()
                 ), v.spec.name
         for r in core.models.values():  # no idle model outlives its keep-alive (or idle time)
-            due = core._idle_due(r)
+            due = core.books.idle_due(r)
             assert due is None or due > core.now, (r.spec.name, due, core.now)
 
     @invariant()
