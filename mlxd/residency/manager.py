@@ -8,7 +8,8 @@ task, so a cancelled request cannot take a shared load down with it), grants
 wake waiters, preemption cancels lease scopes, transitions go to subscribers.
 
 All of that happens synchronously inside :meth:`Manager._dispatch`; the only
-awaits are waiting (for a grant, for a state) and the engines' own work.
+awaits are waiting (for a grant, for a state) and the engines' own work. An
+event raised while commands are carried out is queued and stepped after them.
 
 Leases
 ------
@@ -140,7 +141,9 @@ class Manager:
         self._timer_scope: trio.CancelScope | None = None
         self._changed = trio.Event()
         self._closed = trio.Event()
+        #: the core is being stepped or its commands carried out (see :meth:`_dispatch`)
         self._dispatching = False
+        self._followups: collections.deque[Event] = collections.deque()
         self.last_transition: dict[str, Transition] = {}
         #: every transition so far is counted; the latest few are kept for waiters
         #: that must not miss a state that came and went within one step
@@ -428,14 +431,22 @@ class Manager:
                 log.exception("event subscriber %r failed", cb)
 
     def _dispatch(self, event: Event) -> None:
-        assert not self._dispatching, "re-entrant dispatch"
+        """Step the core with ``event`` and carry out its commands. An event that carrying
+        them out raises (a lease granted to a waiter already gone is given straight back)
+        is a follow-up: queued, and stepped once the commands before it are carried out,
+        never inside their loop."""
+        self._followups.append(event)
+        if self._dispatching:
+            return
         self._dispatching = True
         try:
-            commands = self.core.step(event)
+            while self._followups:
+                commands = self.core.step(self._followups.popleft())
+                for cmd in commands:
+                    self._execute(cmd)
         finally:
             self._dispatching = False
-        for cmd in commands:
-            self._execute(cmd)
+            self._followups.clear()  # only after an error: never left for a later step
         if self._timer_scope is not None:
             d = self.core.next_deadline()
             self._timer_scope.deadline = d if d is not None else math.inf
