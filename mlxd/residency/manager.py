@@ -7,9 +7,9 @@ loads and unloads run as tasks in the manager's nursery (never in a request's
 task, so a cancelled request cannot take a shared load down with it), grants
 wake waiters, preemption cancels lease scopes, transitions go to subscribers.
 
-All of that happens synchronously inside :meth:`Manager._dispatch`; the only
-awaits are waiting (for a grant, for a state) and the engines' own work. An
-event raised while commands are carried out is queued and stepped after them.
+All of that happens synchronously inside :meth:`Manager._dispatch` (an event raised
+meanwhile is stepped after, see :mod:`.steps`); the only awaits are waiting (for a
+grant, for a state) and the engines' own work.
 
 Leases
 ------
@@ -88,6 +88,7 @@ from mlxd.residency.messages import (
 from mlxd.residency.policy import ContentionPolicy
 from mlxd.residency.states import SERVING, Outcome, Reason, State
 from mlxd.residency.stats import ModelStats, totals
+from mlxd.residency.steps import Steps
 from mlxd.residency.stops import DeathWatch, EngineStops
 
 log = logging.getLogger("mlxd.residency.manager")
@@ -141,9 +142,7 @@ class Manager:
         self._timer_scope: trio.CancelScope | None = None
         self._changed = trio.Event()
         self._closed = trio.Event()
-        #: the core is being stepped or its commands carried out (see :meth:`_dispatch`)
-        self._dispatching = False
-        self._followups: collections.deque[Event] = collections.deque()
+        self._steps = Steps(self.core, self._execute)
         self.last_transition: dict[str, Transition] = {}
         #: every transition so far is counted; the latest few are kept for waiters
         #: that must not miss a state that came and went within one step
@@ -431,23 +430,8 @@ class Manager:
                 log.exception("event subscriber %r failed", cb)
 
     def _dispatch(self, event: Event) -> None:
-        """Step the core with ``event`` and carry out its commands. An event that carrying
-        them out raises (a lease granted to a waiter already gone is given straight back)
-        is a follow-up: queued, and stepped once the commands before it are carried out,
-        never inside their loop."""
-        self._followups.append(event)
-        if self._dispatching:
-            return
-        self._dispatching = True
-        try:
-            while self._followups:
-                commands = self.core.step(self._followups.popleft())
-                for cmd in commands:
-                    self._execute(cmd)
-        finally:
-            self._dispatching = False
-            self._followups.clear()  # only after an error: never left for a later step
-        if self._timer_scope is not None:
+        """Step the core (:class:`~mlxd.residency.steps.Steps`: a follow-up waits its turn)."""
+        if self._steps.run(event) and self._timer_scope is not None:
             d = self.core.next_deadline()
             self._timer_scope.deadline = d if d is not None else math.inf
 

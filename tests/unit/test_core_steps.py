@@ -23,6 +23,7 @@ from mlxd.residency.messages import (
     LoadFinished,
     ModelSpec,
     Reconfigure,
+    Release,
     StartLoad,
     Tick,
     Transition,
@@ -31,6 +32,7 @@ from mlxd.residency.policy import ContentionPolicy
 from mlxd.residency.records import ADMIN_DRAIN, ModelRecord
 from mlxd.residency.scheduler import MAX_PASSES, SchedulingDiverged
 from mlxd.residency.states import IllegalTransition, Outcome, Reason, State
+from mlxd.residency.steps import Steps
 from tests.support.harness import make_config, running
 
 
@@ -134,6 +136,34 @@ def test_a_pass_that_never_settles_is_an_internal_error() -> None:
 # ---- follow-up events, after the commands -----------------------------------------------
 
 
+def test_a_follow_up_is_stepped_after_every_command_of_the_step_that_raised_it() -> None:
+    """A Release raised while a Grant is carried out (the lease given straight back) is
+    stepped after the step's later commands, not between them."""
+    core = Core([ModelSpec("a", 10)], 100, ContentionPolicy())
+    log: list[tuple[str, object]] = []
+    step = core.step
+
+    def logged_step(event: Event) -> list[Command]:
+        log.append(("step", type(event).__name__))
+        return step(event)
+
+    def execute(cmd: Command) -> None:
+        log.append(("carry out", cmd))
+        if isinstance(cmd, Grant) and cmd.lease_id == "l1":
+            assert not steps.run(Release("l1", 2.0))  # queued, not stepped
+
+    core.step = logged_step  # type: ignore[method-assign]
+    steps = Steps(core, execute)
+    assert steps.run(Acquire(1, "a", "l1", 0.0)) and steps.run(Acquire(2, "a", "l2", 0.0))
+    del log[:]
+    assert steps.run(LoadFinished("a", 1, 1.0))
+    assert [what if kind == "step" else type(what).__name__ for kind, what in log] == [
+        "LoadFinished", "Transition", "Grant", "Grant", "Release",
+    ]
+    assert core.lease_model == {"l2": "a"}
+    core.check_invariants()
+
+
 async def test_an_event_raised_while_commands_are_carried_out_is_stepped_after_them(
     autojump_clock: trio.abc.Clock,
 ) -> None:
@@ -145,7 +175,7 @@ async def test_an_event_raised_while_commands_are_carried_out_is_stepped_after_t
         executing = False
         nested: list[Event] = []
         stepped: list[str] = []
-        step, execute = m.core.step, m._execute
+        step, execute = m.core.step, m._steps.execute
 
         def spied_step(event: Event) -> list[Command]:
             if executing:
@@ -162,7 +192,7 @@ async def test_an_event_raised_while_commands_are_carried_out_is_stepped_after_t
                 executing = False
 
         m.core.step = spied_step  # type: ignore[method-assign]
-        m._execute = spied_execute  # type: ignore[method-assign]
+        m._steps.execute = spied_execute
         ticket = m.enqueue("a")
         released_once = trio.Event()
 
