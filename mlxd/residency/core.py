@@ -43,7 +43,6 @@ used by the property test):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import replace
 from typing import assert_never
 
@@ -65,7 +64,6 @@ from mlxd.residency.messages import (
     Event,
     LoadAborted,
     LoadFinished,
-    ModelSpec,
     Reconfigure,
     Reject,
     Release,
@@ -101,25 +99,16 @@ class Core:
     properties below are the books' read-only face, for the shell, views and tests.
     """
 
-    def __init__(
-        self,
-        specs: Iterable[ModelSpec],
-        budget_bytes: int,
-        policy: ContentionPolicy,
-        rules: ResidencyRules | None = None,
-    ) -> None:
-        self._assemble(Registry(specs, budget_bytes, policy, rules))
-
-    def _assemble(self, books: Registry) -> None:
+    def __init__(self, books: Registry) -> None:
+        """A core over ``books`` (``Core(Registry(specs, budget_bytes, policy, rules))``),
+        which it alone changes from now on."""
         self.books = books
         self.moves = Moves(books)
         self.scheduler = Scheduler(books, self.moves)
 
     def copy(self) -> Core:
         """An independent core over a copy of the books, to step on (what a plan does)."""
-        new = Core.__new__(Core)
-        new._assemble(self.books.copy())
-        return new
+        return Core(self.books.copy())
 
     # -- the step function -----------------------------------------------------------
 

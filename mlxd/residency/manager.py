@@ -86,6 +86,7 @@ from mlxd.residency.messages import (
     WaiterKind,
 )
 from mlxd.residency.policy import ContentionPolicy
+from mlxd.residency.registry import Registry
 from mlxd.residency.states import SERVING, Outcome, Reason, State
 from mlxd.residency.stats import ModelStats, totals
 from mlxd.residency.steps import Steps
@@ -126,8 +127,8 @@ class Manager:
         #: each model's estimate with its parts (weights, kv_cache, prompt_cache)
         self._estimates: dict[str, MemoryEstimate] = {}
         m = config.manager
-        self.core = Core([self._spec(model, config) for model in config.models],
-                         m.memory_budget_bytes, m.contention_policy, m.rules)
+        specs = [self._spec(model, config) for model in config.models]
+        self.core = Core(Registry(specs, m.memory_budget_bytes, m.contention_policy, m.rules))
         self._subscribers: tuple[Subscriber, ...] = ()
         self._lease_salt = os.urandom(4).hex()
         self._lease_counter = itertools.count()

@@ -30,6 +30,7 @@ from mlxd.residency.messages import (
 )
 from mlxd.residency.policy import ContentionPolicy
 from mlxd.residency.records import ADMIN_DRAIN, ModelRecord
+from mlxd.residency.registry import Registry
 from mlxd.residency.scheduler import MAX_PASSES, SchedulingDiverged
 from mlxd.residency.states import IllegalTransition, Outcome, Reason, State
 from mlxd.residency.steps import Steps
@@ -67,7 +68,7 @@ def test_a_refused_move_changes_nothing(name: str) -> None:
     """A primitive move whose transition the table refuses raises and leaves the books,
     the record and the commands as they were."""
     state, move = MOVES[name]
-    core = Core([ModelSpec("a", 10)], 100, ContentionPolicy())
+    core = Core(Registry([ModelSpec("a", 10)], 100, ContentionPolicy()))
     r = core.models["a"]
     r.state = state
     before = books(core)
@@ -88,7 +89,7 @@ def test_a_refused_move_changes_nothing(name: str) -> None:
 def test_a_refused_admin_request_changes_nothing(event: Event, error: type[MlxdError]) -> None:
     """An admin request the core cannot honour raises its typed error before the step
     changes anything, its clock included."""
-    core = Core([ModelSpec("a", 10)], 100, ContentionPolicy())
+    core = Core(Registry([ModelSpec("a", 10)], 100, ContentionPolicy()))
     core.step(Acquire(1, "a", "l1", 1.0))
     assert core.state("a") is State.LOADING
     before = books(core)
@@ -104,7 +105,7 @@ def test_a_refused_admin_request_changes_nothing(event: Event, error: type[MlxdE
 def test_a_drain_called_off_serves_its_waiters_in_the_same_step() -> None:
     """When the waiter a drain was for leaves, the drain is called off and the model's own
     waiters are granted in that very step (the pass is repeated until nothing is left)."""
-    core = Core([ModelSpec("a", 60), ModelSpec("b", 60)], 100, ContentionPolicy.of("wait"))
+    core = Core(Registry([ModelSpec("a", 60), ModelSpec("b", 60)], 100, ContentionPolicy.of("wait")))
     loaded(core, "a", "held", 0.0)
     out = core.step(Acquire(2, "b", "for-b", 5.0))  # a drains for b
     assert core.state("a") is State.DRAINING and not any(isinstance(c, StartLoad) for c in out)
@@ -119,7 +120,7 @@ def test_a_drain_called_off_serves_its_waiters_in_the_same_step() -> None:
 def test_a_pass_that_never_settles_is_an_internal_error() -> None:
     """Scheduling that still finds more to do after MAX_PASSES passes raises
     SchedulingDiverged instead of stopping without a word."""
-    core = Core([ModelSpec("a", 10)], 100, ContentionPolicy())
+    core = Core(Registry([ModelSpec("a", 10)], 100, ContentionPolicy()))
     passes = 0
 
     def restless() -> bool:
@@ -139,7 +140,7 @@ def test_a_pass_that_never_settles_is_an_internal_error() -> None:
 def test_a_follow_up_is_stepped_after_every_command_of_the_step_that_raised_it() -> None:
     """A Release raised while a Grant is carried out (the lease given straight back) is
     stepped after the step's later commands, not between them."""
-    core = Core([ModelSpec("a", 10)], 100, ContentionPolicy())
+    core = Core(Registry([ModelSpec("a", 10)], 100, ContentionPolicy()))
     log: list[tuple[str, object]] = []
     step = core.step
 
