@@ -42,7 +42,7 @@ from mlxd.engines.model_facts import (
 from mlxd.engines.prompt_limits import limits_for, model_dir_if_known
 from mlxd.http.context import AppState
 from mlxd.http.ollama_render import timestamp
-from mlxd.residency.states import State
+from mlxd.residency.states import HOLDS_MEMORY
 
 #: the Ollama version ``/api/version`` reports: clients gate features on it (mlxd's own is
 #: sent beside it)
@@ -50,7 +50,7 @@ OLLAMA_VERSION = "0.12.6"
 #: what Ollama reports for a model kept until evicted: now plus Go's largest duration
 NEVER_S = (2**63 - 1) / 1e9
 #: the states in which a model holds memory (what /api/ps lists)
-HOLDING = (State.LOADING, State.LOADED, State.DRAINING, State.UNLOADING)
+HOLDING = HOLDS_MEMORY
 
 
 def version() -> dict[str, Any]:

@@ -46,10 +46,10 @@ from mlxd.residency.events import (
     MeasurementEvent,
     TransitionEvent,
 )
-from mlxd.residency.states import HOLDS_MEMORY, Outcome, Reason, State
+from mlxd.residency.states import HOLDS_MEMORY, SERVING, Outcome, Reason, State
 
 #: States that count as "resident" for restore_on_start.
-RESIDENT: frozenset[State] = frozenset({State.LOADED, State.DRAINING})
+RESIDENT: frozenset[State] = SERVING
 
 INSERT_EVENT = "INSERT INTO events(seq, run_id, at, kind, model, payload) VALUES (?, ?, ?, ?, ?, ?)"
 INSERT_TRANSITION = (

@@ -8,9 +8,11 @@ the Trio shell (:mod:`mlxd.residency.manager`) turns happenings into :data:`Even
 carrying ``now`` (monotonic seconds), calls :meth:`Core.step`, and carries out
 the :data:`Command` values it returns, in order.
 
-After the event's own handling, one scheduling pass
-(:mod:`mlxd.residency.scheduler`) decides who is served, who loads and who
-makes room (priorities, eviction rule, contention policy, anti-thrash); its
+Each event has one handler, chosen in one place (the ``match`` of
+:meth:`Core.step`, exhaustive for mypy by ``assert_never``); an admin request
+that cannot be honoured is refused before anything changes. After the
+handler, the scheduling pass (:mod:`mlxd.residency.scheduler`), repeated to a
+fixed point, decides who is served, who loads and who makes room (priorities, eviction rule, contention policy, anti-thrash); its
 docstring is the theory of the pass. :mod:`mlxd.residency.plan` runs the same
 step on a copy of the core to say what an acquire would do, without doing it.
 
@@ -42,10 +44,12 @@ used by the property test):
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import assert_never
 
 from mlxd.errors import (
     Conflict,
     LoadFailed,
+    MlxdError,
     ModelNotFound,
     ShuttingDown,
 )
@@ -74,21 +78,37 @@ from mlxd.residency.messages import (
     UnloadFinished,
     WaiterKind,
 )
-from mlxd.residency.policy import ContentionPolicy
+from mlxd.residency.moves import Moves, Victim
+from mlxd.residency.policy import ContentionPolicy, ResidencyRules
 from mlxd.residency.records import ADMIN_DRAIN, SHUTDOWN_DRAIN, ModelRecord, Waiter
+from mlxd.residency.registry import Registry
 from mlxd.residency.scheduler import Scheduler
-from mlxd.residency.states import Reason, State
+from mlxd.residency.states import DORMANT, SERVING, Reason, State
 
-# ---- the core --------------------------------------------------------------------------
+# ---- the core ----------------------------------------------------------------------------
 
 
-class Core(Scheduler):
+class Core:
     """Residency state machine. Feed events to :meth:`step`; carry out the commands.
 
-    The state and the primitive moves live in :class:`~mlxd.residency.moves.CoreState`,
-    the scheduling pass in :class:`~mlxd.residency.scheduler.Scheduler`; this class
-    turns each event into decisions.
+    It is made of three parts: the books (:class:`~mlxd.residency.registry.Registry`:
+    records, budget, policies, and the questions asked of them), the primitive moves
+    that change them (:class:`~mlxd.residency.moves.Moves`) and the scheduling pass
+    that chooses moves (:class:`~mlxd.residency.scheduler.Scheduler`); this class
+    turns each event into decisions, in one place (:meth:`step`'s ``match``). The
+    properties below are the books' read-only face, for the shell, views and tests.
     """
+
+    def __init__(self, books: Registry) -> None:
+        """A core over ``books`` (``Core(Registry(specs, budget_bytes, policy, rules))``),
+        which it alone changes from now on."""
+        self.books = books
+        self.moves = Moves(books)
+        self.scheduler = Scheduler(books, self.moves)
+
+    def copy(self) -> Core:
+        """An independent core over a copy of the books, to step on (what a plan does)."""
+        return Core(self.books.copy())
 
     # -- the step function -----------------------------------------------------------
 
@@ -97,34 +117,155 @@ class Core(Scheduler):
 
         Raises :class:`MlxdError` (and changes nothing) for an admin request that
         cannot be honoured (unknown model, unload of a loading model, a reload
-        that would replace a live model).
+        that would replace a live model): :meth:`_refusal` checks before anything moves.
         """
-        self.now = max(self.now, event.now)
-        self._out = []
-        self.victims = []
-        handler = getattr(self, "_on_" + type(event).__name__)
-        handler(event)
-        if not self.shutting_down:
-            self._schedule()
+        refused = self._refusal(event)
+        if refused is not None:
+            raise refused
+        self.books.now = max(self.books.now, event.now)
+        self.moves.out = []
+        self.scheduler.victims = []
+        match event:
+            case Acquire():
+                self._on_acquire(event)
+            case ReserveKV():
+                self._on_reserve_kv(event)
+            case ReturnKV():
+                self._on_return_kv(event)
+            case CancelWaiter():
+                self._on_cancel_waiter(event)
+            case LoadFinished():
+                self._on_load_finished(event)
+            case EngineDeath():
+                self._on_engine_death(event)
+            case LoadAborted():
+                self._on_load_aborted(event)
+            case UnloadFinished():
+                self._on_unload_finished(event)
+            case Release():
+                self._on_release(event)
+            case Tick():
+                self._on_tick(event)
+            case AdminUnload():
+                self._on_admin_unload(event)
+            case SetLoadGate():
+                self.books.load_gate = event.reason
+            case SetSize():
+                self._on_set_size(event)
+            case SetLoadTime():
+                self._on_set_load_time(event)
+            case Shutdown():
+                self._begin_shutdown()
+            case ShutdownDeadline():
+                self._on_shutdown_deadline()
+            case Reconfigure():
+                self._on_reconfigure(event)
+            case _:
+                assert_never(event)
+        if not self.books.shutting_down:
+            self.scheduler.schedule()
         else:
-            self._reject_all_waiters()
-        out, self._out = self._out, []
+            self.moves.reject_all_waiters()
+        out, self.moves.out = self.moves.out, []
         return out
+
+    # -- the books, read-only ----------------------------------------------------------
+
+    @property
+    def models(self) -> dict[str, ModelRecord]:
+        return self.books.models
+
+    @property
+    def waiters(self) -> dict[int, Waiter]:
+        return self.books.waiters
+
+    @property
+    def lease_model(self) -> dict[str, str]:
+        return self.books.lease_model
+
+    @property
+    def budget(self) -> int:
+        return self.books.budget
+
+    @property
+    def policy(self) -> ContentionPolicy:
+        return self.books.policy
+
+    @property
+    def rules(self) -> ResidencyRules:
+        return self.books.rules
+
+    @property
+    def load_gate(self) -> str | None:
+        return self.books.load_gate
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.books.shutting_down
+
+    @property
+    def now(self) -> float:
+        return self.books.now
+
+    @property
+    def committed(self) -> int:
+        return self.books.committed
+
+    @property
+    def shutdown_complete(self) -> bool:
+        return self.books.shutdown_complete
+
+    @property
+    def victims(self) -> list[Victim]:
+        """The victims the last step's scheduling sent out, in order, with their why."""
+        return self.scheduler.victims
+
+    def state(self, model: str) -> State:
+        return self.books.state(model)
+
+    def next_deadline(self) -> float | None:
+        return self.books.next_deadline()
+
+    def unload_due(self, model: str) -> float | None:
+        return self.books.unload_due(model)
+
+    def check_invariants(self) -> None:
+        self.books.check_invariants()
+
+    def _refusal(self, event: Event) -> MlxdError | None:
+        """Why an admin request cannot be honoured (None: it can); changes nothing."""
+        models = self.books.models
+        match event:
+            case AdminUnload(model=name):
+                r = models.get(name)
+                if r is None:
+                    return ModelNotFound(name)
+                if r.state is State.LOADING:
+                    return Conflict(f"'{name}' is loading; unload it once it is loaded")
+            case Reconfigure():
+                live = {n for n, r in models.items() if r.state not in DORMANT}
+                removed = set(models) - {s.name for s in event.specs}
+                busy = sorted((removed | (event.replaced & set(models))) & live)
+                if busy:
+                    return refusals.live_models_in_reload([(n, models[n].state) for n in busy])
+                if event.budget_bytes < self.books.committed:
+                    return refusals.budget_below_committed(event.budget_bytes, self.books.committed)
+        return None
 
     # -- event handlers --------------------------------------------------------------
 
-    def _on_Acquire(self, ev: Acquire) -> None:
-        if ev.model not in self.models:
-            self._out.append(Reject(ev.waiter_id, ev.model, ModelNotFound(ev.model)))
+    def _on_acquire(self, ev: Acquire) -> None:
+        if ev.model not in self.books.models:
+            self.moves.out.append(Reject(ev.waiter_id, ev.model, ModelNotFound(ev.model)))
             return
-        if self.shutting_down:
-            self._out.append(
+        if self.books.shutting_down:
+            self.moves.out.append(
                 Reject(ev.waiter_id, ev.model, ShuttingDown("mlxd is shutting down"))
             )
             return
-        p = self.policy if ev.contention is None else self.policy.at_most(ev.contention)
+        p = self.books.policy if ev.contention is None else self.books.policy.at_most(ev.contention)
         keep = ev.keep_alive_s
-        clamped = None if keep is None else self.rules.keep_alive(keep)
+        clamped = None if keep is None else self.books.rules.keep_alive(keep)
         self._wait(Waiter(ev.waiter_id, ev.model, ev.lease_id, ev.kind, ev.reason, ev.now,
                           *self._bounds(p, ev.now), policy=p, keep_alive_s=clamped))
 
@@ -136,87 +277,87 @@ class Core(Scheduler):
         return (now + bound if bound is not None else None, now + delay if delay is not None else None)
 
     def _wait(self, w: Waiter) -> None:
-        self.waiters[w.id] = w
-        self.models[w.model].enqueue(w)
+        self.books.waiters[w.id] = w
+        self.books.models[w.model].enqueue(w)
 
-    def _on_ReserveKV(self, ev: ReserveKV) -> None:
-        r = self.models.get(ev.model)
-        if r is None or self.lease_model.get(ev.lease_id) != ev.model:
+    def _on_reserve_kv(self, ev: ReserveKV) -> None:
+        r = self.books.models.get(ev.model)
+        if r is None or self.books.lease_model.get(ev.lease_id) != ev.model:
             error = refusals.kv_without_lease(ev.model)
-            self._out.append(Reject(ev.waiter_id, ev.model, error))
+            self.moves.out.append(Reject(ev.waiter_id, ev.model, error))
             return
-        p = self.lease_policy.get(ev.lease_id, self.policy)
+        p = self.books.lease_policy.get(ev.lease_id, self.books.policy)
         self._wait(Waiter(ev.waiter_id, ev.model, ev.lease_id, WaiterKind.KV, Reason.REQUEST,
                           ev.now, *self._bounds(p, ev.now), policy=p, kv_bytes=max(0, ev.nbytes)))
 
-    def _on_ReturnKV(self, ev: ReturnKV) -> None:
-        r = self.models.get(ev.model)
+    def _on_return_kv(self, ev: ReturnKV) -> None:
+        r = self.books.models.get(ev.model)
         if r is not None and r.holds_budget:
-            self._return_kv(r, ev.nbytes)
+            self.moves.return_kv(r, ev.nbytes)
 
-    def _on_CancelWaiter(self, ev: CancelWaiter) -> None:
-        w = self.waiters.get(ev.waiter_id)
+    def _on_cancel_waiter(self, ev: CancelWaiter) -> None:
+        w = self.books.waiters.get(ev.waiter_id)
         if w is not None:
-            self._drop(w)
-            self._maybe_abandon_load(w.model)
+            self.moves.drop(w)
+            self.moves.maybe_abandon_load(w.model)
 
-    def _on_LoadFinished(self, ev: LoadFinished) -> None:
-        r = self.models.get(ev.model)
+    def _on_load_finished(self, ev: LoadFinished) -> None:
+        r = self.books.models.get(ev.model)
         if r is None or r.state is not State.LOADING or r.load_id != ev.load_id:
             return
         if ev.error is None:
-            self._move(r, State.LOADED, r.load_reason)
+            self.moves.move(r, State.LOADED, r.load_reason)
             r.last_used = r.loaded_at = ev.now
             r.last_error = None
             return
         for w in list(r.queue.values()):
-            self._reject(w, LoadFailed(f"loading '{w.model}' failed: {ev.error}"))
+            self.moves.reject(w, LoadFailed(f"loading '{w.model}' failed: {ev.error}"))
         if ev.stop_error is not None:  # the partial engine may hold memory: stay `loading`
             r.load_cancelling = True
             r.teardown = (State.FAILED, ev.error)
-            self._stop_failed(r, ev.stop_error)
+            self.moves.stop_failed(r, ev.stop_error)
             return
         r.last_error = ev.error
         reason = Reason.ENGINE_DIED if ev.died else Reason.LOAD_FAILED
-        self._move(r, State.FAILED, reason, error=ev.error)
+        self.moves.move(r, State.FAILED, reason, error=ev.error)
 
-    def _on_EngineDeath(self, ev: EngineDeath) -> None:
-        r = self.models.get(ev.model)
-        if r is None or r.state not in (State.LOADED, State.DRAINING):
+    def _on_engine_death(self, ev: EngineDeath) -> None:
+        r = self.books.models.get(ev.model)
+        if r is None or r.state not in SERVING:
             return  # an unload already has it (stopping a dead engine succeeds)
         for lid in list(r.leases):
-            self._forget_lease(lid)
+            self.moves.forget_lease(lid)
         r.leases.clear()
         r.last_error = ev.error
         owner, reason = r.drain_owner, r.out_reason
         r.drain_owner = None
         r.preempted = False
-        self._move(r, State.FAILED, Reason.ENGINE_DIED, error=ev.error)
+        self.moves.move(r, State.FAILED, Reason.ENGINE_DIED, error=ev.error)
         if owner in (ADMIN_DRAIN, SHUTDOWN_DRAIN):
-            self._move(r, State.UNLOADED, reason)  # it was on its way out anyway
+            self.moves.move(r, State.UNLOADED, reason)  # it was on its way out anyway
 
-    def _on_LoadAborted(self, ev: LoadAborted) -> None:
-        r = self.models.get(ev.model)
+    def _on_load_aborted(self, ev: LoadAborted) -> None:
+        r = self.books.models.get(ev.model)
         if r is None or r.state is not State.LOADING or r.load_id != ev.load_id:
             return
         if ev.stop_error is not None:  # the partial engine may hold memory: stay `loading`
             r.teardown = (State.UNLOADED, None)
-            self._stop_failed(r, ev.stop_error)
+            self.moves.stop_failed(r, ev.stop_error)
             return
         r.load_cancelling = False
-        self._move(r, State.UNLOADED, r.abort_reason)
+        self.moves.move(r, State.UNLOADED, r.abort_reason)
 
-    def _on_UnloadFinished(self, ev: UnloadFinished) -> None:
-        r = self.models.get(ev.model)
+    def _on_unload_finished(self, ev: UnloadFinished) -> None:
+        r = self.books.models.get(ev.model)
         if r is None or not r.stopping:
             return
         r.stopping = False
         if ev.error is not None:
-            self._stop_failed(r, ev.error)
+            self.moves.stop_failed(r, ev.error)
             if r.state is State.UNLOADING:
                 # Shown in the journal; both rows in this one step, so no lease comes between.
-                self._move(r, State.LOADED, Reason.UNLOAD_FAILED, error=ev.error)
-                self._move(r, State.UNLOADING, Reason.UNLOAD_FAILED)
+                self.moves.move(r, State.LOADED, Reason.UNLOAD_FAILED, error=ev.error)
+                self.moves.move(r, State.UNLOADING, Reason.UNLOAD_FAILED)
             return
         r.stop_failures = 0
         r.retry_at = None
@@ -227,116 +368,102 @@ class Core(Scheduler):
             reason = Reason.LOAD_FAILED if to is State.FAILED else r.abort_reason
             if error is not None:
                 r.last_error = error
-            self._move(r, to, reason, error=error)
+            self.moves.move(r, to, reason, error=error)
         else:
-            self._move(r, State.UNLOADED, r.out_reason)
+            self.moves.move(r, State.UNLOADED, r.out_reason)
 
-    def _on_Release(self, ev: Release) -> None:
-        model = self.lease_model.get(ev.lease_id)
+    def _on_release(self, ev: Release) -> None:
+        model = self.books.lease_model.get(ev.lease_id)
         if model is None:
             return
-        r = self.models[model]
+        r = self.books.models[model]
         r.leases.discard(ev.lease_id)
         r.last_used = ev.now
-        r.keep_alive_s = self.lease_keep_alive.get(ev.lease_id)
-        self._forget_lease(ev.lease_id)
+        r.keep_alive_s = self.books.lease_keep_alive.get(ev.lease_id)
+        self.moves.forget_lease(ev.lease_id)
         if r.state is State.DRAINING and not r.leases:
-            self._move(r, State.UNLOADING, r.out_reason)
-            self._start_stop(r)
-        due = self._idle_due(r)
+            self.moves.move(r, State.UNLOADING, r.out_reason)
+            self.moves.start_stop(r)
+        due = self.books.idle_due(r)
         if due is not None and due <= ev.now:  # keep_alive 0: unload as the lease ends
-            self._begin_unload(r, Reason.IDLE_TIMEOUT)
+            self.moves.begin_unload(r, Reason.IDLE_TIMEOUT)
 
-    def _on_Tick(self, ev: Tick) -> None:
-        for r in self.models.values():
+    def _on_tick(self, ev: Tick) -> None:
+        for r in self.books.models.values():
             if r.retry_at is not None and ev.now >= r.retry_at:
-                self._retry_stop(r)
-        for r in self.models.values():
+                self.moves.retry_stop(r)
+        for r in self.books.models.values():
             if not r.blocked or r.queue_deadline is None or ev.now < r.queue_deadline:
                 continue
             for w in list(r.queue.values()):
                 if w.deadline is not None and ev.now >= w.deadline:
                     waited = ev.now - w.since
                     timeout = w.policy.wait_timeout_s
-                    self._reject(w, refusals.waited_too_long(w.model, waited, timeout, kv=w.kv_bytes))
+                    self.moves.reject(w, refusals.waited_too_long(w.model, waited, timeout, kv=w.kv_bytes))
             deadlines = [w.deadline for w in r.queue.values() if w.deadline is not None]
             r.queue_deadline = min(deadlines) if deadlines else None
-            self._maybe_abandon_load(r.spec.name)
-        for r in self.models.values():
-            due = self._idle_due(r)
+            self.moves.maybe_abandon_load(r.spec.name)
+        for r in self.books.models.values():
+            due = self.books.idle_due(r)
             if due is not None and ev.now >= due:
-                self._begin_unload(r, Reason.IDLE_TIMEOUT)
+                self.moves.begin_unload(r, Reason.IDLE_TIMEOUT)
 
-    def _on_AdminUnload(self, ev: AdminUnload) -> None:
-        r = self.models.get(ev.model)
-        if r is None:
-            raise ModelNotFound(ev.model)
-        if r.state is State.LOADING:
-            raise Conflict(f"'{ev.model}' is loading; unload it once it is loaded")
+    def _on_admin_unload(self, ev: AdminUnload) -> None:
+        r = self.books.models[ev.model]  # known, not loading: see _refusal
         if r.stuck:
-            self._retry_stop(r)  # an operator asking again: do not wait for the backoff
-        self._vacate(r, Reason.ADMIN, ADMIN_DRAIN)
+            self.moves.retry_stop(r)  # an operator asking again: do not wait for the backoff
+        self.moves.vacate(r, Reason.ADMIN, ADMIN_DRAIN)
         if ev.preempt and r.state is State.DRAINING:
-            self._preempt(r, shutdown=False)
+            self.moves.preempt(r, shutdown=False)
 
-    def _on_SetLoadGate(self, ev: SetLoadGate) -> None:
-        self.load_gate = ev.reason
-
-    def _on_SetSize(self, ev: SetSize) -> None:
-        r = self.models.get(ev.model)
+    def _on_set_size(self, ev: SetSize) -> None:
+        r = self.books.models.get(ev.model)
         if r is not None and ev.size_bytes > 0:
             r.spec = replace(r.spec, size_bytes=int(ev.size_bytes))
 
-    def _on_SetLoadTime(self, ev: SetLoadTime) -> None:
-        r = self.models.get(ev.model)
+    def _on_set_load_time(self, ev: SetLoadTime) -> None:
+        r = self.books.models.get(ev.model)
         if r is not None and ev.load_s >= 0:
             r.spec = replace(r.spec, load_s=float(ev.load_s))
 
-    def _on_Shutdown(self, ev: Shutdown) -> None:
-        if self.shutting_down:
+    def _begin_shutdown(self) -> None:
+        if self.books.shutting_down:
             return
-        self.shutting_down = True
-        for r in self.models.values():
+        self.books.shutting_down = True
+        for r in self.books.models.values():
             if r.state is State.LOADING and not r.load_cancelling:
                 r.load_cancelling = True
                 r.abort_reason = Reason.SHUTDOWN
-                self._out.append(CancelLoad(r.spec.name, r.load_id))
+                self.moves.out.append(CancelLoad(r.spec.name, r.load_id))
             elif r.state is State.LOADING:
                 r.abort_reason = Reason.SHUTDOWN
             else:
-                self._vacate(r, Reason.SHUTDOWN, SHUTDOWN_DRAIN)
+                self.moves.vacate(r, Reason.SHUTDOWN, SHUTDOWN_DRAIN)
             if r.stuck:
-                self._retry_stop(r)
+                self.moves.retry_stop(r)
 
-    def _on_ShutdownDeadline(self, ev: ShutdownDeadline) -> None:
-        if not self.shutting_down:
-            self._on_Shutdown(Shutdown(ev.now))
-        for r in self.models.values():
+    def _on_shutdown_deadline(self) -> None:
+        self._begin_shutdown()  # if it had not begun
+        for r in self.books.models.values():
             if r.state is State.DRAINING and r.leases:
-                self._preempt(r, shutdown=True)
+                self.moves.preempt(r, shutdown=True)
 
-    def _on_Reconfigure(self, ev: Reconfigure) -> None:
+    def _on_reconfigure(self, ev: Reconfigure) -> None:
         new = {s.name: s for s in ev.specs}
-        live = {n for n, r in self.models.items() if r.state not in (State.UNLOADED, State.FAILED)}
-        removed = set(self.models) - set(new)
-        busy = sorted((removed | (ev.replaced & set(self.models))) & live)
-        if busy:
-            raise refusals.live_models_in_reload([(n, self.models[n].state) for n in busy])
-        if ev.budget_bytes < self.committed:
-            raise refusals.budget_below_committed(ev.budget_bytes, self.committed)
-        for name in sorted(removed | (ev.replaced & set(self.models))):
-            r = self.models[name]
+        removed = set(self.books.models) - set(new)
+        for name in sorted(removed | (ev.replaced & set(self.books.models))):
+            r = self.books.models[name]
             if r.state is State.FAILED:
-                self._move(r, State.UNLOADED, Reason.CONFIG_RELOAD)
+                self.moves.move(r, State.UNLOADED, Reason.CONFIG_RELOAD)
         for name in sorted(removed):
-            for w in list(self.models[name].queue.values()):
-                self._reject(w, ModelNotFound(name))
-            del self.models[name]
+            for w in list(self.books.models[name].queue.values()):
+                self.moves.reject(w, ModelNotFound(name))
+            del self.books.models[name]
         for name, spec in new.items():
-            if name in self.models:
-                self.models[name].spec = spec
+            if name in self.books.models:
+                self.books.models[name].spec = spec
             else:
-                self.models[name] = ModelRecord(spec)
-        self.budget = ev.budget_bytes
-        self.policy = ev.policy
-        self.rules = ev.rules
+                self.books.models[name] = ModelRecord(spec)
+        self.books.budget = ev.budget_bytes
+        self.books.policy = ev.policy
+        self.books.rules = ev.rules

@@ -7,8 +7,9 @@ loads and unloads run as tasks in the manager's nursery (never in a request's
 task, so a cancelled request cannot take a shared load down with it), grants
 wake waiters, preemption cancels lease scopes, transitions go to subscribers.
 
-All of that happens synchronously inside :meth:`Manager._dispatch`; the only
-awaits are waiting (for a grant, for a state) and the engines' own work.
+All of that happens synchronously inside :meth:`Manager._dispatch` (an event raised
+meanwhile is stepped after, see :mod:`.steps`); the only awaits are waiting (for a
+grant, for a state) and the engines' own work.
 
 ``async with manager.lease("qwen") as lease:`` waits for a lease and releases
 it however the block ends (:mod:`mlxd.residency.lease`). The core is private:
@@ -84,8 +85,10 @@ from mlxd.residency.messages import (
 from mlxd.residency.plan import Plan, plan
 from mlxd.residency.policy import ContentionPolicy
 from mlxd.residency.records import ModelSnapshot, ResidencySnapshot
-from mlxd.residency.states import Outcome, Reason, State
+from mlxd.residency.registry import Registry
+from mlxd.residency.states import SERVING, Outcome, Reason, State
 from mlxd.residency.stats import ModelStats, totals
+from mlxd.residency.steps import Steps
 from mlxd.residency.stops import DeathWatch, EngineStops
 
 log = logging.getLogger("mlxd.residency.manager")
@@ -118,8 +121,8 @@ class Manager:
         self._stops = EngineStops(stop_timeout_s or config.manager.stop_timeout_s)
         m = config.manager
         #: the sans-IO core: private to the manager; read through the queries below
-        self._core = Core([self.estimates.spec(model, config) for model in config.models],
-                         m.memory_budget_bytes, m.contention_policy, m.rules)
+        specs = [self.estimates.spec(model, config) for model in config.models]
+        self._core = Core(Registry(specs, m.memory_budget_bytes, m.contention_policy, m.rules))
         self._subscribers: tuple[Subscriber, ...] = ()
         self._lease_salt = os.urandom(4).hex()
         self._lease_counter = itertools.count()
@@ -134,7 +137,7 @@ class Manager:
         self._timer_scope: trio.CancelScope | None = None
         self._changed = trio.Event()
         self._closed = trio.Event()
-        self._dispatching = False
+        self._steps = Steps(self._core, self._execute)
         self.last_transition: dict[str, Transition] = {}
         #: every transition so far is counted; the latest few are kept for waiters
         #: that must not miss a state that came and went within one step
@@ -442,15 +445,8 @@ class Manager:
                 log.exception("event subscriber %r failed", cb)
 
     def _dispatch(self, event: Event) -> None:
-        assert not self._dispatching, "re-entrant dispatch"
-        self._dispatching = True
-        try:
-            commands = self._core.step(event)
-        finally:
-            self._dispatching = False
-        for cmd in commands:
-            self._execute(cmd)
-        if self._timer_scope is not None:
+        """Step the core (:class:`~mlxd.residency.steps.Steps`: a follow-up waits its turn)."""
+        if self._steps.run(event) and self._timer_scope is not None:
             d = self._core.next_deadline()
             self._timer_scope.deadline = d if d is not None else math.inf
 
@@ -581,7 +577,7 @@ class Manager:
         if self._engines.get(model) is not engine:
             return
         log.error("the engine of %s died: %s", model, error)
-        if self._core.state(model) in (State.LOADED, State.DRAINING):
+        if self._core.state(model) in SERVING:
             del self._engines[model]  # the core takes the death: the engine is gone
         self._dispatch(EngineDeath(model, trio.current_time(), error))
         await self._stops.stop(model, engine)  # whatever it left (other ranks, files)

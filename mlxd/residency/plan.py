@@ -1,7 +1,7 @@
 """What acquiring a model now would do, without doing it: the residency plan.
 
 :func:`plan` is a pure function of the core: it copies the
-:class:`~mlxd.residency.core.Core` (:meth:`~mlxd.residency.moves.CoreState.copy`), feeds the copy the very
+:class:`~mlxd.residency.core.Core` (:meth:`~mlxd.residency.core.Core.copy`), feeds the copy the very
 :class:`~mlxd.residency.messages.Acquire` a request would bring, and reads
 the answer off the copy: the commands for that waiter, the victims the
 scheduling pass recorded with their why (:class:`~mlxd.residency.moves.Victim`),
@@ -44,13 +44,11 @@ from typing import Any
 from mlxd.errors import ModelNotFound
 from mlxd.residency.core import Core
 from mlxd.residency.messages import Acquire, Command, Grant, Reject, ReserveKV, Satisfy
-from mlxd.residency.moves import Victim
+from mlxd.residency.moves import BUSY_REASONS, Victim, VictimReason
 from mlxd.residency.policy import ContentionPolicy
 from mlxd.residency.states import State
 
 ACTIONS = ("ready", "load", "evict_then_load", "drain_then_load", "wait", "fail")
-#: victims whose leases stop them (the waiter preempts) or whose leases must end (drain)
-BUSY_WHYS = frozenset({"drain", "preempt", "priority"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +67,7 @@ class Plan:
             "model": self.model,
             "action": self.action,
             "victims": [
-                {"model": v.model, "state": v.state.value, "bytes": v.bytes, "why": v.why}
+                {"model": v.model, "state": v.state.value, "bytes": v.bytes, "why": v.why.value}
                 for v in self.victims
             ],
             "error": None
@@ -101,8 +99,7 @@ def plan(
     commands = sim.step(Acquire(wid, model, "plan", now, contention=contention))
     answer = _answer(commands, wid)
     if isinstance(answer, Grant) and kv_bytes > 0 and "plan" in sim.lease_model:
-        sim.victims = []
-        wid += 1
+        wid += 1  # the victims read next are this step's own
         answer = _answer(sim.step(ReserveKV(wid, model, "plan", kv_bytes, now)), wid)
         if answer is None:  # room is being made for the KV: the request waits for it
             victims = tuple(sim.victims)
@@ -137,7 +134,7 @@ def classify(loading: bool, victims: tuple[Victim, ...] | list[Victim]) -> str:
     """The action of a waiter neither served nor refused at once (see the module doc)."""
     if loading:
         return "load"
-    if any(v.why in BUSY_WHYS for v in victims):
+    if any(v.why in BUSY_REASONS for v in victims):
         return "drain_then_load"
     return "evict_then_load" if victims else "wait"
 
@@ -152,7 +149,7 @@ def _eta(sim: Core, model: str, action: str, victims: tuple[Victim, ...]) -> flo
         return max(0.0, load_s - (sim.now - started))
     if action == "evict_then_load":
         return load_s
-    busy = [v for v in victims if v.why in BUSY_WHYS]
-    if r.preempt_at is None or any(v.why == "drain" for v in busy):
+    busy = [v for v in victims if v.why in BUSY_REASONS]
+    if r.preempt_at is None or any(v.why is VictimReason.DRAIN for v in busy):
         return None  # the leases decide when the room is free
     return max(0.0, r.preempt_at - sim.now) + load_s

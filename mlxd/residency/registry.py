@@ -3,18 +3,21 @@
 :class:`Registry` holds the records (:mod:`.records`) and answers questions
 about them (committed bytes, the next deadline, whether shutdown is complete)
 without changing anything; :meth:`Registry.check_invariants` states the
-promises they must keep. :class:`mlxd.residency.core.Core` is the only thing
-that changes them, one event at a time. Pure: no Trio, no I/O, no clock.
+promises they must keep. :class:`mlxd.residency.core.Core` holds them and is
+the only thing that changes them (through :class:`mlxd.residency.moves.Moves`),
+one event at a time. Pure: no Trio, no I/O, no clock.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
+from typing import Any
 
 from mlxd.residency.messages import ModelSpec, WaiterKind
 from mlxd.residency.policy import ContentionPolicy, ResidencyRules
 from mlxd.residency.records import ModelRecord, Waiter
-from mlxd.residency.states import State
+from mlxd.residency.states import DORMANT, SERVING, State
 
 
 class Registry:
@@ -47,6 +50,16 @@ class Registry:
         #: the id of the last load started (load ids only grow)
         self.last_load_id = 0
 
+    def copy(self) -> Registry:
+        """An independent copy (what a plan steps on): every container is copied, records
+        one by one; frozen values (specs, policies, waiters) are shared."""
+        new = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, list | set | dict):
+                setattr(new, name, _shallow(value))
+        new.models = {name: _copy_record(r) for name, r in self.models.items()}
+        return new
+
     # -- queries ---------------------------------------------------------------------
 
     @property
@@ -59,7 +72,7 @@ class Registry:
     @property
     def shutdown_complete(self) -> bool:
         return self.shutting_down and all(
-            r.state in (State.UNLOADED, State.FAILED) for r in self.models.values()
+            r.state in DORMANT for r in self.models.values()
         )
 
     def next_deadline(self) -> float | None:
@@ -77,7 +90,7 @@ class Registry:
             ):
                 times.append(r.preempt_at)
         for r in self.models.values():
-            due = self._idle_due(r)
+            due = self.idle_due(r)
             if due is not None:
                 times.append(due)
             if r.retry_at is not None:
@@ -87,9 +100,9 @@ class Registry:
     def unload_due(self, model: str) -> float | None:
         """When ``model`` unloads for want of leases if none comes (monotonic seconds); None:
         not while it stays as it is (in use, pinned, kept until evicted, or not loaded)."""
-        return self._idle_due(self.models[model])
+        return self.idle_due(self.models[model])
 
-    def _idle_due(self, r: ModelRecord) -> float | None:
+    def idle_due(self, r: ModelRecord) -> float | None:
         """When ``r`` unloads for want of leases: its last lease's keep_alive, else its idle_unload_s."""
         if (
             r.state is not State.LOADED
@@ -111,7 +124,7 @@ class Registry:
         for name, r in self.models.items():
             assert 0 <= r.kv_bytes <= r.committed_bytes, (name, r.kv_bytes, r.committed_bytes)
             if r.leases:
-                assert r.state in (State.LOADED, State.DRAINING), (name, r.state)
+                assert r.state in SERVING, (name, r.state)
             for lid in r.leases:
                 assert self.lease_model[lid] == name
         assert len(self.lease_model) == sum(len(r.leases) for r in self.models.values())
@@ -120,3 +133,15 @@ class Registry:
         for w in self.waiters.values():  # KV is asked for by a live lease of its own model
             if w.kind is WaiterKind.KV:
                 assert self.lease_model.get(w.lease_id) == w.model, (w.lease_id, w.model)
+
+
+def _shallow(value: list[Any] | set[Any] | dict[Any, Any]) -> list[Any] | set[Any] | dict[Any, Any]:
+    return value.copy()
+
+
+def _copy_record(r: ModelRecord) -> ModelRecord:
+    new = copy.copy(r)
+    for name, value in vars(r).items():
+        if isinstance(value, list | set | dict):
+            setattr(new, name, _shallow(value))
+    return new

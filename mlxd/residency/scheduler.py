@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-After every event the core runs one pass (:meth:`Scheduler._schedule`) over
+After every event the core runs the pass (:meth:`Scheduler.schedule`) over
 the models that have waiters, **highest priority first**, then in the order of
 their earliest waiter. All waiters of a model share its fate. First every
 ``loaded`` model grants its waiters their leases (a model about to serve is
@@ -62,12 +62,20 @@ from dataclasses import dataclass, field
 from mlxd.errors import JournalError, MlxdError
 from mlxd.residency import refusals
 from mlxd.residency.messages import WaiterKind
-from mlxd.residency.moves import CoreState, Victim
+from mlxd.residency.moves import Moves, Victim, VictimReason
 from mlxd.residency.records import ModelRecord
-from mlxd.residency.states import Reason, State
+from mlxd.residency.registry import Registry
+from mlxd.residency.states import DORMANT, Reason, State
 
 #: ``reload seconds per byte`` of a model never measured: the dearest to evict
 _UNKNOWN_COST = float("inf")
+
+#: passes one step may take; reaching it means the passes do not converge (a bug)
+MAX_PASSES = 16
+
+
+class SchedulingDiverged(AssertionError):
+    """The scheduling pass kept finding more to do: an internal error, never a user's."""
 
 
 @dataclass
@@ -103,33 +111,45 @@ def enough(victims: list[ModelRecord], have: int, need: int) -> list[ModelRecord
     return chosen
 
 
-class Scheduler(CoreState):
-    """The scheduling pass (see the module docstring)."""
+class Scheduler:
+    """The scheduling pass (see the module docstring) over the core's books, made of its moves."""
 
-    def _schedule(self) -> None:
-        # A drain called off turns a victim back to ``loaded``; its waiters are
-        # served by the next pass. Passes converge: a called-off victim was
-        # claimed by nobody, and nothing else changed in between.
-        for _ in range(4):
+    def __init__(self, books: Registry, moves: Moves) -> None:
+        self.books = books
+        self.moves = moves
+        #: the victims the passes of the step in progress sent out, in order
+        self.victims: list[Victim] = []
+
+    def schedule(self) -> None:
+        """Pass until a pass leaves nothing for another (a fixed point).
+
+        A drain called off turns a victim back to ``loaded``, whose waiters the next
+        pass serves; KV requests left on a model that began draining are answered by
+        the next pass. Passes converge: a called-off victim was claimed by nobody and
+        nothing else changed in between, so the pass after is the last. More than
+        :data:`MAX_PASSES` is a bug in the pass, raised as :class:`SchedulingDiverged`.
+        """
+        for _ in range(MAX_PASSES):
             if not self._pass():
-                break
+                return
+        raise SchedulingDiverged(f"the scheduling pass did not settle in {MAX_PASSES} passes")
 
     def _pass(self) -> bool:
         """One pass over the models with waiters; True if another is due (a drain was called
         off, or KV requests wait on a model that began draining during this one)."""
         room = _Room(
-            free=self.budget - self.committed,
-            incoming=sum(r.committed_bytes for r in self.models.values() if self._outgoing(r)),
+            free=self.books.budget - self.books.committed,
+            incoming=sum(r.committed_bytes for r in self.books.models.values() if self._outgoing(r)),
         )
         # Loaded models serve their waiters first: a model about to grant leases is
         # busy, not an idle victim for a waiter of higher priority.
-        for r in self.models.values():
+        for r in self.books.models.values():
             if r.queue and r.state is State.LOADED:
                 for w in list(r.queue.values()):
                     if w.kind is not WaiterKind.KV:
-                        self._satisfy(w, r)
+                        self.moves.satisfy(w, r)
         waiting = sorted(
-            (r for r in self.models.values() if r.queue),
+            (r for r in self.books.models.values() if r.queue),
             key=lambda r: (-r.priority, next(iter(r.queue))),
         )
         for r in waiting:
@@ -138,7 +158,7 @@ class Scheduler(CoreState):
         self._preempt_due()
         # a model drained by a later waiter of this pass left KV requests waiting on it:
         # the next pass answers them (granted from free bytes, else refused)
-        kv_left = any(r.kv_waiters and r.state is State.DRAINING for r in self.models.values())
+        kv_left = any(r.kv_waiters and r.state is State.DRAINING for r in self.books.models.values())
         return called_off or kv_left
 
     def _serve(self, r: ModelRecord, room: _Room) -> None:
@@ -152,20 +172,20 @@ class Scheduler(CoreState):
             r.blocked = False
             return
         r.blocked = True
-        if r.state not in (State.UNLOADED, State.FAILED):
+        if r.state not in DORMANT:
             # on its way out, or a failed or cancelled load still tearing down
             if r.fail_waiters and (r.state is State.DRAINING or r.stuck):
-                error = refusals.model_leaving(r.spec.name, r.state, r.retry_at, self.now)
+                error = refusals.model_leaving(r.spec.name, r.state, r.retry_at, self.books.now)
                 self._reject_failing(r, error)
             return
         name, need = r.spec.name, r.spec.size_bytes
-        if need > self.budget:
-            self._reject_queue(r, refusals.exceeds_budget(name, need, self.budget))
-        elif self.load_gate is not None:
-            self._reject_queue(r, JournalError(f"new loads are refused: {self.load_gate}"))
+        if need > self.books.budget:
+            self.moves.reject_queue(r, refusals.exceeds_budget(name, need, self.books.budget))
+        elif self.books.load_gate is not None:
+            self.moves.reject_queue(r, JournalError(f"new loads are refused: {self.books.load_gate}"))
         elif need <= room.free:
             room.free -= need
-            self._start_load(r)
+            self.moves.start_load(r)
         else:
             self._make_room(r, need, room)
 
@@ -173,11 +193,11 @@ class Scheduler(CoreState):
         """KV asked for by requests on ``r`` (``loaded`` or ``draining``): the bytes it holds
         beyond its load's stay; room is made as for a load, never by ``r`` itself."""
         kv = [w for w in r.queue.values() if w.kind is WaiterKind.KV]
-        room_max = self.budget - (r.committed_bytes - r.kv_bytes)  # every other model gone
+        room_max = self.books.budget - (r.committed_bytes - r.kv_bytes)  # every other model gone
         for w in kv:
             if r.kv_bytes + w.kv_bytes > room_max:
-                self._reject(w, refusals.kv_exceeds_budget(
-                    r.spec.name, w.kv_bytes, max(0, room_max - r.kv_bytes), self.budget))
+                self.moves.reject(w, refusals.kv_exceeds_budget(
+                    r.spec.name, w.kv_bytes, max(0, room_max - r.kv_bytes), self.books.budget))
         kv = [w for w in kv if w.id in r.queue]
         need = sum(w.kv_bytes for w in kv)
         if not kv:
@@ -185,10 +205,10 @@ class Scheduler(CoreState):
         if need <= room.free:
             room.free -= need
             for w in kv:
-                self._grant_kv(w, r)
+                self.moves.grant_kv(w, r)
         elif r.state is not State.LOADED:  # draining: no victims are taken for a model leaving
             for w in kv:
-                self._reject(w, refusals.model_leaving(r.spec.name, r.state, None, self.now))
+                self.moves.reject(w, refusals.model_leaving(r.spec.name, r.state, None, self.books.now))
         else:
             r.blocked = True
             self._make_room(r, need, room)
@@ -202,7 +222,7 @@ class Scheduler(CoreState):
         at_hand = room.free + room.incoming + idle_bytes
         if r.fail_waiters and room.free + self._unloading(room) + idle_bytes < need:
             no_room = refusals.kv_no_room if r.kv_waiters else refusals.no_room
-            self._reject_failing(r, no_room(r.spec.name, need, self.committed, self.budget))
+            self._reject_failing(r, no_room(r.spec.name, need, self.books.committed, self.books.budget))
             if not r.queue:
                 return
         now_bytes = at_hand + sum(v.committed_bytes for v in busy)
@@ -219,10 +239,10 @@ class Scheduler(CoreState):
             room.incoming += v.committed_bytes
             if v.leases:
                 self._record_victim(v, r, self._busy_why(v, r))
-                self._begin_drain(v, drain_reason, owner=None, cause=self._cause(r, need))
+                self.moves.begin_drain(v, drain_reason, owner=None, cause=self._cause(r, need))
             else:
                 self._record_victim(v, r, self._idle_why())
-                self._begin_unload(v, Reason.EVICTED, self._cause(r, need))
+                self.moves.begin_unload(v, Reason.EVICTED, self._cause(r, need))
         self._take(r, need, room)
 
     @staticmethod
@@ -245,7 +265,7 @@ class Scheduler(CoreState):
     def _reject_failing(self, r: ModelRecord, error: MlxdError) -> None:
         """Refuse ``r``'s waiters whose policy never waits (``fail``)."""
         for w in [w for w in r.queue.values() if not w.policy.waits]:
-            self._reject(w, error)
+            self.moves.reject(w, error)
 
     def _defer(self, r: ModelRecord, need: int, room: _Room, candidates: list[ModelRecord]) -> None:
         """Not yet: reserve what will make the room, and look again when the next one is available."""
@@ -257,7 +277,7 @@ class Scheduler(CoreState):
             missing -= v.committed_bytes
             room.reserved.add(v.spec.name)
             at = self._available_at(r, v)
-            if at > self.now:
+            if at > self.books.now:
                 times.append(at)
         r.defer_until = min(times) if times else None
 
@@ -266,7 +286,7 @@ class Scheduler(CoreState):
     def _candidates(self, r: ModelRecord, room: _Room, *, busy: bool) -> list[ModelRecord]:
         return [
             v
-            for name, v in self.models.items()
+            for name, v in self.books.models.items()
             if name != r.spec.name
             and v.state is State.LOADED
             and not v.spec.pinned
@@ -278,7 +298,7 @@ class Scheduler(CoreState):
         self, r: ModelRecord, room: _Room
     ) -> tuple[list[ModelRecord], list[ModelRecord]]:
         """Idle victims available now in eviction order, and those protected by min_resident_s."""
-        cost = self.rules.eviction == "cost"
+        cost = self.books.rules.eviction == "cost"
 
         def key(v: ModelRecord) -> tuple[float, float, str]:
             return (self._reload_cost(v) if cost else 0.0, v.last_used or 0.0, v.spec.name)
@@ -286,7 +306,7 @@ class Scheduler(CoreState):
         now: list[ModelRecord] = []
         protected: list[ModelRecord] = []
         for v in sorted(self._candidates(r, room, busy=False), key=key):
-            (protected if self._available_at(r, v) > self.now else now).append(v)
+            (protected if self._available_at(r, v) > self.books.now else now).append(v)
         return now, protected
 
     def _busy_victims(
@@ -297,8 +317,8 @@ class Scheduler(CoreState):
             (v for v in self._candidates(r, room, busy=True) if v.priority <= r.priority),
             key=lambda v: (v.priority, v.last_used or 0.0, v.spec.name),
         )
-        now = [v for v in cands if self._available_at(r, v) <= self.now]
-        return now, [v for v in cands if self._available_at(r, v) > self.now]
+        now = [v for v in cands if self._available_at(r, v) <= self.books.now]
+        return now, [v for v in cands if self._available_at(r, v) > self.books.now]
 
     def _available_at(self, r: ModelRecord, v: ModelRecord) -> float:
         """When ``v`` may become ``r``'s victim: when its anti-thrash protection ends (or now).
@@ -308,14 +328,14 @@ class Scheduler(CoreState):
         serving until ``max_swap_delay_s`` after they came (or after it loaded, if later).
         """
         loaded_at = v.loaded_at if v.loaded_at is not None else float("-inf")
-        at = self.now
-        if not v.leases and self.rules.min_resident_s:
-            at = max(at, loaded_at + self.rules.min_resident_s)
-        if self.rules.max_swap_delay_s:
+        at = self.books.now
+        if not v.leases and self.books.rules.min_resident_s:
+            at = max(at, loaded_at + self.books.rules.min_resident_s)
+        if self.books.rules.max_swap_delay_s:
             head = r.head
-            start = max(head.since if head is not None else self.now, loaded_at)
+            start = max(head.since if head is not None else self.books.now, loaded_at)
             if v.leases or (v.last_used is not None and v.last_used >= start):
-                at = max(at, start + self.rules.max_swap_delay_s)
+                at = max(at, start + self.books.rules.max_swap_delay_s)
         return at
 
     def _reload_cost(self, v: ModelRecord) -> float:
@@ -324,15 +344,15 @@ class Scheduler(CoreState):
             return _UNKNOWN_COST
         return v.spec.load_s / v.committed_bytes
 
-    def _idle_why(self) -> str:
-        return "idle_cost" if self.rules.eviction == "cost" else "idle_lru"
+    def _idle_why(self) -> VictimReason:
+        return VictimReason.IDLE_COST if self.books.rules.eviction == "cost" else VictimReason.IDLE_LRU
 
-    def _busy_why(self, v: ModelRecord, r: ModelRecord) -> str:
+    def _busy_why(self, v: ModelRecord, r: ModelRecord) -> VictimReason:
         if r.preempt_at is None:
-            return "drain"
-        return "priority" if v.priority < r.priority else "preempt"
+            return VictimReason.DRAIN
+        return VictimReason.PRIORITY if v.priority < r.priority else VictimReason.PREEMPT
 
-    def _record_victim(self, v: ModelRecord, r: ModelRecord, why: str) -> None:
+    def _record_victim(self, v: ModelRecord, r: ModelRecord, why: VictimReason) -> None:
         self.victims.append(Victim(v.spec.name, v.state, v.committed_bytes, why, r.spec.name))
 
     # -- claims, calling off, preemption ---------------------------------------------
@@ -351,7 +371,7 @@ class Scheduler(CoreState):
         all a ``fail`` waiter may count on."""
         unclaimed = sum(
             v.committed_bytes
-            for v in self.models.values()
+            for v in self.books.models.values()
             if v.state is State.UNLOADING and not v.stuck and v.spec.name not in room.claimed
         )
         return min(room.incoming, unclaimed)
@@ -364,7 +384,7 @@ class Scheduler(CoreState):
         outgoing = sorted(
             (
                 v
-                for v in self.models.values()
+                for v in self.books.models.values()
                 if self._outgoing(v)
                 and v.spec.name not in claimed
                 and not self._drains_upward(v, r)
@@ -387,20 +407,20 @@ class Scheduler(CoreState):
 
     def _call_off_unclaimed(self, claimed: dict[str, str]) -> bool:
         called_off = False
-        for r in self.models.values():
+        for r in self.books.models.values():
             if r.state is State.DRAINING and r.drain_owner is None and r.spec.name not in claimed:
                 r.preempted = False
-                self._move(r, State.LOADED, Reason.ABANDONED)
+                self.moves.move(r, State.LOADED, Reason.ABANDONED)
                 called_off = True
         return called_off
 
     def _preempt_due(self) -> None:
         """Preempt the claimed victims of waiters whose ``preempt_at`` has come (never of higher priority)."""
-        for r in self.models.values():
-            if not r.queue or r.preempt_at is None or self.now < r.preempt_at:
+        for r in self.books.models.values():
+            if not r.queue or r.preempt_at is None or self.books.now < r.preempt_at:
                 continue
             for name in r.claims:
-                v = self.models[name]
+                v = self.books.models[name]
                 if v.state is State.DRAINING and not v.preempted and v.priority <= r.priority:
                     v.out_reason = Reason.PREEMPTED
-                    self._preempt(v, shutdown=False)
+                    self.moves.preempt(v, shutdown=False)

@@ -121,6 +121,13 @@ COMMITTED: frozenset[State] = frozenset({State.LOADING, State.LOADED, State.DRAI
 #: States that hold (or may hold) engine memory; a crash leaves these to recover.
 HOLDS_MEMORY = COMMITTED
 
+#: States of a model holding nothing (``failed``: its load failed); a config reload may
+#: remove or replace only these, and shutdown is complete when every model is in one.
+DORMANT: frozenset[State] = frozenset({State.UNLOADED, State.FAILED})
+
+#: States whose engine is up and may hold leases (``draining`` grants no new ones).
+SERVING: frozenset[State] = frozenset({State.LOADED, State.DRAINING})
+
 
 class IllegalTransition(Exception):
     """A move that the table does not allow; the state is left as it was."""

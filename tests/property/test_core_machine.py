@@ -84,6 +84,7 @@ from mlxd.residency.messages import (
 )
 from mlxd.residency.plan import plan
 from mlxd.residency.policy import ResidencyRules
+from mlxd.residency.registry import Registry
 from mlxd.residency.states import COMMITTED, TRANSITIONS, State
 from mlxd.units import GIB
 from tests.property.core_kv_rules import KvRules
@@ -160,7 +161,7 @@ class CoreMachine(KvRules, RuleBasedStateMachine):
             for name, size, prio in zip(NAMES, sizes, priorities, strict=True)
         ]
         policy = ContentionPolicy(strategy, timeout, preempt_after)  # type: ignore[arg-type]
-        self.core = Core(specs, budget * GIB, policy, rules)
+        self.core = Core(Registry(specs, budget * GIB, policy, rules))
         self.shadow = {name: State.UNLOADED for name in NAMES}
 
     # -- carrying out commands --------------------------------------------------------
@@ -516,7 +517,7 @@ class CoreMachine(KvRules, RuleBasedStateMachine):
                     for r in core.models.values()
                 ), v.spec.name
         for r in core.models.values():  # no idle model outlives its keep-alive (or idle time)
-            due = core._idle_due(r)
+            due = core.books.idle_due(r)
             assert due is None or due > core.now, (r.spec.name, due, core.now)
 
     @invariant()

@@ -47,6 +47,7 @@ from mlxd.residency.messages import (
 )
 from mlxd.residency.plan import plan
 from mlxd.residency.policy import STRATEGIES, ContentionPolicy, ResidencyRules
+from mlxd.residency.registry import Registry
 from mlxd.residency.states import State
 
 GB = 1024**3
@@ -224,7 +225,7 @@ def test_plan_equals_what_acquiring_then_does(examples: int) -> None:
         x: str,
         contention: ContentionPolicy | None,
     ) -> None:
-        core = Core(specs, budget * GB, policy, rules)
+        core = Core(Registry(specs, budget * GB, policy, rules))
         shell = Shell(core)
         for v in history:
             shell.play(*unpack(v))

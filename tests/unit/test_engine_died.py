@@ -19,6 +19,7 @@ from mlxd.residency.events import LeaseReleased
 from mlxd.residency.lease import Lease
 from mlxd.residency.messages import Acquire, LoadFinished, ModelSpec, StartLoad
 from mlxd.residency.policy import ContentionPolicy
+from mlxd.residency.registry import Registry
 from mlxd.residency.states import Outcome, Reason, State, is_legal
 from tests.support.harness import Harness, Results, make_config, running
 
@@ -136,7 +137,7 @@ async def test_a_stopping_engine_is_not_reported_dead(autojump_clock: trio.abc.C
 
 
 def test_a_process_that_dies_while_loading_fails_the_load_with_engine_died() -> None:
-    core = Core([ModelSpec("a", 10)], 100, ContentionPolicy())
+    core = Core(Registry([ModelSpec("a", 10)], 100, ContentionPolicy()))
     out = core.step(Acquire(1, "a", "l1", 0.0))
     load = next(c for c in out if isinstance(c, StartLoad))
     out = core.step(LoadFinished("a", load.load_id, 1.0, error="rank 1 killed by SIGKILL", died=True))
@@ -152,7 +153,7 @@ def test_a_death_outside_loaded_or_draining_changes_nothing(state: str) -> None:
     from mlxd.residency.messages import EngineDeath as Died
     from mlxd.residency.states import State
 
-    core = Core([ModelSpec("a", 10)], 100, ContentionPolicy())
+    core = Core(Registry([ModelSpec("a", 10)], 100, ContentionPolicy()))
     core.models["a"].state = State(state)
     assert core.step(Died("a", 1.0, "killed")) == []
     assert core.state("a") is State(state)

@@ -24,6 +24,7 @@ from mlxd.residency.messages import (
 )
 from mlxd.residency.plan import Plan
 from mlxd.residency.policy import ContentionPolicy, ResidencyRules
+from mlxd.residency.registry import Registry
 from mlxd.residency.states import Outcome, State
 from mlxd.units import GIB
 from tests.support.harness import Harness, Results, make_config, running
@@ -146,7 +147,7 @@ async def test_contention_fail_fails_fast_under_a_waiting_policy(autojump_clock:
 
 def test_contention_fail_evicts_idle_rather_than_wait_for_a_drain() -> None:
     """A request that asked for `fail` under a waiting policy never counts on a drain: it evicts the idle model."""
-    core = Core([ModelSpec(n, 3 * GIB) for n in "abd"], 8 * GIB, ContentionPolicy.of("wait"))
+    core = Core(Registry([ModelSpec(n, 3 * GIB) for n in "abd"], 8 * GIB, ContentionPolicy.of("wait")))
     core.step(Acquire(1, "a", "L1", 0.0))
     core.step(LoadFinished("a", 1, 0.5))
     core.step(Acquire(2, "b", "L2", 1.0))
@@ -163,7 +164,7 @@ def test_a_waiter_keeps_its_drain_when_a_reload_switches_the_policy_to_fail() ->
     the manager's policy `fail`: the drain is not called off and restarted on every event
     (found by the state machine: each pass drained `a` and called the drain off again)."""
     specs = (ModelSpec("a", 4 * GIB), ModelSpec("b", 4 * GIB))
-    core = Core(list(specs), 6 * GIB, ContentionPolicy.of("wait", wait_timeout_s=None))
+    core = Core(Registry(list(specs), 6 * GIB, ContentionPolicy.of("wait", wait_timeout_s=None)))
     core.step(Acquire(1, "a", "L1", 0.0))
     core.step(LoadFinished("a", 1, 0.5))
     core.step(Acquire(2, "b", "L2", 1.0))
