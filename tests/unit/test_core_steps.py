@@ -176,7 +176,7 @@ async def test_an_event_raised_while_commands_are_carried_out_is_stepped_after_t
         executing = False
         nested: list[Event] = []
         stepped: list[str] = []
-        step, execute = m.core.step, m._steps.execute
+        step, execute = m._core.step, m._steps.execute
 
         def spied_step(event: Event) -> list[Command]:
             if executing:
@@ -192,7 +192,7 @@ async def test_an_event_raised_while_commands_are_carried_out_is_stepped_after_t
             finally:
                 executing = False
 
-        m.core.step = spied_step  # type: ignore[method-assign]
+        m._core.step = spied_step  # type: ignore[method-assign]
         m._steps.execute = spied_execute
         ticket = m.enqueue("a")
         released_once = trio.Event()
@@ -209,5 +209,5 @@ async def test_an_event_raised_while_commands_are_carried_out_is_stepped_after_t
         assert stepped[-3:] == ["LoadFinished", "CancelWaiter", "Release"]
         released = [e for e in h.events if isinstance(e, LeaseReleased)]
         assert [e.outcome for e in released] == [Outcome.CANCELLED]
-        assert m.core.state("a") is State.LOADED and not m.core.models["a"].leases
+        assert m.state_of("a") is State.LOADED and not m.model_snapshot("a").running
         assert not ticket.done.is_set()
