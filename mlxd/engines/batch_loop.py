@@ -68,7 +68,7 @@ from mlxd.engines.disk_writes import DiskWrites
 from mlxd.engines.faults import Faults
 from mlxd.engines.guard import Guard
 from mlxd.engines.mlx_thread import Job, Outbox, PrefillProgress
-from mlxd.engines.prefill_pace import PrefillPacing
+from mlxd.engines.prefill_pace import PrefillPacing, solo_chunk
 from mlxd.engines.prompt_cache import PromptCache
 from mlxd.engines.sampling import make_sampler
 from mlxd.engines.solo import Resume, SoloRun, runs_alone
@@ -138,7 +138,7 @@ class BatchLoop(PrefillPacing, DiskWrites):
         self.prefill_step = prefill_step
         #: the chunk in use: ``prefill_step``, or larger for a fast model (PREFILL_CHUNK_S) when
         #: the step is the default one; and the prefill rate measured (tokens/s, MLX thread)
-        self.prefill_chunk = prefill_step
+        self.prefill_chunk, self.solo_chunk = prefill_step, solo_chunk(prefill_step, prefill_adapts)
         self._prefill_adapts = prefill_adapts
         self.prefill_rate: float | None = None
         self.prompt_cache_bytes = prompt_cache_bytes

@@ -3,7 +3,8 @@
 Theory of operation. While one request is all a batched model has,
 :class:`~mlxd.engines.batch_loop.BatchLoop` runs it here: the prompt's
 longest cached prefix from the prompt cache, the rest prefilled in chunks
-(``prefill_chunk`` tokens, each one loop step), then one forward pass per
+(``solo_chunk`` tokens, each one loop step: at least 512 unless the step was
+set by hand, see :func:`mlxd.engines.prefill_pace.solo_chunk`), then one forward pass per
 token on plain per-layer KV caches, the way ``mlx_lm.generate_step`` does.
 mlx-lm's batch machinery (left-padded batch caches, masks, per-row
 bookkeeping) costs about 0.9 ms a token and 4 ms to the first token on the
@@ -89,8 +90,8 @@ class SoloHost(Protocol):
     """What a lone run needs of the loop that hands it its job
     (:class:`~mlxd.engines.batch_loop.BatchLoop`)."""
 
-    #: tokens prefilled per loop step
-    prefill_chunk: int
+    #: tokens prefilled per loop step of a lone request (mlxd.engines.prefill_pace.solo_chunk)
+    solo_chunk: int
 
     def model_and_tokenizer(self) -> tuple[Any, Any]: ...
 
@@ -141,7 +142,7 @@ class SoloRun:
                 if interrupted():
                     return Resume(rest, kv, ids[:fed], 0, self.sampler, self.detok, self.out, cached,
                                   self.guard, self.from_disk)
-                n = min(loop.prefill_chunk, len(rest) - 1)
+                n = min(loop.solo_chunk, len(rest) - 1)
                 t0 = time.perf_counter()
                 self.model(mx.array(rest[:n])[None], cache=kv)
                 mx.eval([c.state for c in kv])

@@ -15,8 +15,9 @@ from tests.support.engines import RecordedTextEngine
 
 
 @asynccontextmanager
-async def batched_engine(path: Path, *, prefill_step: int) -> AsyncIterator[MlxTextEngine]:
-    """A loaded tiny model batching up to 4 generations, stopped afterwards."""
+async def batched_engine(path: Path, *, prefill_step: int | None) -> AsyncIterator[MlxTextEngine]:
+    """A loaded tiny model batching up to 4 generations, stopped afterwards (``prefill_step``
+    None: the default one, which adapts)."""
     eng = RecordedTextEngine(tiny_config(path, max_batch_size=4), prefill_step=prefill_step)
     await eng.load(lambda _p: None)
     assert eng.batch is not None

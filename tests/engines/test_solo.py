@@ -9,8 +9,10 @@ import pytest
 import trio
 
 from mlxd.config.kv import kv_need_bytes as batch_kv_bytes
+from mlxd.engines import prefill_pace
 from mlxd.engines.base import GenerationRequest, TextDelta
 from mlxd.engines.mlx_text import MlxTextEngine
+from mlxd.engines.prefill_pace import SOLO_CHUNK_MIN
 from tests.engines.mlx_helpers import (
     batched_engine,
     collect,
@@ -81,6 +83,28 @@ async def test_a_request_arriving_during_a_lone_prefill_takes_the_rest_of_it_alo
     chunks = -(-(fin_alone.prompt_tokens - 1) // 8)  # prefill_step 8; the last token decodes
     for stats in runs:  # alone, then handed over: the same prefill seen from outside
         assert (stats.prefill_done, stats.prefill_chunks) == (fin_alone.prompt_tokens, chunks)
+
+
+async def test_a_lone_prompt_is_prefilled_in_chunks_of_512_at_least_on_the_default_step(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the default (adapting) step a lone request prefills in chunks of SOLO_CHUNK_MIN tokens
+    (each chunk reads the whole KV again), where a batch step would be 64 (the CPU default, kept
+    there by a time target nothing meets); a step set by hand is kept as it is."""
+    monkeypatch.setattr(prefill_pace, "PREFILL_CHUNK_S", 1e-9)
+    prompt = completion(" ".join(["fox"] * 1500), max_tokens=2)
+    for step in (None, 8):
+        async with batched_engine(tiny_model_dir, prefill_step=step) as eng:
+            assert eng.batch is not None
+            _, fin, _ = await collect(eng, prompt)
+            (stats,) = [s for s in eng.history if s.prompt_tokens == fin.prompt_tokens]
+            assert fin.prompt_tokens > 2 * SOLO_CHUNK_MIN
+            if step is None:
+                assert eng.batch.prefill_chunk == 64 and eng.batch.solo_chunk == SOLO_CHUNK_MIN
+                assert stats.prefill_chunks == -(-(fin.prompt_tokens - 1) // SOLO_CHUNK_MIN)
+            else:
+                assert stats.prefill_chunks == -(-(fin.prompt_tokens - 1) // step)
+                assert eng.batch.solo_chunk == step
 
 
 async def test_a_request_with_logits_processors_goes_to_the_batch_at_once(
