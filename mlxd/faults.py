@@ -32,7 +32,7 @@ The points (``name``: where):
 * ``migrate.mid_migration``: after each statement of a migration, inside its
   transaction (:mod:`mlxd.journal.migrate`);
 * ``worker.load`` / ``worker.loaded`` / ``worker.token``: in an engine worker
-  process (:mod:`mlxd.engines.worker`): a load begins; the engine has loaded
+  process (:mod:`mlxd.engines.workers.worker`): a load begins; the engine has loaded
   (its memory is held) but the daemon has not been told; each generated token
   the worker relays.
 """

@@ -4,12 +4,17 @@
 (the default) selects the mlx-lm text engine, or the mlx-vlm vision engine for
 ``mllm: true`` models. The real engines are imported lazily so that the fake
 path never imports MLX. With ``isolation: process`` (or ``distributed:``) the
-daemon gets a :class:`~mlxd.engines.process.ProcessEngine`, which runs that same
-engine class in a worker process (:mod:`.worker`).
+daemon gets a :class:`~mlxd.engines.workers.process.ProcessEngine`, which runs that same
+engine class in a worker process (:mod:`.workers.worker`).
 
-Also owns what only engines need: model sources and downloads (:mod:`.sources`),
-images (:mod:`.images`), memory measurement and release (:mod:`.memory`), the
-random-weight demo models (:mod:`.demo_model`) and the MLX thread (:mod:`.mlx_thread`).
+This package holds the protocol (:mod:`.base`), the engines (:mod:`.fake`,
+:mod:`.mlx_text`, :mod:`.mlx_vision`, :mod:`.mlx_embed`), a model's injected
+faults (:mod:`.faults`) and the factory (here); its subpackages hold what the
+MLX engines are made of, each saying what it may import: the MLX thread and
+memory (:mod:`.runtime`), prompts and streamed output (:mod:`.text`),
+constrained decoding (:mod:`.grammar`), the prompt cache (:mod:`.cache`), a
+model's files (:mod:`.model_files`), the queues in front of the MLX thread
+(:mod:`.scheduling`) and worker processes (:mod:`.workers`).
 May import: :mod:`mlxd.config` (a model's settings), :mod:`mlxd.errors`,
 :mod:`mlxd.faults`; never the residency manager, the journal or HTTP.
 """
@@ -78,22 +83,22 @@ class DefaultEngines:
         """Start the spare worker now if an MLX model of ``models`` runs in worker processes,
         so that even its first load finds Python started and mlx-lm imported."""
         if any(m.engine == "mlx" and m.isolation == "process" and m.distributed is None for m in models):
-            from mlxd.engines.worker_process import SPARES
+            from mlxd.engines.workers.worker_process import SPARES
 
             await SPARES.refill()
 
     def import_soon(self, models: Iterable[ModelConfig]) -> None:
         """Import mlx-lm on a background thread now if an MLX model of ``models`` runs in this
         process, so that its first load does not start with it (about 1.5 s on 2 cores, most of
-        it transformers; see :mod:`mlxd.engines.imports_ahead`)."""
+        it transformers; see :mod:`mlxd.engines.runtime.imports_ahead`)."""
         if any(m.engine == "mlx" and m.isolation == "thread" and m.distributed is None for m in models):
-            from mlxd.engines import imports_ahead
+            from mlxd.engines.runtime import imports_ahead
 
             imports_ahead.start()
 
     def __call__(self, model: ModelConfig) -> Engine:
         if model.isolation == "process" or model.distributed is not None:
-            from mlxd.engines.process import ProcessEngine
+            from mlxd.engines.workers.process import ProcessEngine
 
             return ProcessEngine(model)
         faults = None

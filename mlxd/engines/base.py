@@ -80,7 +80,7 @@ class ChatMessage:
 
 @dataclass(frozen=True, slots=True)
 class Constraint:
-    """What grammar-constrained decoding must produce (see :mod:`mlxd.engines.constrained`).
+    """What grammar-constrained decoding must produce (see :mod:`mlxd.engines.grammar.constrained`).
 
     ``json_object``: any JSON object. ``json_schema``: JSON valid against
     ``schema``. ``tool_call``: one call, in the model's tool-call format, of
@@ -200,7 +200,7 @@ class Finished:
     #: log's ``queue_ms``); None when the engine does not say. A timing, not part of the
     #: result: two generations that ended alike compare equal
     started_at: float | None = field(default=None, compare=False)
-    #: of ``cached_tokens``, those read from the prompt cache's disk tier (mlxd.engines.prompt_disk)
+    #: of ``cached_tokens``, those read from the prompt cache's disk tier (mlxd.engines.cache.prompt_disk)
     cached_from_disk: int = 0
 
     def cached_by_tier(self) -> dict[str, int]:

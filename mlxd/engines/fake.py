@@ -24,7 +24,6 @@ from mlxd.config import (
     resolve_estimate,
     weights_fingerprint,
 )
-from mlxd.engines import prompt_limits
 from mlxd.engines.base import (
     Finished,
     GenerationEvent,
@@ -35,7 +34,8 @@ from mlxd.engines.base import (
     TokenLogprob,
 )
 from mlxd.engines.faults import Faults, InjectedFault
-from mlxd.engines.prompts import uses_tools
+from mlxd.engines.text import prompt_limits
+from mlxd.engines.text.prompts import uses_tools
 from mlxd.errors import EngineDied, InvalidRequest, Overloaded, ToolsNotSupported
 from mlxd.faults import crash_point
 

@@ -24,7 +24,7 @@ points (:data:`POISON_POINTS`: its logits processor, its sampler, its
 detokenizer, its stop matching) when its ``at_token``-th token is being
 made, as a bug or a hostile input there would. The batch isolation suite
 (``tests/faults/test_batch_isolation.py``) checks that it ends that request
-alone (:mod:`mlxd.engines.guard`).
+alone (:mod:`mlxd.engines.scheduling.guard`).
 
 One :class:`Faults` per model, shared by all its residencies (``raise_once``
 means once per model, across reloads). The fake engine injects them in Trio

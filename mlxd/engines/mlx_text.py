@@ -1,31 +1,31 @@
 """The mlx-lm text engine: one residency of one text model on its own MLX thread.
 
 Theory of operation. ``load`` resolves the source (local directory, demo
-model made on first use, or a Hugging Face download; :mod:`mlxd.engines.sources`),
-then starts the engine's :class:`~mlxd.engines.mlx_thread.MlxThread`, which
+model made on first use, or a Hugging Face download; :mod:`mlxd.engines.model_files.sources`),
+then starts the engine's :class:`~mlxd.engines.runtime.mlx_thread.MlxThread`, which
 loads the weights with ``mlx_lm.load`` and measures the footprint. Every later
 MLX call runs on that thread: each generation (``mlx_lm.stream_generate``) and
 the unload. ``stop`` cancels what runs, unloads, releases the memory and gives
-the thread back for the next residency (:meth:`~mlxd.engines.mlx_thread.MlxThread.finish`).
+the thread back for the next residency (:meth:`~mlxd.engines.runtime.mlx_thread.MlxThread.finish`).
 
 ``prepare`` validates the request, tokenizes it (a long prompt on a Trio
 worker thread, never on the MLX thread: it does not hold up the model's other
 requests, and a client that leaves stops waiting at once) and checks it against the model's
-prompt limits (:mod:`mlxd.engines.prompt_limits`). ``generate`` prepares a
+prompt limits (:mod:`mlxd.engines.text.prompt_limits`). ``generate`` prepares a
 request that was not prepared yet, hands a
-:class:`~mlxd.engines.mlx_thread.Job` to the scheduler (arrival order, one at a
+:class:`~mlxd.engines.runtime.mlx_thread.Job` to the scheduler (arrival order, one at a
 time, ``max_queue`` admission: :class:`~mlxd.errors.Overloaded` before anything
 is yielded) and relays what the MLX thread emits. When the consumer leaves
 (``trio.Cancelled`` at its await, or ``aclose()``), the job's cancel flag is
 set; the MLX thread checks it after every token and, during prefill, after
 every ``prefill_step_size`` chunk (the progress callback raises).
 
-What a generation sends goes through :class:`~mlxd.engines.streaming.Output`
+What a generation sends goes through :class:`~mlxd.engines.text.streaming.Output`
 (stop strings, tool calls in the model family's format, log probabilities),
 the same on the serial and the batched path. A request with a
 :class:`~mlxd.engines.base.Constraint` (structured output, ``tool_choice``
 required or named) gets its grammar logits processor in ``prepare``
-(:mod:`mlxd.engines.constrained`), where the model is: in a worker process
+(:mod:`mlxd.engines.grammar.constrained`), where the model is: in a worker process
 under ``isolation: process``.
 """
 
@@ -44,7 +44,6 @@ from typing import Any
 import trio
 
 from mlxd.config import ModelConfig
-from mlxd.engines import imports_ahead, memory, prompt_disk, prompt_limits, sources
 from mlxd.engines.base import (
     GenerationEvent,
     GenerationRequest,
@@ -52,12 +51,13 @@ from mlxd.engines.base import (
     LoadProgress,
     ProgressCallback,
 )
-from mlxd.engines.batch_loop import BatchLoop
-from mlxd.engines.batching import BatchScheduler
-from mlxd.engines.constrained import GrammarCache, with_grammar
+from mlxd.engines.cache import prompt_disk
 from mlxd.engines.faults import Faults
-from mlxd.engines.kv_gate import GatedScheduler, KvBook
-from mlxd.engines.mlx_thread import (
+from mlxd.engines.grammar.constrained import GrammarCache, with_grammar
+from mlxd.engines.model_files import sources
+from mlxd.engines.model_files.sources import describe_load_error, progress_sink
+from mlxd.engines.runtime import imports_ahead, memory
+from mlxd.engines.runtime.mlx_thread import (
     GenerationStats,
     Job,
     MlxThread,
@@ -66,10 +66,13 @@ from mlxd.engines.mlx_thread import (
     SerialScheduler,
     Sink,
 )
-from mlxd.engines.prompts import check_tools, count_image_parts, think_markers, tokenize
-from mlxd.engines.sources import describe_load_error, progress_sink
-from mlxd.engines.streaming import JobEvents, Output, TokenTexts, deliver_token
-from mlxd.engines.tool_calls import ToolFormat, tool_format
+from mlxd.engines.scheduling.batch_loop import BatchLoop
+from mlxd.engines.scheduling.batching import BatchScheduler
+from mlxd.engines.scheduling.kv_gate import GatedScheduler, KvBook
+from mlxd.engines.text import prompt_limits
+from mlxd.engines.text.prompts import check_tools, count_image_parts, think_markers, tokenize
+from mlxd.engines.text.streaming import JobEvents, Output, TokenTexts, deliver_token
+from mlxd.engines.text.tool_calls import ToolFormat, tool_format
 from mlxd.errors import EngineError, InvalidRequest, LoadFailed, MlxdError
 
 PREFILL_STEP_ENV = "MLXD_PREFILL_STEP"
@@ -166,7 +169,7 @@ class MlxTextEngine:
             raise LoadFailed(f"{self.name}: an engine loads once; make a new one")
         t0 = time.monotonic()
         progress(LoadProgress(phase="starting", detail=self.config.source))
-        memory.limit_malloc_arenas()  # before this load's threads (see mlxd.engines.memory)
+        memory.limit_malloc_arenas()  # before this load's threads (see mlxd.engines.runtime.memory)
         # mlx-lm may still be importing on start-up's thread: never import it from two at once
         if imports_ahead.busy():
             await trio.to_thread.run_sync(imports_ahead.wait, abandon_on_cancel=True)
@@ -320,7 +323,11 @@ class MlxTextEngine:
         return None if self.batch is None else self.batch.usage()
 
     def _write_demo(self, path: Path, report: Callable[[LoadProgress], None]) -> None:
-        from mlxd.engines.demo_model import DemoModelError, is_model_dir, write_demo_model
+        from mlxd.engines.model_files.demo_model import (
+            DemoModelError,
+            is_model_dir,
+            write_demo_model,
+        )
 
         if is_model_dir(path):
             return
@@ -338,7 +345,7 @@ class MlxTextEngine:
         from mlx_lm import load
 
         # imports mlx-lm, so not at the daemon's start-up
-        from mlxd.engines.detokenizer import stream_bytes_promptly
+        from mlxd.engines.text.detokenizer import stream_bytes_promptly
 
         loaded: Any = load(str(path))
         imports_ahead.save_scans()  # if this load was the first to import transformers
@@ -364,7 +371,7 @@ class MlxTextEngine:
 
         The unload is the MLX thread's last job, queued behind the running job
         (which stops within one token) or a load that cannot be interrupted;
-        see :meth:`~mlxd.engines.mlx_thread.MlxThread.finish` for the retries.
+        see :meth:`~mlxd.engines.runtime.mlx_thread.MlxThread.finish` for the retries.
         """
         self._stopped = True
         self._ready = False
@@ -477,7 +484,7 @@ class MlxTextEngine:
 
     def expecting(self) -> AbstractContextManager[None]:
         """While this runs, a request is on its way to :meth:`start_generation` (a batched
-        model prefills the requests on their way together: mlxd.engines.batch_loop)."""
+        model prefills the requests on their way together: mlxd.engines.scheduling.batch_loop)."""
         s = self._scheduler
         return s.loop.expecting() if isinstance(s, BatchScheduler) else nullcontext()
 
@@ -495,7 +502,7 @@ class MlxTextEngine:
     def _stop_now(self, job: Job) -> bool:
         """On the MLX thread, at each point a generation may stop (its start, each prefill
         chunk, each token): whether it stops. The distributed engine makes every rank
-        agree on the answer (:mod:`mlxd.engines.lockstep`). An injected generation fault
+        agree on the answer (:mod:`mlxd.engines.workers.lockstep`). An injected generation fault
         (``faults: generate``) strikes here, once ``after_tokens`` tokens are out."""
         if self.faults is not None and self.faults.on_token(job.stats.completion_tokens) == "hang":
             self.faults.hang_thread()  # wedged: the cancel flag is not looked at

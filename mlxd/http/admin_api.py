@@ -12,8 +12,8 @@ import trio
 from quart import Blueprint, Response, request
 
 from mlxd import __version__
-from mlxd.engines import prompt_disk
-from mlxd.engines.prompt_limits import limits_for
+from mlxd.engines.cache import prompt_disk
+from mlxd.engines.text.prompt_limits import limits_for
 from mlxd.errors import (
     ConfigError,
     ContextLengthExceeded,

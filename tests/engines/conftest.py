@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.engines.demo_model import write_demo_model
 from mlxd.engines.mlx_text import MlxTextEngine
+from mlxd.engines.model_files.demo_model import write_demo_model
 from tests.engines.mlx_helpers import tiny_config
 
 

@@ -192,7 +192,7 @@ async def test_grammar_the_parser_gives_up_on_ends_its_request_alone(engine: Mlx
     ends its request alone, with a bounded 400 naming the field; the batch goes on."""
     from llguidance import LLMatcher
 
-    from mlxd.engines.constrained import GrammarProcessor, grammar_tokens
+    from mlxd.engines.grammar.constrained import GrammarProcessor, grammar_tokens
 
     tokens = grammar_tokens(engine._tokenizer, engine._vocab_size)
     grammar = LLMatcher.grammar_from_json_schema(

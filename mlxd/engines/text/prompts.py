@@ -18,9 +18,9 @@ from typing import Any
 
 import trio
 
-from mlxd.engines import prompt_limits
 from mlxd.engines.base import ChatMessage, GenerationRequest, ThinkMarkers
-from mlxd.engines.tool_calls import ToolFormat
+from mlxd.engines.text import prompt_limits
+from mlxd.engines.text.tool_calls import ToolFormat
 from mlxd.errors import InvalidRequest, ToolsNotSupported
 
 #: the tool-call formats mlxd can enforce: mlx-lm's ``json_tools`` parser family

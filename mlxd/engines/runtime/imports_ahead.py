@@ -52,7 +52,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from mlxd.engines.memory import limit_malloc_arenas, settle_heap
+from mlxd.engines.runtime.memory import limit_malloc_arenas, settle_heap
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ _store: ScanStore | None = None
 def start() -> None:
     """Begin importing mlx-lm on a pooled MLX thread (once per process).
 
-    The thread then waits in the pool of :mod:`mlxd.engines.mlx_thread`, so the
+    The thread then waits in the pool of :mod:`mlxd.engines.runtime.mlx_thread`, so the
     first load runs on it, its MLX state already made (a load on a thread new to
     MLX took 4 ms longer, measured on the tiny demo model).
     """
@@ -83,8 +83,8 @@ def start() -> None:
     scan_once()
     if not _started:
         _started = True
-        limit_malloc_arenas()  # before the process's first extra thread (see mlxd.engines.memory)
-        from mlxd.engines.mlx_thread import spare_thread
+        limit_malloc_arenas()  # before the process's first extra thread (see mlxd.engines.runtime.memory)
+        from mlxd.engines.runtime.mlx_thread import spare_thread
 
         try:
             spare_thread("mlxd-import", _import)

@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from mlxd.engines.prompt_limits import context_from_config
+from mlxd.engines.text.prompt_limits import context_from_config
 
 #: dtypes as Ollama names quantization levels
 _DTYPE_LEVEL = {"F16": "F16", "BF16": "BF16", "F32": "F32", "F64": "F64", "I8": "Q8_0"}
@@ -169,7 +169,7 @@ def _file_facts(directory: str, stamp: tuple[tuple[str, int, int], ...]) -> File
 def _template_facts(directory: str, stamp: tuple[tuple[str, int, int], ...]) -> TemplateFacts:
     from mlx_lm.utils import load_tokenizer
 
-    from mlxd.engines.tool_calls import tool_format
+    from mlxd.engines.text.tool_calls import tool_format
 
     tokenizer = load_tokenizer(Path(directory))  # type: ignore[no-untyped-call]
     has_template = bool(getattr(tokenizer, "has_chat_template", False))

@@ -39,7 +39,7 @@ import trio
 
 from mlxd.config import SourceKind, classify_source
 from mlxd.engines.base import LoadProgress, ProgressCallback
-from mlxd.engines.mlx_thread import call_soon
+from mlxd.engines.runtime.mlx_thread import call_soon
 from mlxd.errors import LoadFailed, describe_error
 
 HUB_TIMEOUT_ENV = "MLXD_HUB_TIMEOUT_S"

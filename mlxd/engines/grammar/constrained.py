@@ -63,7 +63,7 @@ from typing import Any
 import trio
 
 from mlxd.engines.base import Constraint, GenerationRequest
-from mlxd.engines.schema_bounds import check_enforceable
+from mlxd.engines.grammar.schema_bounds import check_enforceable
 from mlxd.errors import InvalidRequest, describe_error, quote
 
 #: compact JSON: no whitespace between tokens (fewer tokens, and a random model
@@ -82,7 +82,7 @@ NEAR_END = 32
 SLACK = 4
 #: a measurement walks at most this many tokens (a larger need: the guard acts now)
 MAX_NEED = 256
-#: the markers of the tool-call format mlxd enforces (mlxd.engines.prompts.ENFORCEABLE_TOOL_FORMATS)
+#: the markers of the tool-call format mlxd enforces (mlxd.engines.text.prompts.ENFORCEABLE_TOOL_FORMATS)
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 
 
@@ -148,7 +148,7 @@ def grammar_for(
 
 def check_schemas(constraint: Constraint, request: GenerationRequest) -> None:
     """Refuse the schemas of ``constraint`` that the grammar cannot enforce (400, before any
-    token: :mod:`mlxd.engines.schema_bounds`)."""
+    token: :mod:`mlxd.engines.grammar.schema_bounds`)."""
     if constraint.kind == "json_schema":
         check_enforceable(json.loads(constraint.schema), _param(constraint))
     elif constraint.kind == "tool_call":

@@ -2,11 +2,11 @@
 
 A batched model (the eligibility rule of :mod:`mlxd.config.kv`: an mlx-lm text
 model, ``max_batch_size`` > 1, a KV cache that mlx-lm can batch) runs its
-generations in one :class:`~mlxd.engines.batch_loop.BatchLoop` on its MLX thread.
+generations in one :class:`~mlxd.engines.scheduling.batch_loop.BatchLoop` on its MLX thread.
 :class:`BatchScheduler` keeps the model's queue (arrival order, ``max_queue``) and
 admits the head of the queue into the batch when fewer than ``max_batch_size``
 generations are running and the batch's KV with the newcomer is reserved
-(:mod:`mlxd.engines.kv_gate`: the floor its load committed, plus what the
+(:mod:`mlxd.engines.scheduling.kv_gate`: the floor its load committed, plus what the
 budget granted for its requests; with ``kv_cache_gb`` set, that fixed region).
 
 KV of a batch: mlx-lm's ``BatchKVCache`` keeps every sequence as long as the
@@ -25,13 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mlxd.engines.batch_loop import BatchLoop, OutputFactory
 from mlxd.engines.faults import Faults
-from mlxd.engines.kv_gate import GatedScheduler, KvBook
-from mlxd.engines.mlx_thread import Job, MlxThread, Outbox, call_soon
+from mlxd.engines.runtime.mlx_thread import Job, MlxThread, Outbox, call_soon
+from mlxd.engines.scheduling.batch_loop import BatchLoop, OutputFactory
+from mlxd.engines.scheduling.kv_gate import GatedScheduler, KvBook
 
 if TYPE_CHECKING:
-    from mlxd.engines.prompt_disk import PromptDisk
+    from mlxd.engines.cache.prompt_disk import PromptDisk
 
 
 class BatchScheduler(GatedScheduler):

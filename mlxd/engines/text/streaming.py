@@ -7,7 +7,7 @@ updates the job's stats and emits what its :class:`Output` makes of it:
 :class:`TextDelta` (text cut at the first stop string by :class:`StopText`,
 with the token's :class:`TokenLogprob` when asked), :class:`ToolCallDelta`
 once a tool call is complete (the model family's markers and parser, see
-:mod:`mlxd.engines.tool_calls`), then one :class:`Finished`. Every token emits
+:mod:`mlxd.engines.text.tool_calls`), then one :class:`Finished`. Every token emits
 exactly one text event (a delta, possibly empty, or :data:`TOKEN_TICK`), so
 observers count tokens by events. Runs on the engine's MLX thread.
 """
@@ -30,12 +30,12 @@ from mlxd.engines.base import (
     TokenLogprob,
     ToolCallDelta,
 )
-from mlxd.engines.mlx_thread import TOKEN_TICK, PrefillProgress, TokenTick
-from mlxd.engines.tool_calls import ToolCallSplitter, ToolFormat, parse_calls
+from mlxd.engines.runtime.mlx_thread import TOKEN_TICK, PrefillProgress, TokenTick
+from mlxd.engines.text.tool_calls import ToolCallSplitter, ToolFormat, parse_calls
 from mlxd.errors import EngineError, MlxdError, describe_error
 
 if TYPE_CHECKING:
-    from mlxd.engines.mlx_thread import GenerationStats, Job
+    from mlxd.engines.runtime.mlx_thread import GenerationStats, Job
 
 
 class StopText:

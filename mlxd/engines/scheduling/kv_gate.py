@@ -9,7 +9,7 @@ and given back as the batch shrinks. :class:`GatedScheduler` admits the head of
 the queue (first come, first served) when
 
 * it has a slot (``not active`` for a serial model; ``max_batch_size`` for a
-  batched one, :class:`~mlxd.engines.batching.BatchScheduler`), and
+  batched one, :class:`~mlxd.engines.scheduling.batching.BatchScheduler`), and
 * the batch's KV with it fits ``floor + held``; if it does not, the scheduler asks
   the broker for the difference and the head waits for the answer (room is made
   as for a load: idle models evicted, then the request's contention policy). A
@@ -34,7 +34,7 @@ import trio
 from mlxd.config import ModelConfig
 from mlxd.config.kv import kv_need_bytes
 from mlxd.engines.base import KvBroker
-from mlxd.engines.mlx_thread import Job, MlxThread, SerialScheduler
+from mlxd.engines.runtime.mlx_thread import Job, MlxThread, SerialScheduler
 from mlxd.errors import InvalidRequest, MlxdError, ModelExceedsBudget
 from mlxd.units import format_bytes
 
@@ -107,7 +107,7 @@ class KvBook:
 
 class GatedScheduler(SerialScheduler):
     """A model's queue whose admission follows its KV reservation (module docstring).
-    Serial: one generation at a time; :class:`~mlxd.engines.batching.BatchScheduler` batches."""
+    Serial: one generation at a time; :class:`~mlxd.engines.scheduling.batching.BatchScheduler` batches."""
 
     def __init__(
         self,

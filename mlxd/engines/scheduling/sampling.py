@@ -1,7 +1,7 @@
 """A request's sampler on a batched model: per-request temperature, top_p, top_k and seed.
 
-Used by :mod:`mlxd.engines.batch_loop` for the generator's rows and for a job
-that runs alone (:mod:`mlxd.engines.solo`); MLX is imported when a sampler is made.
+Used by :mod:`mlxd.engines.scheduling.batch_loop` for the generator's rows and for a job
+that runs alone (:mod:`mlxd.engines.scheduling.solo`); MLX is imported when a sampler is made.
 """
 
 from __future__ import annotations

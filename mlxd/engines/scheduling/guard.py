@@ -9,7 +9,7 @@ one request (a grammar the parser gives up on, a detokenizer bug), came out of
 ``next()`` or the delivery loop and failed every request of the batch.
 
 Now each request gets a :class:`Guard` when it enters the loop
-(:mod:`mlxd.engines.batch_loop`, :mod:`mlxd.engines.solo`). Its logits
+(:mod:`mlxd.engines.scheduling.batch_loop`, :mod:`mlxd.engines.scheduling.solo`). Its logits
 processors and sampler are wrapped: an exception is kept in
 :attr:`Guard.error` and the wrapper returns something harmless (the logits
 unchanged, the greedy token), so the step completes for everyone; after the
@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mlxd.engines.faults import Poison, PoisonPoint
-from mlxd.engines.mlx_thread import Job
-from mlxd.engines.streaming import Output, deliver_token
+from mlxd.engines.runtime.mlx_thread import Job
+from mlxd.engines.text.streaming import Output, deliver_token
 
 
 class Guard:

@@ -1,8 +1,8 @@
 """The daemon's end of one engine worker process, and the spare worker kept ready.
 
-:class:`WorkerProcess` starts a worker (:mod:`mlxd.engines.launch` says how),
+:class:`WorkerProcess` starts a worker (:mod:`mlxd.engines.workers.launch` says how),
 writes its messages and reads its answers with one Trio system task (so its
-owner, a :class:`~mlxd.engines.process.ProcessEngine`, needs no nursery), and
+owner, a :class:`~mlxd.engines.workers.process.ProcessEngine`, needs no nursery), and
 tells its owner each message and, once the process is reaped, its end. When
 the Trio run ends (the daemon exits) the task kills the process.
 
@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 import trio
 
-from mlxd.engines import launch, worker
-from mlxd.engines.worker import OUT_OF_STEP
+from mlxd.engines.workers import launch, worker
+from mlxd.engines.workers.worker import OUT_OF_STEP
 from mlxd.framing import Frames, frame
 
-log = logging.getLogger("mlxd.engines.process")
+log = logging.getLogger("mlxd.engines.workers.process")
 
 
 class Owner(Protocol):

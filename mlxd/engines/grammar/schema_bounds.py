@@ -29,7 +29,7 @@ request is admitted, never an error in the middle of a batch.
 The sizes are lower bounds (``pattern``, ``not``, ``if`` are not followed; an
 ``allOf`` is at least its largest part): a schema passing here can still
 prove unenforceable while decoding, which then ends that request alone
-(:mod:`mlxd.engines.guard`).
+(:mod:`mlxd.engines.scheduling.guard`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ back (docs/platform-facts.md, "glibc keeps freed model memory").
 :func:`release_memory` does all of it.
 
 Each residency has its own MLX thread (a pooled OS thread since the MLX thread
-pool, see :mod:`mlxd.engines.mlx_thread`; the figures below were measured with
+pool, see :mod:`mlxd.engines.runtime.mlx_thread`; the figures below were measured with
 a new thread per load), and glibc gives every new thread its
 own malloc arena (up to 8 per core); memory a finished thread left in its arena
 stays fragmented there, so RSS crept up by ~1 MB per load/unload cycle

@@ -1,12 +1,12 @@
 """How long a batched model's prefill chunks are: sized to its measured prefill rate.
 
-A chunk is one loop step of a newcomer's prompt (:mod:`mlxd.engines.batch_loop`):
+A chunk is one loop step of a newcomer's prompt (:mod:`mlxd.engines.scheduling.batch_loop`):
 how long the running streams wait for their next token, and how late a
 cancel is heard. The configured ``prefill_step`` suits a slow model; a
 model whose prefill is fast (the rate is measured from the steps' own
-chunks, and from a lone request's, :mod:`mlxd.engines.solo`) gets chunks
+chunks, and from a lone request's, :mod:`mlxd.engines.scheduling.solo`) gets chunks
 sized to take about :data:`PREFILL_CHUNK_S`, when the step is the default
-one. :class:`PrefillPacing` is the part of :class:`~mlxd.engines.batch_loop.BatchLoop`
+one. :class:`PrefillPacing` is the part of :class:`~mlxd.engines.scheduling.batch_loop.BatchLoop`
 that does it (MLX thread); it reads the loop's generator and sequences.
 """
 

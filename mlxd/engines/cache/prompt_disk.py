@@ -1,6 +1,6 @@
 """The disk tier of a model's prompt cache: entries that outlive the residency.
 
-Theory of operation. A batched model's :class:`~mlxd.engines.prompt_cache.PromptCache`
+Theory of operation. A batched model's :class:`~mlxd.engines.cache.prompt_cache.PromptCache`
 writes its entries here when its residency ends (eviction, idle unload, admin
 unload, a preemption's drain, shutdown: every end goes through the engine's
 unload) and, for long prefixes (:data:`LONG_PREFIX_TOKENS` tokens beyond what the

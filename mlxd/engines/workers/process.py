@@ -3,15 +3,15 @@
 Theory of operation
 -------------------
 :class:`ProcessEngine` is what the manager holds for a model whose engine runs
-out of the daemon: each load starts fresh workers (:mod:`mlxd.engines.launch`:
+out of the daemon: each load starts fresh workers (:mod:`mlxd.engines.workers.launch`:
 one, or one per rank of a ``distributed:`` model), each hosting the model's
-ordinary engine class (:mod:`mlxd.engines.worker`). The daemon side only
+ordinary engine class (:mod:`mlxd.engines.workers.worker`). The daemon side only
 relays: requests go down the pipe, tokens come up. Each worker has a
-:class:`~mlxd.engines.worker_process.WorkerProcess` whose one Trio system task
+:class:`~mlxd.engines.workers.worker_process.WorkerProcess` whose one Trio system task
 reads and writes its frames, so the engine works in any Trio run without a
 nursery of its own. A load of an MLX model on one machine takes the spare
 worker if one is ready (Python started, mlx-lm imported: see
-:mod:`mlxd.engines.worker_process`) and leaves a new spare behind.
+:mod:`mlxd.engines.workers.worker_process`) and leaves a new spare behind.
 
 Cancellation. A generation whose consumer leaves sends ``cancel`` and returns
 at once (the worker's engine stops within a token, as on a thread). A load
@@ -43,7 +43,6 @@ from typing import Any
 import trio
 
 from mlxd.config import ModelConfig
-from mlxd.engines import launch
 from mlxd.engines.base import (
     Finished,
     GenerationEvent,
@@ -52,13 +51,14 @@ from mlxd.engines.base import (
     LoadProgress,
     ProgressCallback,
 )
-from mlxd.engines.kv_gate import KvBook, KvLedger
-from mlxd.engines.wire import error_from_wire
-from mlxd.engines.worker import OUT_OF_STEP
-from mlxd.engines.worker_process import SPARES, WorkerProcess
+from mlxd.engines.scheduling.kv_gate import KvBook, KvLedger
+from mlxd.engines.workers import launch
+from mlxd.engines.workers.wire import error_from_wire
+from mlxd.engines.workers.worker import OUT_OF_STEP
+from mlxd.engines.workers.worker_process import SPARES, WorkerProcess
 from mlxd.errors import EngineDied, EngineError, LoadFailed, MlxdError, Overloaded
 
-log = logging.getLogger("mlxd.engines.process")
+log = logging.getLogger("mlxd.engines.workers.process")
 
 #: seconds a worker gets to exit after a cancelled load before it is killed
 CANCEL_GRACE_S = 1.0
@@ -99,7 +99,7 @@ class ProcessEngine:
         self._stopping = False
         self._stopped = False
         #: the residency's side of this model's KV; the worker's engine reserves nothing, so
-        #: the daemon side does (:class:`~mlxd.engines.kv_gate.KvLedger`)
+        #: the daemon side does (:class:`~mlxd.engines.scheduling.kv_gate.KvLedger`)
         self.kv_broker: KvBroker | None = None
         self.kv = KvLedger(KvBook(0, None))
         #: what the worker's engine last said it holds (``memory_usage``; batched models)

@@ -24,7 +24,7 @@ interruptible only between chunks"):
 :class:`SerialScheduler` is the request path of models that generate one at
 a time (``max_batch_size: 1``, ``mllm`` models, models whose KV cache cannot
 be batched): arrival order, ``max_queue`` admission. Batched models use
-:class:`mlxd.engines.batching.BatchScheduler`, which takes the same
+:class:`mlxd.engines.scheduling.batching.BatchScheduler`, which takes the same
 :class:`Job` objects (request, sink, cancel flag, stats) and runs many of them
 per decode step on the same thread, without changing how ``generate`` or the
 manager see the engine.
@@ -75,9 +75,9 @@ class _Worker:
     """One OS thread that runs MLX jobs in submission order, for one residency after another."""
 
     def __init__(self, name: str) -> None:
-        from mlxd.engines.memory import limit_malloc_arenas
+        from mlxd.engines.runtime.memory import limit_malloc_arenas
 
-        limit_malloc_arenas()  # one arena per short-lived thread fragments RSS (see mlxd.engines.memory)
+        limit_malloc_arenas()  # one arena per short-lived thread fragments RSS (see mlxd.engines.runtime.memory)
         self.name = name
         self.jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Any] | None] = (
             queue.SimpleQueue()
@@ -498,7 +498,7 @@ class SerialScheduler:
     when it returns (or raises) the job's sink is closed (after an exception
     item, if it raised) and the next waiting job is started.
 
-    Subclasses (:class:`mlxd.engines.batching.BatchScheduler`) admit more than
+    Subclasses (:class:`mlxd.engines.scheduling.batching.BatchScheduler`) admit more than
     one job at a time by overriding :meth:`_admissible` and :meth:`_start`; the
     queue, ``max_queue``, withdrawal and closing rules stay here.
     """

@@ -1,9 +1,9 @@
 """The decode loop of a batched model, on its MLX thread, built on mlx-lm's ``BatchGenerator``.
 
 Theory of operation. :class:`BatchLoop` owns one ``BatchGenerator`` and the
-model's :class:`~mlxd.engines.prompt_cache.PromptCache`; both hold MLX arrays,
+model's :class:`~mlxd.engines.cache.prompt_cache.PromptCache`; both hold MLX arrays,
 so both live and die on the engine's MLX thread. The Trio side
-(:class:`mlxd.engines.batching.BatchScheduler`) hands it admitted jobs through
+(:class:`mlxd.engines.scheduling.batching.BatchScheduler`) hands it admitted jobs through
 :meth:`BatchLoop.add` (thread-safe). While it has work, :meth:`BatchLoop.run`
 runs as one job on the MLX thread and repeats one *step*:
 
@@ -16,9 +16,9 @@ runs as one job on the MLX thread and repeats one *step*:
 3. ``BatchGenerator.next()``: one decode step for every generating sequence
    plus one prefill chunk (``prefill_step`` tokens) of each newcomer, so a
    long prompt never freezes the running streams;
-4. deliver each new token (:func:`~mlxd.engines.streaming.deliver_token`:
+4. deliver each new token (:func:`~mlxd.engines.text.streaming.deliver_token`:
    stop strings, tool calls, logprobs, ``Finished``, through the job's
-   :class:`~mlxd.engines.streaming.Output`, made by the engine); a finished
+   :class:`~mlxd.engines.text.streaming.Output`, made by the engine); a finished
    sequence's KV goes to the prompt cache and its job is reported done to the
    Trio side.
 5. a newcomer whose prompt ended in this step gets its first token at once
@@ -37,7 +37,7 @@ others one step later, after it (a burst of clients gets its first tokens
 together, sooner for all but the first).
 
 A job that arrives while the loop has nothing else to do, and that has no
-logits processors, runs alone (:mod:`mlxd.engines.solo`): plain per-layer KV
+logits processors, runs alone (:mod:`mlxd.engines.scheduling.solo`): plain per-layer KV
 caches and one forward pass per token, without the generator's batch
 bookkeeping, until a second job arrives; it then goes into the generator with
 its KV, its sampler and its remaining ``max_tokens`` and carries on there.
@@ -46,7 +46,7 @@ When no job is left and none is waiting in the inbox, :meth:`run` returns, so
 jobs queued behind it on the thread (an unload) run. A request's own failure
 (its logits processor, sampler, detokenizer or stop matching raised) ends
 that request alone, with its error, and the batch goes on
-(:mod:`mlxd.engines.guard`); only a failure of the step itself (the forward
+(:mod:`mlxd.engines.scheduling.guard`); only a failure of the step itself (the forward
 pass, out of memory) fails every job in the batch with it and drops the
 generator; the next job starts a fresh one.
 """
@@ -62,19 +62,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mlxd.engines import memory
 from mlxd.engines.base import GenerationRequest
+from mlxd.engines.cache.prompt_cache import PromptCache
 from mlxd.engines.faults import Faults
-from mlxd.engines.guard import Guard
-from mlxd.engines.mlx_thread import Job, Outbox, PrefillProgress
-from mlxd.engines.prefill_pace import PrefillPacing
-from mlxd.engines.prompt_cache import PromptCache
-from mlxd.engines.sampling import make_sampler
-from mlxd.engines.solo import Resume, SoloRun, runs_alone
-from mlxd.engines.streaming import Output
+from mlxd.engines.runtime import memory
+from mlxd.engines.runtime.mlx_thread import Job, Outbox, PrefillProgress
+from mlxd.engines.scheduling.guard import Guard
+from mlxd.engines.scheduling.prefill_pace import PrefillPacing
+from mlxd.engines.scheduling.sampling import make_sampler
+from mlxd.engines.scheduling.solo import Resume, SoloRun, runs_alone
+from mlxd.engines.text.streaming import Output
 
 if TYPE_CHECKING:
-    from mlxd.engines.prompt_disk import PromptDisk
+    from mlxd.engines.cache.prompt_disk import PromptDisk
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class _Seq:
     guard: Guard
     n_tokens: int = 0
     #: prompt tokens in its KV when it entered the generator (more than ``cached`` when it
-    #: started alone, see mlxd.engines.solo)
+    #: started alone, see mlxd.engines.scheduling.solo)
     offset: int = 0
     #: prompt tokens (of those not cached) prefilled so far
     prefilled: int = 0
@@ -141,7 +141,7 @@ class BatchLoop(PrefillPacing):
         self._prefill_adapts = prefill_adapts
         self.prefill_rate: float | None = None
         self.prompt_cache_bytes = prompt_cache_bytes
-        #: the prompt cache's disk tier (mlxd.engines.prompt_disk), None when off
+        #: the prompt cache's disk tier (mlxd.engines.cache.prompt_disk), None when off
         self.disk = disk
         self._on_done = on_done
         self._outbox = outbox
@@ -157,7 +157,7 @@ class BatchLoop(PrefillPacing):
         self._gen: Any = None
         self._seqs: dict[int, _Seq] = {}
         self._cache: PromptCache | None = None
-        self._solo = False  # a job is running alone (mlxd.engines.solo)
+        self._solo = False  # a job is running alone (mlxd.engines.scheduling.solo)
         #: jobs that started alone, and those of them handed to the generator
         self.alone = 0
         self.handed_over = 0
@@ -299,7 +299,7 @@ class BatchLoop(PrefillPacing):
             self.disk.close()
 
     def note_step(self, kv: list[Any]) -> None:
-        """A lone job's step is done; ``kv`` is its KV (see mlxd.engines.solo)."""
+        """A lone job's step is done; ``kv`` is its KV (see mlxd.engines.scheduling.solo)."""
         self.steps += 1
         self.kv_bytes = sum(int(c.nbytes) for c in kv)
         self.kv_peak_bytes = max(self.kv_peak_bytes, self.kv_bytes)
@@ -371,7 +371,7 @@ class BatchLoop(PrefillPacing):
         self._largest = max(self._largest, st.prompt_tokens + st.completion_tokens)
 
     def _resume(self, job: Job, r: Resume) -> None:
-        """A lone job goes on in the generator from where it stopped (mlxd.engines.solo)."""
+        """A lone job goes on in the generator from where it stopped (mlxd.engines.scheduling.solo)."""
         from mlx_lm.generate import StopSequences
 
         _model, tok = self._model()

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Every rank runs in a worker process (:mod:`mlxd.engines.worker`) and holds a
+Every rank runs in a worker process (:mod:`mlxd.engines.workers.worker`) and holds a
 :class:`DistributedTextEngine`: the ordinary mlx-lm text engine, whose weights
 come from mlx-lm's ``sharded_load`` (tensor parallel where the model has
 ``shard()``, as llama, qwen2 and qwen3 do; pipeline otherwise). In a sharded
@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.config import ModelConfig
-from mlxd.engines.constrained import logits_processors
+from mlxd.engines.grammar.constrained import logits_processors
 from mlxd.engines.mlx_text import MlxTextEngine
-from mlxd.engines.mlx_thread import Job
-from mlxd.engines.wire import Rank
+from mlxd.engines.runtime.mlx_thread import Job
+from mlxd.engines.workers.wire import Rank
 from mlxd.errors import LoadFailed, MlxdError
 
 

@@ -10,11 +10,11 @@ model, so the next turn of a conversation finds its whole history; a
 generation that ends at its first token leaves its prompt) and evicted least recently used first
 once the cache holds more than ``max_bytes`` (``prompt_cache_gb``).
 
-With a disk tier (:class:`~mlxd.engines.prompt_disk.PromptDisk`, on when
+With a disk tier (:class:`~mlxd.engines.cache.prompt_disk.PromptDisk`, on when
 ``manager.prompt_cache_disk_gb`` is), a lookup also asks the tier for its
 longest prefix: when the disk holds more of the prompt than memory, that entry
 is read (checked), joins the memory cache and serves the prompt; ``fetch`` says
-how many tokens came from disk. Entries of :data:`~mlxd.engines.prompt_disk.LONG_PREFIX_TOKENS`
+how many tokens came from disk. Entries of :data:`~mlxd.engines.cache.prompt_disk.LONG_PREFIX_TOKENS`
 tokens or more are queued for the disk when inserted (:meth:`PromptCache.persist_pending`
 writes them once the model is idle, when they hold that many tokens beyond what the
 disk has of them), and :meth:`PromptCache.persist_all` writes every entry not on
@@ -29,7 +29,7 @@ import copy
 import logging
 from typing import Any
 
-from mlxd.engines.prompt_disk import BLOCK, LONG_PREFIX_TOKENS, PromptDisk
+from mlxd.engines.cache.prompt_disk import BLOCK, LONG_PREFIX_TOKENS, PromptDisk
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class PromptCache:
 
     def persist_pending(self) -> None:
         """Write the long entries made since the last call (the model is idle), each one that
-        holds :data:`~mlxd.engines.prompt_disk.LONG_PREFIX_TOKENS` tokens beyond what the disk
+        holds :data:`~mlxd.engines.cache.prompt_disk.LONG_PREFIX_TOKENS` tokens beyond what the disk
         has of it already: an agent's next turn does not rewrite its whole prefix each time
         (the residency's end writes the rest)."""
         pending, self._pending = self._pending, []

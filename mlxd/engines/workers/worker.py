@@ -2,10 +2,10 @@
 
 Theory of operation
 -------------------
-The daemon (:class:`mlxd.engines.process.ProcessEngine`) starts this module as a
+The daemon (:class:`mlxd.engines.workers.process.ProcessEngine`) starts this module as a
 child process, or over ``ssh`` for a remote rank of a distributed model, and
 talks to it over the child's stdin and stdout in framed messages
-(:mod:`mlxd.framing`; the messages are listed in :mod:`mlxd.engines.wire`).
+(:mod:`mlxd.framing`; the messages are listed in :mod:`mlxd.engines.workers.wire`).
 The worker runs its own Trio loop and hosts the very engine class the daemon
 would run on a thread (:func:`mlxd.engines.in_process_engine`): the same load,
 the same MLX thread, the same scheduler; this module only relays. So whatever
@@ -18,7 +18,7 @@ reason, the operating system takes all of it back.
 * Outgoing messages are queued and written by one task, so the events of every
   stream that arrived meanwhile go out in one write.
 * A distributed rank other than 0 (a *follower*) loads its shard, then follows
-  rank 0 (:meth:`mlxd.engines.lockstep.DistributedTextEngine.follow`) until rank 0
+  rank 0 (:meth:`mlxd.engines.workers.lockstep.DistributedTextEngine.follow`) until rank 0
   stops; it takes no requests from the daemon.
 
 Lifetime. The worker ignores SIGINT, SIGTERM and SIGHUP (a terminal's Ctrl-C or
@@ -48,9 +48,9 @@ from typing import Any
 import trio
 
 from mlxd.config import ModelConfig
-from mlxd.engines import imports_ahead
 from mlxd.engines.base import Engine, GenerationRequest, LoadProgress, TextDelta
-from mlxd.engines.wire import Rank, error_to_wire
+from mlxd.engines.runtime import imports_ahead
+from mlxd.engines.workers.wire import Rank, error_to_wire
 from mlxd.errors import EngineError, MlxdError
 from mlxd.faults import crash_point
 from mlxd.framing import Frames, child_command, frame
@@ -159,7 +159,7 @@ class Worker:
 
     def _make_engine(self, config: ModelConfig, rank: Rank | None) -> Engine:
         if rank is not None:
-            from mlxd.engines.lockstep import DistributedTextEngine
+            from mlxd.engines.workers.lockstep import DistributedTextEngine
 
             return DistributedTextEngine(config, rank=rank)
         from mlxd.engines import in_process_engine
@@ -312,7 +312,7 @@ def main() -> None:
 def command(*, warm: bool = False) -> list[str]:
     """This interpreter running :func:`main`, this ``mlxd`` importable; ``warm``: it imports
     mlx-lm before it reads anything (a spare's work done ahead of its load)."""
-    return [*child_command("mlxd.engines.worker"), *(["--warm"] if warm else [])]
+    return [*child_command("mlxd.engines.workers.worker"), *(["--warm"] if warm else [])]
 
 
 if __name__ == "__main__":

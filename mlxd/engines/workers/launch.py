@@ -1,7 +1,7 @@
 """How the worker processes of one residency are started: one, or one per rank.
 
 A model on one machine has one worker: this interpreter running
-:mod:`mlxd.engines.worker`. A ``distributed:`` model has one worker per rank,
+:mod:`mlxd.engines.workers.worker`. A ``distributed:`` model has one worker per rank,
 started the way ``mlx.launch`` starts them (``mlx/_distributed_utils/launch.py``
 in mlx 0.32): every rank gets ``MLX_RANK`` and the backend's variables
 (``ring``: ``MLX_HOSTFILE``, a JSON list of each rank's ``ip:port``s;
@@ -29,8 +29,8 @@ from pathlib import Path
 
 from mlxd.config import ModelConfig
 from mlxd.config.model import DistributedHost, DistributedSettings
-from mlxd.engines import worker
-from mlxd.engines.wire import Rank
+from mlxd.engines.workers import worker
+from mlxd.engines.workers.wire import Rank
 from mlxd.errors import LoadFailed
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

@@ -1,7 +1,7 @@
 """A batched model's lone request, decoded without the ``BatchGenerator`` until a second one comes.
 
 Theory of operation. While one request is all a batched model has,
-:class:`~mlxd.engines.batch_loop.BatchLoop` runs it here: the prompt's
+:class:`~mlxd.engines.scheduling.batch_loop.BatchLoop` runs it here: the prompt's
 longest cached prefix from the prompt cache, the rest prefilled in chunks
 (``prefill_chunk`` tokens, each one loop step), then one forward pass per
 token on plain per-layer KV caches, the way ``mlx_lm.generate_step`` does.
@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd.config.kv import KV_STEP
 from mlxd.engines.base import GenerationRequest
-from mlxd.engines.guard import Guard
-from mlxd.engines.mlx_thread import Job, PrefillProgress
-from mlxd.engines.streaming import Output
+from mlxd.engines.runtime.mlx_thread import Job, PrefillProgress
+from mlxd.engines.scheduling.guard import Guard
+from mlxd.engines.text.streaming import Output
 
 if TYPE_CHECKING:
-    from mlxd.engines.batch_loop import BatchLoop
+    from mlxd.engines.scheduling.batch_loop import BatchLoop
 
 
 def runs_alone(request: GenerationRequest) -> bool:
@@ -72,7 +72,7 @@ def compact(kv: list[Any], slack: int = 1) -> list[Any]:
 
     A cache grows 256 positions at a time, and a prefix trimmed from a longer
     prompt-cache entry keeps the entry's length: this keeps what a lone request
-    holds within what batch admission counts (mlxd.engines.batching), and a
+    holds within what batch admission counts (mlxd.engines.scheduling.batching), and a
     prompt-cache entry as large as its tokens.
     """
     import mlx.core as mx
