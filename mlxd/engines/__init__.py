@@ -9,14 +9,14 @@ engine class in a worker process (:mod:`.workers.worker`).
 
 This package holds the protocol (:mod:`.base`), the engines (:mod:`.fake`,
 :mod:`.mlx_text`, :mod:`.mlx_vision`, :mod:`.mlx_embed`), a model's injected
-faults (:mod:`.faults`) and the factory (here); its subpackages hold what the
+faults (:mod:`.injected_faults`) and the factory (here); its subpackages hold what the
 MLX engines are made of, each saying what it may import: the MLX thread and
 memory (:mod:`.runtime`), prompts and streamed output (:mod:`.text`),
 constrained decoding (:mod:`.grammar`), the prompt cache (:mod:`.cache`), a
 model's files (:mod:`.model_files`), the queues in front of the MLX thread
 (:mod:`.scheduling`) and worker processes (:mod:`.workers`).
 May import: :mod:`mlxd.config` (a model's settings), :mod:`mlxd.errors`,
-:mod:`mlxd.faults`; never the residency manager, the journal or HTTP.
+:mod:`mlxd.crash_points`; never the residency manager, the journal or HTTP.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import trio
 from mlxd.config import weights_fingerprint
 from mlxd.engines.base import Engine
 from mlxd.engines.fake import FakeFleet
-from mlxd.engines.faults import Faults
+from mlxd.engines.injected_faults import Faults
 
 if TYPE_CHECKING:
     from mlxd.config import ModelConfig

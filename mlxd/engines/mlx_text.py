@@ -52,8 +52,8 @@ from mlxd.engines.base import (
     ProgressCallback,
 )
 from mlxd.engines.cache import prompt_disk
-from mlxd.engines.faults import Faults
 from mlxd.engines.grammar.constrained import GrammarCache, with_grammar
+from mlxd.engines.injected_faults import Faults
 from mlxd.engines.model_files import sources
 from mlxd.engines.model_files.sources import describe_load_error, progress_sink
 from mlxd.engines.runtime import imports_ahead, memory

@@ -36,7 +36,7 @@ import trio
 
 from mlxd.config import ModelConfig
 from mlxd.engines.base import GenerationRequest
-from mlxd.engines.faults import Faults
+from mlxd.engines.injected_faults import Faults
 from mlxd.engines.mlx_text import MlxTextEngine, Observer, seed_rng
 from mlxd.engines.model_files import sources
 from mlxd.engines.runtime.mlx_thread import Job

@@ -12,6 +12,7 @@ import trio
 from quart import Blueprint, Response, request
 
 from mlxd import __version__
+from mlxd.crash_points import crash_point
 from mlxd.engines.cache import prompt_disk
 from mlxd.engines.text.prompt_limits import limits_for
 from mlxd.errors import (
@@ -21,7 +22,6 @@ from mlxd.errors import (
     JournalError,
     ModelNotFound,
 )
-from mlxd.faults import crash_point
 from mlxd.http import access_log, sse
 from mlxd.http.context import AppState, state
 from mlxd.http.metrics import CONTENT_TYPE

@@ -5,6 +5,6 @@ Owns the in-memory cache reused by the longest cached prefix
 entries outlive a residency, keyed by the weights' identity
 (:mod:`.prompt_disk`; ``prompt_cache_disk_gb``).
 
-May import: :mod:`mlxd.config`, :mod:`mlxd.faults` (crash points), :mod:`mlxd.errors`;
+May import: :mod:`mlxd.config`, :mod:`mlxd.crash_points`, :mod:`mlxd.errors`;
 never the schedulers, the engines, the workers, the residency or HTTP.
 """

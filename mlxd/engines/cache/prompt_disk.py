@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.config import DiskTier, ModelConfig, weights_fingerprint
-from mlxd.faults import crash_point
+from mlxd.crash_points import crash_point
 
 log = logging.getLogger(__name__)
 

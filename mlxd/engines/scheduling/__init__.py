@@ -8,7 +8,7 @@ side (:mod:`.batching`) and its decode loop on the MLX thread
 (:mod:`.prefill_pace`), per-request samplers (:mod:`.sampling`), and a batched
 request's own failures kept to itself (:mod:`.guard`).
 
-May import: :mod:`mlxd.engines.base`, :mod:`mlxd.engines.faults`,
+May import: :mod:`mlxd.engines.base`, :mod:`mlxd.engines.injected_faults`,
 :mod:`mlxd.engines.runtime`, :mod:`mlxd.engines.text` (the streamed output),
 :mod:`mlxd.engines.cache`, :mod:`mlxd.config`, :mod:`mlxd.errors`; never the
 engine classes, the workers, the residency or HTTP.

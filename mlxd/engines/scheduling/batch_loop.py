@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd.engines.base import GenerationRequest
 from mlxd.engines.cache.prompt_cache import PromptCache
-from mlxd.engines.faults import Faults
+from mlxd.engines.injected_faults import Faults
 from mlxd.engines.runtime import memory
 from mlxd.engines.runtime.mlx_thread import Job, Outbox, PrefillProgress
 from mlxd.engines.scheduling.guard import Guard
@@ -146,7 +146,7 @@ class BatchLoop(PrefillPacing):
         self._on_done = on_done
         self._outbox = outbox
         self._output = output
-        self._faults = faults  # requests poisoned on purpose (tests), see mlxd.engines.faults
+        self._faults = faults  # requests poisoned on purpose (tests), see mlxd.engines.injected_faults
         self._lock = threading.Lock()
         self._arrival = threading.Condition(self._lock)  # a job added, or one on its way less
         self._expected = 0  # requests on their way (expecting), under _lock

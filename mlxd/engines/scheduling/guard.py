@@ -23,7 +23,7 @@ A request whose error is its input's fault (its grammar proved too complex
 for the parser: :class:`~mlxd.errors.InvalidRequest`) gets that error; any
 other becomes the engine's error with a bounded message
 (:func:`mlxd.errors.describe_error`). Injected faults (:meth:`Faults.poison
-<mlxd.engines.faults.Faults.poison>`) strike at these same points.
+<mlxd.engines.injected_faults.Faults.poison>`) strike at these same points.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mlxd.engines.faults import Poison, PoisonPoint
+from mlxd.engines.injected_faults import Poison, PoisonPoint
 from mlxd.engines.runtime.mlx_thread import Job
 from mlxd.engines.text.streaming import Output, deliver_token
 

@@ -9,6 +9,6 @@ text engine sharded over the ranks of an ``mlx.distributed`` group
 
 May import: the engine classes (a worker hosts the model's ordinary engine),
 every other subpackage of :mod:`mlxd.engines`, :mod:`mlxd.config`,
-:mod:`mlxd.framing`, :mod:`mlxd.errors`, :mod:`mlxd.faults`; never the
+:mod:`mlxd.framing`, :mod:`mlxd.errors`, :mod:`mlxd.crash_points`; never the
 residency, the journal or HTTP.
 """

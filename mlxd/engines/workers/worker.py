@@ -48,11 +48,11 @@ from typing import Any
 import trio
 
 from mlxd.config import ModelConfig
+from mlxd.crash_points import crash_point
 from mlxd.engines.base import Engine, GenerationRequest, LoadProgress, TextDelta
 from mlxd.engines.runtime import imports_ahead
 from mlxd.engines.workers.wire import Rank, error_to_wire
 from mlxd.errors import EngineError, MlxdError
-from mlxd.faults import crash_point
 from mlxd.framing import Frames, child_command, frame
 
 log = logging.getLogger("mlxd.worker")

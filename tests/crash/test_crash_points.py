@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from mlxd.faults import parse, parse_spec
+from mlxd.crash_points import parse, parse_spec
 from tests.support.daemon import REPO
 
 _PROBE = """
 import sys
-from mlxd.faults import crash_point
+from mlxd.crash_points import crash_point
 for i in range(1, 6):
     crash_point("other")
     crash_point("here")
