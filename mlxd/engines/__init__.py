@@ -9,7 +9,8 @@ engine class in a worker process (:mod:`.workers.worker`).
 
 This package holds the protocol (:mod:`.base`), the engines (:mod:`.fake`,
 :mod:`.mlx_text`, :mod:`.mlx_vision`, :mod:`.mlx_embed`), a model's injected
-faults (:mod:`.injected_faults`) and the factory (here); its subpackages hold what the
+faults (:mod:`.injected_faults`), the engine class of a model (:mod:`.in_process`,
+which worker processes host too) and the factory (here); its subpackages hold what the
 MLX engines are made of, each saying what it may import: the MLX thread and
 memory (:mod:`.runtime`), prompts and streamed output (:mod:`.text`),
 constrained decoding (:mod:`.grammar`), the prompt cache (:mod:`.cache`), a
@@ -29,36 +30,13 @@ import trio
 from mlxd.config import weights_fingerprint
 from mlxd.engines.base import Engine
 from mlxd.engines.fake import FakeFleet
+from mlxd.engines.in_process import in_process_engine
 from mlxd.engines.injected_faults import Faults
 
 if TYPE_CHECKING:
     from mlxd.config import ModelConfig
 
 EngineFactory = Callable[["ModelConfig"], Engine]
-
-
-def in_process_engine(
-    model: ModelConfig, fleet: FakeFleet | None = None, faults: Faults | None = None
-) -> Engine:
-    """The engine class of ``model``, to run in this process (on its own MLX thread).
-
-    ``faults``: the model's injected faults (made from its ``faults:`` key if not given).
-    """
-    if model.engine == "fake":
-        return (fleet or FakeFleet())(model)
-    if faults is None and model.faults is not None:
-        faults = Faults(model.name, model.faults)
-    if model.embedding:
-        from mlxd.engines.mlx_embed import MlxEmbeddingEngine
-
-        return MlxEmbeddingEngine(model)
-    if model.mllm:
-        from mlxd.engines.mlx_vision import MlxVisionEngine
-
-        return MlxVisionEngine(model, faults=faults)
-    from mlxd.engines.mlx_text import MlxTextEngine
-
-    return MlxTextEngine(model, faults=faults)
 
 
 async def loaded_weights(model: ModelConfig) -> str:
@@ -112,6 +90,5 @@ __all__ = [
     "Engine",
     "EngineFactory",
     "FakeFleet",
-    "in_process_engine",
     "loaded_weights",
 ]

@@ -7,7 +7,7 @@ child process, or over ``ssh`` for a remote rank of a distributed model, and
 talks to it over the child's stdin and stdout in framed messages
 (:mod:`mlxd.framing`; the messages are listed in :mod:`mlxd.engines.workers.wire`).
 The worker runs its own Trio loop and hosts the very engine class the daemon
-would run on a thread (:func:`mlxd.engines.in_process_engine`): the same load,
+would run on a thread (:func:`mlxd.engines.in_process.in_process_engine`): the same load,
 the same MLX thread, the same scheduler; this module only relays. So whatever
 the engine does (batching, prompt caches, memory measurement) happens here
 unchanged, and its memory is this process's: when the process ends, for any
@@ -162,7 +162,7 @@ class Worker:
             from mlxd.engines.workers.lockstep import DistributedTextEngine
 
             return DistributedTextEngine(config, rank=rank)
-        from mlxd.engines import in_process_engine
+        from mlxd.engines.in_process import in_process_engine
 
         return in_process_engine(config)
 
