@@ -25,9 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-import trio
-
-from mlxd.config import weights_fingerprint
 from mlxd.engines.base import Engine
 from mlxd.engines.fake import FakeFleet
 from mlxd.engines.in_process import in_process_engine
@@ -37,15 +34,6 @@ if TYPE_CHECKING:
     from mlxd.config import ModelConfig
 
 EngineFactory = Callable[["ModelConfig"], Engine]
-
-
-async def loaded_weights(model: ModelConfig) -> str:
-    """What a load of ``model`` has just measured (:func:`mlxd.config.weights_fingerprint`; its
-    measurement applies while that is unchanged): a stat walk of the model's files, on a thread;
-    a fake's is its settings (no thread: fakes run in virtual-time tests)."""
-    if model.engine == "fake":
-        return weights_fingerprint(model)
-    return await trio.to_thread.run_sync(weights_fingerprint, model, abandon_on_cancel=True)
 
 
 class DefaultEngines:
@@ -90,5 +78,4 @@ __all__ = [
     "Engine",
     "EngineFactory",
     "FakeFleet",
-    "loaded_weights",
 ]

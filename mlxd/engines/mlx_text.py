@@ -47,6 +47,7 @@ from mlxd.config import ModelConfig
 from mlxd.engines.base import (
     GenerationEvent,
     GenerationRequest,
+    KvBook,
     KvBroker,
     LoadProgress,
     ProgressCallback,
@@ -68,7 +69,7 @@ from mlxd.engines.runtime.mlx_thread import (
 )
 from mlxd.engines.scheduling.batch_loop import BatchLoop
 from mlxd.engines.scheduling.batching import BatchScheduler
-from mlxd.engines.scheduling.kv_gate import GatedScheduler, KvBook
+from mlxd.engines.scheduling.kv_gate import GatedScheduler
 from mlxd.engines.text import prompt_limits
 from mlxd.engines.text.prompts import check_tools, count_image_parts, think_markers, tokenize
 from mlxd.engines.text.streaming import JobEvents, Output, TokenTexts, deliver_token

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from mlxd.config.kv import kv_need_bytes, resolve_cache_sizes
-from mlxd.engines.base import KvAnswer
-from mlxd.engines.scheduling.kv_gate import KvBook
+from mlxd.engines.base import KvAnswer, KvBook
 from mlxd.residency.lease import Ticket
 from mlxd.residency.messages import CancelWaiter, ReserveKV, ReturnKV, WaiterKind
 

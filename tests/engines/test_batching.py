@@ -13,10 +13,9 @@ import trio
 from mlxd.config import Config, ContentionPolicy, ManagerConfig
 from mlxd.config.kv import kv_need_bytes as batch_kv_bytes
 from mlxd.engines import DefaultEngines
-from mlxd.engines.base import ChatMessage, Finished, GenerationRequest, TextDelta
+from mlxd.engines.base import ChatMessage, Finished, GenerationRequest, KvBook, TextDelta
 from mlxd.engines.mlx_text import MlxTextEngine
 from mlxd.engines.scheduling.batching import BatchScheduler
-from mlxd.engines.scheduling.kv_gate import KvBook
 from mlxd.errors import InvalidRequest, Preempted
 from mlxd.residency.manager import Manager
 from tests.engines.mlx_helpers import (

@@ -25,10 +25,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mlxd.engines.base import KvBook
 from mlxd.engines.injected_faults import Faults
 from mlxd.engines.runtime.mlx_thread import Job, MlxThread, Outbox, call_soon
 from mlxd.engines.scheduling.batch_loop import BatchLoop, OutputFactory
-from mlxd.engines.scheduling.kv_gate import GatedScheduler, KvBook
+from mlxd.engines.scheduling.kv_gate import GatedScheduler
 
 if TYPE_CHECKING:
     from mlxd.engines.cache.prompt_disk import PromptDisk

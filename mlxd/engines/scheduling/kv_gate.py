@@ -26,83 +26,13 @@ bytes per token unknown, admission is bounded by the batch size only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 
 import trio
 
-from mlxd.config import ModelConfig
-from mlxd.config.kv import kv_need_bytes
-from mlxd.engines.base import KvBroker
+from mlxd.engines.base import KvBook
 from mlxd.engines.runtime.mlx_thread import Job, MlxThread, SerialScheduler
-from mlxd.errors import InvalidRequest, MlxdError, ModelExceedsBudget
-from mlxd.units import format_bytes
-
-
-@dataclass
-class KvBook:
-    """What a model's engine holds of KV beyond the floor its load committed."""
-
-    floor: int
-    bytes_per_token: int | None
-    #: ``kv_cache_gb`` was set: the floor is the cap, nothing is reserved per request
-    fixed: bool = False
-    broker: KvBroker | None = None
-    #: bytes reserved beyond the floor (granted, not given back)
-    held: int = 0
-    #: the head of the queue whose reservation is asked for, and how to withdraw the ask
-    pending: Job | None = None
-    _withdraw: Callable[[], None] | None = field(default=None, repr=False)
-
-    @classmethod
-    def of(
-        cls, config: ModelConfig, per_token: int | None, kv_cache: int, broker: KvBroker | None
-    ) -> KvBook:
-        """A residency's book: ``kv_cache_gb`` set is a fixed region of ``kv_cache`` bytes;
-        else the floor is what its load committed (the residency's figure, via ``broker``)."""
-        fixed = config.kv_cache_bytes is not None
-        floor = kv_cache if fixed or broker is None else broker.floor()
-        return cls(floor, per_token, fixed, broker)
-
-    @property
-    def draws(self) -> bool:
-        """Whether KV beyond the floor is reserved in the budget per request."""
-        return bool(self.bytes_per_token) and not self.fixed and self.broker is not None
-
-    def need(self, tokens: list[int]) -> int:
-        return kv_need_bytes(tokens, self.bytes_per_token or 0)
-
-    def limit(self) -> int | None:
-        """The most KV the model's running generations may hold (None: unbounded here)."""
-        if self.fixed:
-            return self.floor
-        if self.broker is None or not self.bytes_per_token:
-            return None
-        return self.floor + self.broker.room()
-
-    def fit(self, model: str, prompt_tokens: int, max_tokens: int) -> int:
-        """The ``max_tokens`` a request may run with so its KV fits even alone (fewer than
-        asked: it ends with finish_reason ``length``); a prompt that cannot fit is a 400."""
-        limit, per = self.limit(), self.bytes_per_token
-        if limit is None or not per:
-            return max_tokens
-        room = limit // per - (self.need([0]) // per)  # tokens that fit, with a growth step
-        if prompt_tokens < room:
-            return min(max_tokens, room - prompt_tokens)
-        short = format_bytes((prompt_tokens - room + 1) * per)
-        where = (
-            f"the model's kv_cache_gb ({format_bytes(limit)})"
-            if self.fixed
-            else f"the memory budget, with every other model evicted ({format_bytes(limit)} "
-            f"for the KV of '{model}')"
-        )
-        error = InvalidRequest if self.fixed else ModelExceedsBudget
-        raise error(
-            f"the prompt's KV cache ({prompt_tokens:,} tokens, "
-            f"{format_bytes(prompt_tokens * per)}) does not fit {where}: {room:,} tokens fit, "
-            f"{short} short; shorten the prompt",
-            param="messages",
-        )
+from mlxd.errors import MlxdError
 
 
 class GatedScheduler(SerialScheduler):
@@ -156,7 +86,7 @@ class GatedScheduler(SerialScheduler):
     def _ask(self, kv: KvBook, job: Job, nbytes: int) -> None:
         assert kv.broker is not None
         kv.pending = job
-        kv._withdraw = kv.broker.reserve(
+        kv.withdraw_ask = kv.broker.reserve(
             job.request.lease_id, nbytes, partial(self._answered, job, nbytes)
         )
 
@@ -167,7 +97,7 @@ class GatedScheduler(SerialScheduler):
             if error is None and kv.broker is not None:
                 kv.broker.give_back(nbytes)  # asked for a head that has gone since
             return
-        kv.pending = kv._withdraw = None
+        kv.pending = kv.withdraw_ask = None
         if error is None:
             kv.held += nbytes
         elif job in self._waiting:
@@ -195,7 +125,7 @@ class GatedScheduler(SerialScheduler):
     def withdraw(self, job: Job) -> None:
         kv = self.kv
         if kv is not None and kv.pending is job:
-            withdraw, kv.pending, kv._withdraw = kv._withdraw, None, None
+            withdraw, kv.pending, kv.withdraw_ask = kv.withdraw_ask, None, None
             if withdraw is not None:
                 withdraw()
         super().withdraw(job)
@@ -203,9 +133,9 @@ class GatedScheduler(SerialScheduler):
     def close(self, reason: BaseException) -> None:
         kv = self.kv
         if kv is not None:
-            if kv._withdraw is not None:
-                kv._withdraw()
-            kv.pending = kv._withdraw = None
+            if kv.withdraw_ask is not None:
+                kv.withdraw_ask()
+            kv.pending = kv.withdraw_ask = None
             kv.broker = None  # the residency ends: its KV goes with it
         super().close(reason)
 

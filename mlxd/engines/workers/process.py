@@ -47,11 +47,12 @@ from mlxd.engines.base import (
     Finished,
     GenerationEvent,
     GenerationRequest,
+    KvBook,
     KvBroker,
     LoadProgress,
     ProgressCallback,
 )
-from mlxd.engines.scheduling.kv_gate import KvBook, KvLedger
+from mlxd.engines.scheduling.kv_gate import KvLedger
 from mlxd.engines.workers import launch
 from mlxd.engines.workers.wire import error_from_wire
 from mlxd.engines.workers.worker import OUT_OF_STEP
