@@ -90,7 +90,7 @@ def child_engine(model: str, tokens: int) -> dict[str, float]:
     from mlxd.config import ModelConfig
     from mlxd.engines.base import GenerationRequest
     from mlxd.engines.mlx_text import MlxTextEngine
-    from mlxd.engines.runtime.mlx_thread import GenerationStats
+    from mlxd.engines.runtime.jobs import GenerationStats
 
     arrivals: list[tuple[float, int]] = []
     inner: list[

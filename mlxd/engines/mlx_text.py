@@ -13,7 +13,7 @@ worker thread, never on the MLX thread: it does not hold up the model's other
 requests, and a client that leaves stops waiting at once) and checks it against the model's
 prompt limits (:mod:`mlxd.engines.text.prompt_limits`). ``generate`` prepares a
 request that was not prepared yet, hands a
-:class:`~mlxd.engines.runtime.mlx_thread.Job` to the scheduler (arrival order, one at a
+:class:`~mlxd.engines.runtime.jobs.Job` to the scheduler (arrival order, one at a
 time, ``max_queue`` admission: :class:`~mlxd.errors.Overloaded` before anything
 is yielded) and relays what the MLX thread emits. When the consumer leaves
 (``trio.Cancelled`` at its await, or ``aclose()``), the job's cancel flag is
@@ -58,18 +58,12 @@ from mlxd.engines.injected_faults import Faults
 from mlxd.engines.model_files import sources
 from mlxd.engines.model_files.sources import describe_load_error, progress_sink
 from mlxd.engines.runtime import imports_ahead, memory
-from mlxd.engines.runtime.mlx_thread import (
-    GenerationStats,
-    Job,
-    MlxThread,
-    Outbox,
-    PrefillProgress,
-    SerialScheduler,
-    Sink,
-)
+from mlxd.engines.runtime.jobs import GenerationStats, Job, Outbox, PrefillProgress, Sink
+from mlxd.engines.runtime.mlx_thread import MlxThread
 from mlxd.engines.scheduling.batch_loop import BatchLoop
 from mlxd.engines.scheduling.batching import BatchScheduler
 from mlxd.engines.scheduling.kv_gate import GatedScheduler
+from mlxd.engines.scheduling.serial import SerialScheduler
 from mlxd.engines.text import prompt_limits
 from mlxd.engines.text.prompts import check_tools, count_image_parts, think_markers, tokenize
 from mlxd.engines.text.streaming import JobEvents, Output, TokenTexts, deliver_token

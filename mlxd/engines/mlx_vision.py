@@ -39,7 +39,7 @@ from mlxd.engines.base import GenerationRequest
 from mlxd.engines.injected_faults import Faults
 from mlxd.engines.mlx_text import MlxTextEngine, Observer, seed_rng
 from mlxd.engines.model_files import sources
-from mlxd.engines.runtime.mlx_thread import Job
+from mlxd.engines.runtime.jobs import Job
 from mlxd.engines.text import prompt_limits
 from mlxd.engines.text.prompts import count_image_parts, message_text, uses_tools
 from mlxd.errors import EngineError, InvalidRequest, LoadFailed, ToolsNotSupported

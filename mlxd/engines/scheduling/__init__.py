@@ -1,6 +1,7 @@
 """Which generation runs when on a model's MLX thread: one at a time, gated by KV, or batched.
 
-Owns the queues in front of the MLX thread: admission that waits for the
+Owns the queues in front of the MLX thread: one at a time in arrival order
+(:mod:`.serial`), admission that waits for the
 budget's KV reservation (:mod:`.kv_gate`), continuous batching on the Trio
 side (:mod:`.batching`) and its decode loop on the MLX thread
 (:mod:`.batch_loop`, with a lone request decoded without the batch:

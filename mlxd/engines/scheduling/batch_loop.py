@@ -66,7 +66,7 @@ from mlxd.engines.base import GenerationRequest
 from mlxd.engines.cache.prompt_cache import PromptCache
 from mlxd.engines.injected_faults import Faults
 from mlxd.engines.runtime import memory
-from mlxd.engines.runtime.mlx_thread import Job, Outbox, PrefillProgress
+from mlxd.engines.runtime.jobs import Job, Outbox, PrefillProgress
 from mlxd.engines.scheduling.guard import Guard
 from mlxd.engines.scheduling.prefill_pace import PrefillPacing
 from mlxd.engines.scheduling.sampling import make_sampler

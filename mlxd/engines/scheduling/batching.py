@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd.engines.base import KvBook
 from mlxd.engines.injected_faults import Faults
-from mlxd.engines.runtime.mlx_thread import Job, MlxThread, Outbox, call_soon
+from mlxd.engines.runtime.jobs import Job, Outbox
+from mlxd.engines.runtime.mlx_thread import MlxThread, call_soon
 from mlxd.engines.scheduling.batch_loop import BatchLoop, OutputFactory
 from mlxd.engines.scheduling.kv_gate import GatedScheduler
 

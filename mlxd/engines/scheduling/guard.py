@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mlxd.engines.injected_faults import Poison, PoisonPoint
-from mlxd.engines.runtime.mlx_thread import Job
+from mlxd.engines.runtime.jobs import Job
 from mlxd.engines.text.streaming import Output, deliver_token
 
 

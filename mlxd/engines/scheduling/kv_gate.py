@@ -31,7 +31,9 @@ from functools import partial
 import trio
 
 from mlxd.engines.base import KvBook
-from mlxd.engines.runtime.mlx_thread import Job, MlxThread, SerialScheduler
+from mlxd.engines.runtime.jobs import Job
+from mlxd.engines.runtime.mlx_thread import MlxThread
+from mlxd.engines.scheduling.serial import SerialScheduler
 from mlxd.errors import MlxdError
 
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd.config.kv import KV_STEP
 from mlxd.engines.base import GenerationRequest
-from mlxd.engines.runtime.mlx_thread import Job, PrefillProgress
+from mlxd.engines.runtime.jobs import Job, PrefillProgress
 from mlxd.engines.scheduling.guard import Guard
 from mlxd.engines.text.streaming import Output
 

@@ -30,12 +30,12 @@ from mlxd.engines.base import (
     TokenLogprob,
     ToolCallDelta,
 )
-from mlxd.engines.runtime.mlx_thread import TOKEN_TICK, PrefillProgress, TokenTick
+from mlxd.engines.runtime.jobs import TOKEN_TICK, PrefillProgress, TokenTick
 from mlxd.engines.text.tool_calls import ToolCallSplitter, ToolFormat, parse_calls
 from mlxd.errors import EngineError, MlxdError, describe_error
 
 if TYPE_CHECKING:
-    from mlxd.engines.runtime.mlx_thread import GenerationStats, Job
+    from mlxd.engines.runtime.jobs import GenerationStats, Job
 
 
 class StopText:

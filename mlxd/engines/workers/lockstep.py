@@ -41,7 +41,7 @@ from typing import Any
 from mlxd.config import ModelConfig
 from mlxd.engines.grammar.constrained import logits_processors
 from mlxd.engines.mlx_text import MlxTextEngine
-from mlxd.engines.runtime.mlx_thread import Job
+from mlxd.engines.runtime.jobs import Job
 from mlxd.engines.workers.wire import Rank
 from mlxd.errors import LoadFailed, MlxdError
 
