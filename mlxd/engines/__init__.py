@@ -8,7 +8,8 @@ daemon gets a :class:`~mlxd.engines.workers.process.ProcessEngine`, which runs t
 engine class in a worker process (:mod:`.workers.worker`).
 
 This package holds the protocol (:mod:`.base`), the engines (:mod:`.fake`,
-:mod:`.mlx_text`, :mod:`.mlx_vision`, :mod:`.mlx_embed`), a model's injected
+:mod:`.mlx_text` with its requests in :mod:`.mlx_generation`,
+:mod:`.mlx_vision`, :mod:`.mlx_embed`), a model's injected
 faults (:mod:`.injected_faults`), the engine class of a model (:mod:`.in_process`,
 which worker processes host too) and the factory (here); its subpackages hold what the
 MLX engines are made of, each saying what it may import: the MLX thread and

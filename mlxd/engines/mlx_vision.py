@@ -37,7 +37,8 @@ import trio
 from mlxd.config import ModelConfig
 from mlxd.engines.base import GenerationRequest
 from mlxd.engines.injected_faults import Faults
-from mlxd.engines.mlx_text import MlxTextEngine, Observer, seed_rng
+from mlxd.engines.mlx_generation import Observer, seed_rng
+from mlxd.engines.mlx_text import MlxTextEngine
 from mlxd.engines.model_files import sources
 from mlxd.engines.runtime.jobs import Job
 from mlxd.engines.text import prompt_limits
