@@ -28,7 +28,7 @@ import tempfile
 import time
 
 from mlxd import blas
-from mlxd.engines.demo_model import write_demo_model
+from mlxd.engines.model_files.demo_model import write_demo_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -111,7 +111,7 @@ def free_port() -> int:
 
 
 def write_models(kinds: list[str]) -> dict[str, Path]:
-    from mlxd.engines.demo_model import is_model_dir, write_demo_model
+    from mlxd.engines.model_files.demo_model import is_model_dir, write_demo_model
 
     out: dict[str, Path] = {}
     for kind in kinds:

@@ -11,7 +11,7 @@ first use into ``--dir``; or ``--model DIR`` for any local mlx-lm model):
    library that does not import is reported as such, with the reason.
 2. **Decode** (``decode``): mlx-lm ``stream_generate`` on the model, greedy,
    ``--tokens`` tokens, without and with mlxd's processor
-   (:func:`mlxd.engines.constrained.logits_processors`, a ``json_object``
+   (:func:`mlxd.engines.grammar.constrained.logits_processors`, a ``json_object``
    grammar whose budget guard stays idle until the last tokens). The per-token
    overhead is ``1/tps(constrained) - 1/tps(free)``, median over paired runs
    (free, constrained, constrained, free, ...).
@@ -177,7 +177,7 @@ def decode(path: Path, runs: int, tokens: int) -> list[str]:
     from mlx_lm import load, stream_generate
 
     from mlxd.engines.base import Constraint, GenerationRequest
-    from mlxd.engines.constrained import GrammarCache, logits_processors
+    from mlxd.engines.grammar.constrained import GrammarCache, logits_processors
 
     model, tok = load(str(path))
     vocab = int(model.args.vocab_size)
@@ -221,7 +221,7 @@ def batch(path: Path, runs: int, tokens: int, width: int) -> list[str]:
     from mlx_lm.generate import BatchGenerator, StopSequences
 
     from mlxd.engines.base import Constraint, GenerationRequest
-    from mlxd.engines.constrained import GrammarCache, logits_processors
+    from mlxd.engines.grammar.constrained import GrammarCache, logits_processors
 
     model, tok = load(str(path))
     vocab = int(model.args.vocab_size)
@@ -276,7 +276,7 @@ def main() -> None:
     args = ap.parse_args()
     path = args.model
     if path is None:
-        from mlxd.engines.demo_model import is_model_dir, write_demo_model
+        from mlxd.engines.model_files.demo_model import is_model_dir, write_demo_model
 
         path = args.dir / args.size
         if not is_model_dir(path):

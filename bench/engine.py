@@ -6,7 +6,7 @@ load in a new process, and neither inherits the other's caches):
 * ``plain``, the peer: ``mlx_lm.load(path)`` then ``mlx_lm.stream_generate``
   on the main thread, exactly as a script would use mlx-lm;
 * ``engine``: :class:`mlxd.engines.mlx_text.MlxTextEngine` under Trio, with
-  mlx-lm imported ahead as ``mlxd serve`` does it (:mod:`mlxd.engines.imports_ahead`),
+  mlx-lm imported ahead as ``mlxd serve`` does it (:mod:`mlxd.engines.runtime.imports_ahead`),
   ``await engine.load(...)`` then ``engine.generate(...)`` consumed from Trio
   (MLX on the engine's own thread, tokens relayed through a memory channel).
 
@@ -82,7 +82,7 @@ def child_plain(model: str, tokens: int) -> dict[str, float]:
 def child_engine(model: str, tokens: int) -> dict[str, float]:
     import trio
 
-    from mlxd.engines import imports_ahead
+    from mlxd.engines.runtime import imports_ahead
 
     imports_ahead.start()  # mlx-lm imported before the clock, as `mlxd serve` does it at start-up
     imports_ahead.wait()
@@ -90,7 +90,7 @@ def child_engine(model: str, tokens: int) -> dict[str, float]:
     from mlxd.config import ModelConfig
     from mlxd.engines.base import GenerationRequest
     from mlxd.engines.mlx_text import MlxTextEngine
-    from mlxd.engines.mlx_thread import GenerationStats
+    from mlxd.engines.runtime.jobs import GenerationStats
 
     arrivals: list[tuple[float, int]] = []
     inner: list[
@@ -200,7 +200,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mlxd-bench-") as tmp:
         model = args.model
         if model is None:
-            from mlxd.engines.demo_model import write_demo_model
+            from mlxd.engines.model_files.demo_model import write_demo_model
 
             model = str(Path(tmp) / "small")
             params = write_demo_model(model, "small")

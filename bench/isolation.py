@@ -6,7 +6,7 @@ contenders, each run in its own fresh subprocess, alternating:
 
 * ``thread``: :class:`mlxd.engines.mlx_text.MlxTextEngine` in this process
   (its own MLX thread), as ``isolation: thread`` runs it;
-* ``process``: :class:`mlxd.engines.process.ProcessEngine`, the same engine
+* ``process``: :class:`mlxd.engines.workers.process.ProcessEngine`, the same engine
   class in a worker process, requests and tokens over a pipe.
 
 Figures (same definitions for both; Trio consumers, greedy, fixed prompt):
@@ -62,8 +62,8 @@ def child(kind: str, model: str, tokens: int, requests: int, streams: int) -> di
     from mlxd.config import ModelConfig
     from mlxd.engines.base import GenerationRequest, TextDelta
     from mlxd.engines.mlx_text import MlxTextEngine
-    from mlxd.engines.process import ProcessEngine
-    from mlxd.engines.worker_process import Workers
+    from mlxd.engines.workers.process import ProcessEngine
+    from mlxd.engines.workers.worker_process import Workers
 
     config = ModelConfig(name="bench", source=model, isolation=kind)  # type: ignore[arg-type]
 
@@ -219,7 +219,7 @@ def main() -> int:
     sections: list[str] = []
     over: list[str] = []
     with tempfile.TemporaryDirectory(prefix="mlxd-bench-") as tmp:
-        from mlxd.engines.demo_model import write_demo_model
+        from mlxd.engines.model_files.demo_model import write_demo_model
 
         for name in args.models.split(","):
             path = str(Path(tmp) / name)

@@ -32,7 +32,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.engine import machine
-from mlxd.engines.demo_model import write_demo_model
+from mlxd.engines.model_files.demo_model import write_demo_model
 from tests.support.daemon import DaemonProcess, write_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "prompt_disk.md"

@@ -1,7 +1,7 @@
 """Length-prefixed pickled messages over a pipe: the wire of mlxd's child processes.
 
 Both the journal's writer process (:mod:`mlxd.journal.writer`) and the engine
-worker processes (:mod:`mlxd.engines.worker`) talk to the daemon with these
+worker processes (:mod:`mlxd.engines.workers.worker`) talk to the daemon with these
 frames: a 4-byte big-endian length, then a pickle of a tuple. Pickle is safe
 here because both ends are mlxd itself (a child the daemon started); nothing
 that arrives from a network is ever unpickled.

@@ -4,8 +4,8 @@ Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 3 daemon unreachab
 Errors are printed on stderr as one line, never as a traceback.
 
 Every ``argparse`` command and its printing lives in this package, one module
-per command family (:mod:`.serve`, :mod:`.client` for the commands that talk to
-a running daemon, :mod:`.plan`, :mod:`.history`, :mod:`.migrate`, :mod:`.check_config`,
+per command family (:mod:`.serve`, :mod:`.client` and :mod:`.events` for the commands
+that talk to a running daemon, :mod:`.render` for how their replies read, :mod:`.plan`, :mod:`.history`, :mod:`.migrate`, :mod:`.check_config`,
 :mod:`.demo_model`, :mod:`.service_files`, :mod:`.route` for the fleet); this module only parses arguments
 and dispatches (handlers are imported lazily so ``mlxd --help`` is instant).
 The CLI is the top layer: it may import anything; nothing imports it.
@@ -162,7 +162,7 @@ def _add_daemon_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     _add_url(p)
     p.add_argument("--json", action="store_true", help="print each event as one JSON line")
     p.add_argument("--last-event-id", help="resume after this event id")
-    p.set_defaults(handler="mlxd.cli.client:cmd_events")
+    p.set_defaults(handler="mlxd.cli.events:cmd_events")
 
 
 def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

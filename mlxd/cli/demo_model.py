@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from mlxd.engines.demo_model import DemoKind, DemoModelError, write_demo_model
+from mlxd.engines.model_files.demo_model import DemoKind, DemoModelError, write_demo_model
 
 
 def cmd_demo_model(args: argparse.Namespace) -> int:

@@ -18,7 +18,8 @@ import argparse
 import json
 from typing import Any
 
-from mlxd.cli.client import call, seconds, target_of
+from mlxd.cli.client import call, target_of
+from mlxd.cli.render import seconds
 from mlxd.units import format_bytes
 
 #: the words for each ``why`` of a victim

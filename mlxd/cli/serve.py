@@ -119,9 +119,9 @@ def cmd_serve(args: argparse.Namespace, *, engines: EngineFactory | None = None)
         log_format=args.log_format,
         ready_file=Path(args.ready_file) if args.ready_file else None,
     )
-    from mlxd.engines.memory import limit_malloc_arenas
+    from mlxd.engines.runtime.memory import limit_malloc_arenas
 
-    limit_malloc_arenas()  # before any thread of the daemon's (see mlxd.engines.memory)
+    limit_malloc_arenas()  # before any thread of the daemon's (see mlxd.engines.runtime.memory)
     try:
         trio.run(daemon.run)
     except BaseExceptionGroup as group:

@@ -163,7 +163,7 @@ class FaultSettings:
     """``faults:``: make a model's engine misbehave on purpose (the fault-injection tests).
 
     Any engine (fake or MLX) injects them at its real points; see
-    :mod:`mlxd.engines.faults`. None of them is ever set in a production config.
+    :mod:`mlxd.engines.injected_faults`. None of them is ever set in a production config.
     """
 
     #: ``raise`` (every load), ``raise_once`` (the first), ``hang`` (never ends,

@@ -4,14 +4,21 @@
 (the default) selects the mlx-lm text engine, or the mlx-vlm vision engine for
 ``mllm: true`` models. The real engines are imported lazily so that the fake
 path never imports MLX. With ``isolation: process`` (or ``distributed:``) the
-daemon gets a :class:`~mlxd.engines.process.ProcessEngine`, which runs that same
-engine class in a worker process (:mod:`.worker`).
+daemon gets a :class:`~mlxd.engines.workers.process.ProcessEngine`, which runs that same
+engine class in a worker process (:mod:`.workers.worker`).
 
-Also owns what only engines need: model sources and downloads (:mod:`.sources`),
-images (:mod:`.images`), memory measurement and release (:mod:`.memory`), the
-random-weight demo models (:mod:`.demo_model`) and the MLX thread (:mod:`.mlx_thread`).
+This package holds the protocol (:mod:`.base`), the engines (:mod:`.fake`,
+:mod:`.mlx_text` with its requests in :mod:`.mlx_generation`,
+:mod:`.mlx_vision`, :mod:`.mlx_embed`), a model's injected
+faults (:mod:`.injected_faults`), the engine class of a model (:mod:`.in_process`,
+which worker processes host too) and the factory (here); its subpackages hold what the
+MLX engines are made of, each saying what it may import: the MLX thread and
+memory (:mod:`.runtime`), prompts and streamed output (:mod:`.text`),
+constrained decoding (:mod:`.grammar`), the prompt cache (:mod:`.cache`), a
+model's files (:mod:`.model_files`), the queues in front of the MLX thread
+(:mod:`.scheduling`) and worker processes (:mod:`.workers`).
 May import: :mod:`mlxd.config` (a model's settings), :mod:`mlxd.errors`,
-:mod:`mlxd.faults`; never the residency manager, the journal or HTTP.
+:mod:`mlxd.crash_points`; never the residency manager, the journal or HTTP.
 """
 
 from __future__ import annotations
@@ -21,49 +28,16 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from mlxd.config import weights_fingerprint
 from mlxd.engines.base import Engine
 from mlxd.engines.fake import FakeFleet
-from mlxd.engines.faults import Faults
+from mlxd.engines.in_process import in_process_engine
+from mlxd.engines.injected_faults import Faults
 
 if TYPE_CHECKING:
     from mlxd.config import ModelConfig
-    from mlxd.engines.worker_process import Workers
+    from mlxd.engines.workers.worker_process import Workers
 
 EngineFactory = Callable[["ModelConfig"], Engine]
-
-
-def in_process_engine(
-    model: ModelConfig, fleet: FakeFleet | None = None, faults: Faults | None = None
-) -> Engine:
-    """The engine class of ``model``, to run in this process (on its own MLX thread).
-
-    ``faults``: the model's injected faults (made from its ``faults:`` key if not given).
-    """
-    if model.engine == "fake":
-        return (fleet or FakeFleet())(model)
-    if faults is None and model.faults is not None:
-        faults = Faults(model.name, model.faults)
-    if model.embedding:
-        from mlxd.engines.mlx_embed import MlxEmbeddingEngine
-
-        return MlxEmbeddingEngine(model)
-    if model.mllm:
-        from mlxd.engines.mlx_vision import MlxVisionEngine
-
-        return MlxVisionEngine(model, faults=faults)
-    from mlxd.engines.mlx_text import MlxTextEngine
-
-    return MlxTextEngine(model, faults=faults)
-
-
-async def loaded_weights(model: ModelConfig) -> str:
-    """What a load of ``model`` has just measured (:func:`mlxd.config.weights_fingerprint`; its
-    measurement applies while that is unchanged): a stat walk of the model's files, on a thread;
-    a fake's is its settings (no thread: fakes run in virtual-time tests)."""
-    if model.engine == "fake":
-        return weights_fingerprint(model)
-    return await trio.to_thread.run_sync(weights_fingerprint, model, abandon_on_cancel=True)
 
 
 class DefaultEngines:
@@ -75,7 +49,7 @@ class DefaultEngines:
     """
 
     def __init__(self, fleet: FakeFleet | None = None) -> None:
-        from mlxd.engines.worker_process import Workers  # (it imports the worker: a circle)
+        from mlxd.engines.workers.worker_process import Workers
 
         self.fleet = fleet or FakeFleet()
         #: the ``faults:`` scripts of MLX models, kept across their residencies
@@ -96,15 +70,15 @@ class DefaultEngines:
     def import_soon(self, models: Iterable[ModelConfig]) -> None:
         """Import mlx-lm on a background thread now if an MLX model of ``models`` runs in this
         process, so that its first load does not start with it (about 1.5 s on 2 cores, most of
-        it transformers; see :mod:`mlxd.engines.imports_ahead`)."""
+        it transformers; see :mod:`mlxd.engines.runtime.imports_ahead`)."""
         if any(m.engine == "mlx" and m.isolation == "thread" and m.distributed is None for m in models):
-            from mlxd.engines import imports_ahead
+            from mlxd.engines.runtime import imports_ahead
 
             imports_ahead.start()
 
     def __call__(self, model: ModelConfig) -> Engine:
         if model.isolation == "process" or model.distributed is not None:
-            from mlxd.engines.process import ProcessEngine
+            from mlxd.engines.workers.process import ProcessEngine
 
             return ProcessEngine(model, self.workers)
         faults = None
@@ -118,6 +92,4 @@ __all__ = [
     "Engine",
     "EngineFactory",
     "FakeFleet",
-    "in_process_engine",
-    "loaded_weights",
 ]

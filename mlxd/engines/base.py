@@ -24,15 +24,28 @@ Requests to one engine are admitted in arrival order; beyond ``max_queue``
 waiting requests ``generate()`` raises :class:`mlxd.errors.Overloaded`.
 A batching engine serves up to ``max_batch_size`` at once (sharing decode
 steps) without changing this interface.
+
+The residency shell sees engines only through this module (an import-linter
+contract in ``pyproject.toml`` holds it): the protocol, the shapes, what a
+loaded engine holds of KV (:class:`KvBook`) and what a load has measured
+(:func:`loaded_weights`).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from mlxd.errors import MlxdError
+import trio
+
+from mlxd.config import weights_fingerprint
+from mlxd.config.kv import kv_need_bytes
+from mlxd.errors import InvalidRequest, MlxdError, ModelExceedsBudget
+from mlxd.units import format_bytes
+
+if TYPE_CHECKING:
+    from mlxd.config import ModelConfig
 
 #: mlx-lm's logits processor: ``(generated tokens so far, logits (1, vocab)) -> logits``
 LogitsProcessor = Callable[[Any, Any], Any]
@@ -80,7 +93,7 @@ class ChatMessage:
 
 @dataclass(frozen=True, slots=True)
 class Constraint:
-    """What grammar-constrained decoding must produce (see :mod:`mlxd.engines.constrained`).
+    """What grammar-constrained decoding must produce (see :mod:`mlxd.engines.grammar.constrained`).
 
     ``json_object``: any JSON object. ``json_schema``: JSON valid against
     ``schema``. ``tool_call``: one call, in the model's tool-call format, of
@@ -200,7 +213,7 @@ class Finished:
     #: log's ``queue_ms``); None when the engine does not say. A timing, not part of the
     #: result: two generations that ended alike compare equal
     started_at: float | None = field(default=None, compare=False)
-    #: of ``cached_tokens``, those read from the prompt cache's disk tier (mlxd.engines.prompt_disk)
+    #: of ``cached_tokens``, those read from the prompt cache's disk tier (mlxd.engines.cache.prompt_disk)
     cached_from_disk: int = 0
 
     def cached_by_tier(self) -> dict[str, int]:
@@ -252,6 +265,72 @@ class KvBroker(Protocol):
     def give_back(self, nbytes: int) -> None: ...
 
 
+@dataclass
+class KvBook:
+    """What a model's engine holds of KV beyond the floor its load committed."""
+
+    floor: int
+    bytes_per_token: int | None
+    #: ``kv_cache_gb`` was set: the floor is the cap, nothing is reserved per request
+    fixed: bool = False
+    broker: KvBroker | None = None
+    #: bytes reserved beyond the floor (granted, not given back)
+    held: int = 0
+    #: the head of the queue (its job) whose reservation is asked for, and how to withdraw the ask
+    pending: object | None = None
+    withdraw_ask: Callable[[], None] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(
+        cls, config: ModelConfig, per_token: int | None, kv_cache: int, broker: KvBroker | None
+    ) -> KvBook:
+        """A residency's book: ``kv_cache_gb`` set is a fixed region of ``kv_cache`` bytes;
+        else the floor is what its load committed (the residency's figure, via ``broker``)."""
+        fixed = config.kv_cache_bytes is not None
+        floor = kv_cache if fixed or broker is None else broker.floor()
+        return cls(floor, per_token, fixed, broker)
+
+    @property
+    def draws(self) -> bool:
+        """Whether KV beyond the floor is reserved in the budget per request."""
+        return bool(self.bytes_per_token) and not self.fixed and self.broker is not None
+
+    def need(self, tokens: list[int]) -> int:
+        return kv_need_bytes(tokens, self.bytes_per_token or 0)
+
+    def limit(self) -> int | None:
+        """The most KV the model's running generations may hold (None: unbounded here)."""
+        if self.fixed:
+            return self.floor
+        if self.broker is None or not self.bytes_per_token:
+            return None
+        return self.floor + self.broker.room()
+
+    def fit(self, model: str, prompt_tokens: int, max_tokens: int) -> int:
+        """The ``max_tokens`` a request may run with so its KV fits even alone (fewer than
+        asked: it ends with finish_reason ``length``); a prompt that cannot fit is a 400."""
+        limit, per = self.limit(), self.bytes_per_token
+        if limit is None or not per:
+            return max_tokens
+        room = limit // per - (self.need([0]) // per)  # tokens that fit, with a growth step
+        if prompt_tokens < room:
+            return min(max_tokens, room - prompt_tokens)
+        short = format_bytes((prompt_tokens - room + 1) * per)
+        where = (
+            f"the model's kv_cache_gb ({format_bytes(limit)})"
+            if self.fixed
+            else f"the memory budget, with every other model evicted ({format_bytes(limit)} "
+            f"for the KV of '{model}')"
+        )
+        error = InvalidRequest if self.fixed else ModelExceedsBudget
+        raise error(
+            f"the prompt's KV cache ({prompt_tokens:,} tokens, "
+            f"{format_bytes(prompt_tokens * per)}) does not fit {where}: {room:,} tokens fit, "
+            f"{short} short; shorten the prompt",
+            param="messages",
+        )
+
+
 @runtime_checkable
 class Engine(Protocol):
     """One residency of one model."""
@@ -298,3 +377,12 @@ class Engine(Protocol):
     async def wait_died(self) -> str:
         """Return a one-line description if this residency dies on its own (never, in-process)."""
         ...
+
+
+async def loaded_weights(model: ModelConfig) -> str:
+    """What a load of ``model`` has just measured (:func:`mlxd.config.weights_fingerprint`; its
+    measurement applies while that is unchanged): a stat walk of the model's files, on a thread;
+    a fake's is its settings (no thread: fakes run in virtual-time tests)."""
+    if model.engine == "fake":
+        return weights_fingerprint(model)
+    return await trio.to_thread.run_sync(weights_fingerprint, model, abandon_on_cancel=True)

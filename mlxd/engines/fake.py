@@ -24,7 +24,7 @@ from mlxd.config import (
     resolve_estimate,
     weights_fingerprint,
 )
-from mlxd.engines import prompt_limits
+from mlxd.crash_points import crash_point
 from mlxd.engines.base import (
     Finished,
     GenerationEvent,
@@ -34,10 +34,10 @@ from mlxd.engines.base import (
     TextDelta,
     TokenLogprob,
 )
-from mlxd.engines.faults import Faults, InjectedFault
-from mlxd.engines.prompts import uses_tools
+from mlxd.engines.injected_faults import Faults, InjectedFault
+from mlxd.engines.text import prompt_limits
+from mlxd.engines.text.prompts import uses_tools
 from mlxd.errors import EngineDied, InvalidRequest, Overloaded, ToolsNotSupported
-from mlxd.faults import crash_point
 
 
 class ScriptedFailure(RuntimeError):
@@ -93,7 +93,7 @@ class FakeModel:
     gates: dict[str, Gate] = field(default_factory=dict)
     #: the residency loaded last (what :meth:`FakeEngine.die` is called on in tests)
     current: FakeEngine | None = None
-    #: the ``faults:`` script (raise, hang, ignore cancellation; see mlxd.engines.faults)
+    #: the ``faults:`` script (raise, hang, ignore cancellation; see mlxd.engines.injected_faults)
     faults: Faults | None = None
 
     def gate(self, phase: str) -> Gate:

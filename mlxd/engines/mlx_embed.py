@@ -25,9 +25,9 @@ from typing import Any
 
 import trio
 
-from mlxd.engines import sources
 from mlxd.engines.base import GenerationEvent, GenerationRequest, LoadProgress
 from mlxd.engines.mlx_text import MlxTextEngine
+from mlxd.engines.model_files import sources
 from mlxd.errors import EngineError, InvalidRequest, LoadFailed, Overloaded
 
 #: what a request may embed at once
@@ -48,7 +48,11 @@ class MlxEmbeddingEngine(MlxTextEngine):
         return sources.TEXT_PATTERNS
 
     def _write_demo(self, path: Path, report: Callable[[LoadProgress], None]) -> None:
-        from mlxd.engines.demo_model import DemoModelError, is_model_dir, write_demo_model
+        from mlxd.engines.model_files.demo_model import (
+            DemoModelError,
+            is_model_dir,
+            write_demo_model,
+        )
 
         if is_model_dir(path):
             return

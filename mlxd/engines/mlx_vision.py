@@ -6,7 +6,7 @@ streaming, stop strings and cancellation rules are inherited unchanged.
 
 * mlx-vlm is imported lazily, on the MLX thread, at load: without the extra a
   load fails with a typed ``model_load_failed`` that says how to install it.
-* Images come from OpenAI ``image_url`` content parts (:mod:`mlxd.engines.images`:
+* Images come from OpenAI ``image_url`` content parts (:mod:`mlxd.engines.text.images`:
   base64 ``data:`` URLs; ``file://`` only under the model's ``image_dir``).
   The HTTP layer checks every limit from their headers before the request
   waits for anything; the engine decodes them on a worker thread once the
@@ -35,12 +35,14 @@ from typing import Any
 import trio
 
 from mlxd.config import ModelConfig
-from mlxd.engines import prompt_limits, sources
 from mlxd.engines.base import GenerationRequest
-from mlxd.engines.faults import Faults
-from mlxd.engines.mlx_text import MlxTextEngine, Observer, seed_rng
-from mlxd.engines.mlx_thread import Job
-from mlxd.engines.prompts import count_image_parts, message_text, uses_tools
+from mlxd.engines.injected_faults import Faults
+from mlxd.engines.mlx_generation import Observer, seed_rng
+from mlxd.engines.mlx_text import MlxTextEngine
+from mlxd.engines.model_files import sources
+from mlxd.engines.runtime.jobs import Job
+from mlxd.engines.text import prompt_limits
+from mlxd.engines.text.prompts import count_image_parts, message_text, uses_tools
 from mlxd.errors import EngineError, InvalidRequest, LoadFailed, ToolsNotSupported
 
 _TOKENIZER_KWARGS = ("padding", "padding_side", "add_special_tokens", "truncation", "max_length")
@@ -142,7 +144,7 @@ class MlxVisionEngine(MlxTextEngine):
     async def _job_data(self, request: GenerationRequest) -> Any:
         if not request.images and not count_image_parts(request.messages):
             return []
-        from mlxd.engines.images import decode_request_images
+        from mlxd.engines.text.images import decode_request_images
 
         # Under the request's admission (its lease, the queue check), one decode at a time.
         return await trio.to_thread.run_sync(

@@ -12,8 +12,9 @@ import trio
 from quart import Blueprint, Response, request
 
 from mlxd import __version__
-from mlxd.engines import prompt_disk
-from mlxd.engines.prompt_limits import limits_for
+from mlxd.crash_points import crash_point
+from mlxd.engines.cache import prompt_disk
+from mlxd.engines.text.prompt_limits import limits_for
 from mlxd.errors import (
     ConfigError,
     ContextLengthExceeded,
@@ -21,7 +22,6 @@ from mlxd.errors import (
     JournalError,
     ModelNotFound,
 )
-from mlxd.faults import crash_point
 from mlxd.http import access_log, sse
 from mlxd.http.context import AppState, state
 from mlxd.http.metrics import CONTENT_TYPE

@@ -10,7 +10,7 @@ model could take is refused from those facts (400 ``context_length_exceeded``);
 only a body that passes is parsed in the daemon.
 
 The prompt characters counted here are those of
-:func:`mlxd.engines.prompt_limits.prompt_chars` (which counts a validated
+:func:`mlxd.engines.text.prompt_limits.prompt_chars` (which counts a validated
 request): a completion's ``prompt`` (a string, or a list of one), a chat's
 string ``content`` and ``text`` parts.
 """

@@ -17,7 +17,7 @@ from typing import Any
 
 from quart import Blueprint, request
 
-from mlxd.engines.prompt_limits import check_chars, limits_for
+from mlxd.engines.text.prompt_limits import check_chars, limits_for
 from mlxd.errors import InvalidRequest, ModelNotFound, ShuttingDown
 from mlxd.http import generation
 from mlxd.http.context import state
@@ -73,7 +73,7 @@ async def embed_under_lease(
     mc = st.config.model(model)
     if mc is None or not mc.embedding:
         raise bad("model", f"'{model}' is not an embedding model (set embedding: true in its config)")
-    limits = limits_for(mc)  # before the lease and any tokenizing (mlxd.engines.prompt_limits)
+    limits = limits_for(mc)  # before the lease and any tokenizing (mlxd.engines.text.prompt_limits)
     for i, x in enumerate(inputs):
         check_chars(model, len(x) if isinstance(x, str) else 0, limits, f"input[{i}]")
     lease = await generation.acquire(st, model, request_id(), prefs)

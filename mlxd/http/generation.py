@@ -241,7 +241,7 @@ async def run(
 
 def _on_its_way(lease: Lease | None) -> AbstractContextManager[None]:
     """Tells a batched engine that this request is on its way to its queue, so that the
-    requests of a burst prefill together (``expecting``: mlxd.engines.batch_loop)."""
+    requests of a burst prefill together (``expecting``: mlxd.engines.scheduling.batch_loop)."""
     expecting = getattr(lease.engine, "expecting", None) if lease is not None else None
     return expecting() if expecting is not None else contextlib.nullcontext()
 

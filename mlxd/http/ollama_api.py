@@ -34,8 +34,8 @@ from typing import Any, Literal
 from quart import Blueprint, request
 
 from mlxd.engines.base import GenerationRequest
-from mlxd.engines.prompt_limits import check_prompt_chars, limits_for
-from mlxd.engines.prompts import uses_tools
+from mlxd.engines.text.prompt_limits import check_prompt_chars, limits_for
+from mlxd.engines.text.prompts import uses_tools
 from mlxd.errors import (
     ContextLengthExceeded,
     InvalidRequest,

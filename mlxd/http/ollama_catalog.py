@@ -1,7 +1,7 @@
 """What Ollama's discovery routes say of mlxd's models: ``/api/tags``, ``/api/show``, ``/api/ps``.
 
 Every configured model is listed, loaded or not, under its configured name.
-From the model's files (:mod:`mlxd.engines.model_facts`, never the weights):
+From the model's files (:mod:`mlxd.engines.model_files.model_facts`, never the weights):
 ``size`` (the weight files; for a model not on disk, the weights estimate),
 ``digest`` (SHA-256 of the weights' identity, :func:`mlxd.config.model.weights_fingerprint`:
 it changes when a weight file does), ``details`` (family from ``config.json``,
@@ -32,14 +32,14 @@ import trio
 from mlxd import __version__
 from mlxd.config import ModelConfig
 from mlxd.config.model import weights_fingerprint
-from mlxd.engines.model_facts import (
+from mlxd.engines.model_files.model_facts import (
     FileFacts,
     TemplateFacts,
     file_facts,
     parameter_size,
     template_facts,
 )
-from mlxd.engines.prompt_limits import limits_for, model_dir_if_known
+from mlxd.engines.text.prompt_limits import limits_for, model_dir_if_known
 from mlxd.http.context import AppState
 from mlxd.http.ollama_render import timestamp
 from mlxd.residency.states import HOLDS_MEMORY

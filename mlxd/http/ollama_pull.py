@@ -1,7 +1,7 @@
 """``POST /api/pull``: a Hugging Face repo into the local cache, with Ollama's NDJSON progress.
 
 The model is a repo id (``org/name``, a ``:latest`` tag dropped), fetched by
-the same download code as a model's load (:func:`mlxd.engines.sources.fetch_snapshot`:
+the same download code as a model's load (:func:`mlxd.engines.model_files.sources.fetch_snapshot`:
 the normal Hugging Face cache, offline mode, readable errors), with the
 same stall rule: no sign of life from the Hub for ``MLXD_HUB_TIMEOUT_S``
 seconds ends it. Lines: ``{"status": "pulling manifest"}``, then
@@ -33,7 +33,12 @@ import outcome
 import trio
 
 from mlxd.config import Config
-from mlxd.engines.sources import TEXT_PATTERNS, VISION_PATTERNS, fetch_snapshot, hub_timeout
+from mlxd.engines.model_files.sources import (
+    TEXT_PATTERNS,
+    VISION_PATTERNS,
+    fetch_snapshot,
+    hub_timeout,
+)
 from mlxd.errors import LoadFailed, MlxdError
 from mlxd.http.structured import bad, is_model_name
 

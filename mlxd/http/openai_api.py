@@ -29,7 +29,7 @@ from mlxd.engines.base import (
     ToolCall,
     ToolCallDelta,
 )
-from mlxd.engines.prompt_limits import check_chars, check_prompt_chars, limits_for
+from mlxd.engines.text.prompt_limits import check_chars, check_prompt_chars, limits_for
 from mlxd.errors import InvalidRequest, MlxdError, ModelNotFound, ShuttingDown
 from mlxd.http import bodyscan, generation, sse
 from mlxd.http.context import AppState, state
@@ -153,7 +153,7 @@ async def with_checked_images(mc: ModelConfig, gen: GenerationRequest) -> Genera
     the engine decodes them once the request is admitted and holds its lease)."""
     if not mc.mllm or gen.kind != "chat":
         return gen
-    from mlxd.engines.images import check_request_images, image_parts
+    from mlxd.engines.text.images import check_request_images, image_parts
 
     if not image_parts(gen.messages):
         return gen

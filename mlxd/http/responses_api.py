@@ -26,7 +26,7 @@ import trio
 from quart import Blueprint, current_app, request
 
 from mlxd.engines.base import GenerationRequest
-from mlxd.engines.prompt_limits import check_prompt_chars, limits_for
+from mlxd.engines.text.prompt_limits import check_prompt_chars, limits_for
 from mlxd.errors import InvalidRequest, ModelNotFound, ShuttingDown
 from mlxd.http import generation
 from mlxd.http.context import state
@@ -87,7 +87,7 @@ async def _generation(parsed: ParsedResponses) -> GenerationRequest:
         return gen
     check_prompt_chars(parsed.model, gen, limits_for(mc))  # before the lease: nothing loads for it
     if mc.mllm:
-        from mlxd.engines.images import check_request_images, image_parts
+        from mlxd.engines.text.images import check_request_images, image_parts
 
         if image_parts(gen.messages):
             images = await trio.to_thread.run_sync(

@@ -7,7 +7,7 @@ starts fast), the rows and recovery SQL (:mod:`.rows`), the migrations runner
 (:mod:`.migrate`), the read-only queries (:mod:`.reads`) and the legality audit
 (:mod:`.replay`).
 
-May import: :mod:`mlxd.errors`, :mod:`mlxd.faults`, :mod:`mlxd.resources`,
+May import: :mod:`mlxd.errors`, :mod:`mlxd.crash_points`, :mod:`mlxd.resources`,
 :mod:`mlxd.config` (journal settings) and the residency vocabularies and
 events (:mod:`mlxd.residency.states`, :mod:`mlxd.residency.events`); never the
 manager, engines or HTTP. This ``__init__`` imports nothing, so the writer

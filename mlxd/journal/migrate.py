@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mlxd.crash_points import crash_point
 from mlxd.errors import ConfigError, JournalError
-from mlxd.faults import crash_point
 
 MIGRATION_RE = re.compile(r"^(\d{4})_[A-Za-z0-9_-]+\.sql$")
 

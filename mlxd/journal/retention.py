@@ -81,7 +81,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mlxd.faults import crash_point
+from mlxd.crash_points import crash_point
 from mlxd.journal.responses import PRUNE_RESPONSES
 from mlxd.units import MIB, format_bytes
 

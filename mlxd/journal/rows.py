@@ -35,7 +35,7 @@ from json.encoder import (  # type: ignore[attr-defined]
 )
 from typing import Any, NamedTuple
 
-from mlxd.faults import crash_point
+from mlxd.crash_points import crash_point
 from mlxd.journal import responses
 from mlxd.journal.responses import ResponseDeleted, ResponseStored
 from mlxd.residency.events import (

@@ -66,7 +66,7 @@ a service manager's signal to the whole group must not kill it before the
 daemon's last rows are written); it ends when the daemon says ``stop`` or
 closes the pipe. End of input without ``stop`` means the daemon died: the
 child writes what it had already received, once, without retrying, and exits.
-A crash point reached here (:mod:`mlxd.faults`) kills the daemon too.
+A crash point reached here (:mod:`mlxd.crash_points`) kills the daemon too.
 """
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
-from mlxd import faults
+from mlxd import crash_points
+from mlxd.crash_points import crash_point
 from mlxd.errors import ConfigError, JournalError
-from mlxd.faults import crash_point
 from mlxd.framing import Frames, child_command, frame
 from mlxd.journal import retention
 from mlxd.journal.migrate import Synchronous, migrate, open_database
@@ -582,7 +582,7 @@ def main() -> None:
     if not first or first[0][0] != "open":
         return
     settings: Settings = first[0][1]
-    faults.also_kill(settings.daemon_pid)
+    crash_points.also_kill(settings.daemon_pid)
     writer = Writer(settings, reports.send)
     writer._take(first[1:], inbox)
     writer.run(inbox)

@@ -15,9 +15,9 @@ else reads it through the manager's queries and the frozen snapshots of
 May import: :mod:`mlxd.errors` and :mod:`mlxd.units` everywhere. The core
 modules (states, policy, messages, records, refusals, moves, scheduler, core,
 plan, progress, events, stats) import nothing else: no config, YAML, Trio,
-SQLite or MLX (``lint-imports`` checks it).
-The shell also imports Trio, :mod:`mlxd.config` and the
-:class:`~mlxd.engines.base.Engine` protocol.
+SQLite or MLX, and no clock, thread or OS module (``lint-imports`` checks it).
+The shell also imports Trio, :mod:`mlxd.config` and, of the engines, only
+:mod:`mlxd.engines.base` (the protocol; ``lint-imports`` checks it).
 
 This ``__init__`` imports nothing, so ``import mlxd.residency.core`` stays light.
 """

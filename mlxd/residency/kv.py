@@ -1,6 +1,6 @@
 """A model's KV drawn from the budget: the Trio shell's side of ``ReserveKV`` / ``ReturnKV``.
 
-An engine that reserves its requests' KV (:mod:`mlxd.engines.kv_gate`) is handed
+An engine that reserves its requests' KV (:mod:`mlxd.engines.scheduling.kv_gate`) is handed
 a :class:`ModelKv` before its load (``engine.use_kv_broker``). Its asks become
 :class:`~mlxd.residency.messages.ReserveKV` events: a waiter in the model's queue
 like an acquire, under the contention policy of the lease the request holds, so
@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from mlxd.config.kv import eligibility, kv_need_bytes, resolve_cache_sizes
-from mlxd.engines.base import KvAnswer
-from mlxd.engines.kv_gate import KvBook
+from mlxd.engines.base import KvAnswer, KvBook
 
 if TYPE_CHECKING:
     from mlxd.errors import MlxdError

@@ -37,8 +37,7 @@ from typing import Any
 import trio
 
 from mlxd.config import Config, Measurement, ModelConfig
-from mlxd.engines import loaded_weights
-from mlxd.engines.base import Engine, LoadProgress
+from mlxd.engines.base import Engine, LoadProgress, loaded_weights
 from mlxd.errors import EngineDied, EngineError, MlxdError, ModelNotFound
 from mlxd.errors import describe_error as describe
 from mlxd.residency import views

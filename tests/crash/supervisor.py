@@ -10,7 +10,7 @@ Each *start* runs ``mlxd serve`` on 127.0.0.1 port 0 and ends in a SIGKILL:
 
 * ``random``: the supervisor kills it at a random moment, while it serves
   traffic or (one time in four) during start-up, counted from the process start;
-* a named crash point (:mod:`mlxd.faults`): the daemon kills itself there
+* a named crash point (:mod:`mlxd.crash_points`): the daemon kills itself there
   (``MLXD_CRASH_AT=point:N``); ``migrate.mid_migration`` starts it with a test
   migration pending (``MLXD_MIGRATIONS_DIR``) so every such start dies inside it;
   ``journal.mid_prune`` dies inside a pruning slice.

@@ -58,7 +58,7 @@ def test_crash_loop_a_thousand_kills(tmp_path: Path) -> None:
         "The real `mlxd serve` (four fake models, 3 GB budget, wait_then_preempt, "
         "restore_on_start, journal synchronous=FULL) under three client threads (admin "
         "loads/unloads, chat, streaming chat), killed with SIGKILL at random moments and "
-        "at the named crash points of `mlxd/faults.py`, then restarted. See "
+        "at the named crash points of `mlxd/crash_points.py`, then restarted. See "
         "`tests/crash/supervisor.py` for what is checked after each kill and restart.\n\n"
         + summary.markdown()
         + "\n"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from mlxd.engines.demo_model import write_demo_model
 from mlxd.engines.mlx_text import MlxTextEngine
-from mlxd.engines.worker_process import Workers
+from mlxd.engines.model_files.demo_model import write_demo_model
+from mlxd.engines.workers.worker_process import Workers
 from tests.engines.mlx_helpers import tiny_config
 from tests.support.engines import RecordedTextEngine
 

@@ -15,8 +15,8 @@ import trio
 
 from mlxd.config import ModelConfig
 from mlxd.engines.base import GenerationRequest
-from mlxd.engines.memory import active_bytes, rss_bytes
 from mlxd.engines.mlx_text import MlxTextEngine
+from mlxd.engines.runtime.memory import active_bytes, rss_bytes
 
 
 async def main(model_dir: str, cycles: int) -> dict[str, object]:

@@ -15,10 +15,9 @@ import trio
 
 from mlxd.config import Config, ContentionPolicy, ManagerConfig
 from mlxd.config.kv import kv_need_bytes as batch_kv_bytes
-from mlxd.engines.base import ChatMessage, Finished, GenerationRequest, TextDelta
-from mlxd.engines.batching import BatchScheduler
-from mlxd.engines.kv_gate import KvBook
+from mlxd.engines.base import ChatMessage, Finished, GenerationRequest, KvBook, TextDelta
 from mlxd.engines.mlx_text import MlxTextEngine
+from mlxd.engines.scheduling.batching import BatchScheduler
 from mlxd.errors import InvalidRequest, Preempted
 from mlxd.residency.manager import Manager
 from tests.engines.mlx_helpers import (
@@ -395,7 +394,7 @@ async def test_a_fast_models_prefill_chunks_grow_to_the_time_target(
     """With the default prefill step, a model that prefills fast gets chunks sized to take
     about PREFILL_CHUNK_S at its measured rate (the tiny model: far more than 64 tokens), so
     a long prompt takes fewer steps; a step set by MLXD_PREFILL_STEP stays as set."""
-    from mlxd.engines.prefill_pace import PREFILL_CHUNK_MAX, PREFILL_CHUNK_S
+    from mlxd.engines.scheduling.prefill_pace import PREFILL_CHUNK_MAX, PREFILL_CHUNK_S
 
     monkeypatch.delenv("MLXD_PREFILL_STEP", raising=False)
     eng = MlxTextEngine(tiny_config(tiny_model_dir, max_batch_size=4))
@@ -454,7 +453,7 @@ async def test_requests_on_their_way_prefill_together_with_the_first(
     """A burst: the first job of a busy period waits for the requests its engine expects
     (``expecting``: leased, being checked), so that they all start in one step instead of
     the first running alone; one that leaves without a job (refused) ends the wait too."""
-    from mlxd.engines import batch_loop
+    from mlxd.engines.scheduling import batch_loop
 
     monkeypatch.setattr(batch_loop, "GATHER_S", 60.0)  # only the requests themselves end it
     loop = batched.batch

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from mlxd.engines.base import Constraint, GenerationRequest
-from mlxd.engines.constrained import SLACK, GrammarProcessor
+from mlxd.engines.grammar.constrained import SLACK, GrammarProcessor
 from mlxd.engines.mlx_text import MlxTextEngine
 from tests.engines.mlx_helpers import chat, collect
 from tests.engines.test_constrained_batch import SCHEMAS, WEATHER

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mlxd.cli import main
-from mlxd.engines.demo_model import is_model_dir
+from mlxd.engines.model_files.demo_model import is_model_dir
 
 
 def model_bytes(path: Path) -> int:

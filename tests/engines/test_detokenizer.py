@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
 from mlx_lm.utils import load_tokenizer
 
-from mlxd.engines.detokenizer import Utf8BPEDetokenizer, stream_bytes_promptly
+from mlxd.engines.text.detokenizer import Utf8BPEDetokenizer, stream_bytes_promptly
 
 
 @pytest.fixture(scope="module")

@@ -21,11 +21,11 @@ import trio
 from mlxd.config import parse_config
 from mlxd.config.model import ModelConfig
 from mlxd.engines.base import TextDelta
-from mlxd.engines.demo_model import write_demo_model
-from mlxd.engines.launch import SSH_ENV
 from mlxd.engines.mlx_text import MlxTextEngine
-from mlxd.engines.process import ProcessEngine
-from mlxd.engines.worker_process import Workers
+from mlxd.engines.model_files.demo_model import write_demo_model
+from mlxd.engines.workers.launch import SSH_ENV
+from mlxd.engines.workers.process import ProcessEngine
+from mlxd.engines.workers.worker_process import Workers
 from mlxd.errors import EngineDied
 from tests.engines.mlx_helpers import collect, completion, tiny_config
 

@@ -22,12 +22,12 @@ model = {
 }[kind]
 assert "mlx_lm" not in sys.modules
 DefaultEngines().import_soon([model])
-from mlxd.engines import imports_ahead
+from mlxd.engines.runtime import imports_ahead
 imports_ahead.wait()
 print("mlx_lm.generate" in sys.modules, flush=True)
 # a bare script whose mlx-lm was imported off the main thread aborts in the interpreter's
 # teardown of MLX's statics about 1 run in 3 ("terminate called without an active
-# exception"); the worker process skips that teardown the same way (mlxd/engines/worker.py)
+# exception"); the worker process skips that teardown the same way (mlxd/engines/workers/worker.py)
 os._exit(0)
 """
 
@@ -53,7 +53,7 @@ _LOAD_SCRIPT = """
 import json, os, sys, threading
 import trio
 from mlxd.config import ModelConfig
-from mlxd.engines import memory
+from mlxd.engines.runtime import memory
 from mlxd.engines.mlx_text import MlxTextEngine
 
 threads_at_cap = []
@@ -66,7 +66,7 @@ def cap():
 memory.limit_malloc_arenas = cap
 importer = None
 if sys.argv[2] == "ahead":  # as the daemon does at start-up
-    from mlxd.engines import imports_ahead
+    from mlxd.engines.runtime import imports_ahead
     imports_ahead.start()
     (importer,) = [t.ident for t in threading.enumerate() if t.name == "mlxd-import"]
     imports_ahead.wait()  # ended before the first load (a load during it waits off the loop)
@@ -91,7 +91,7 @@ def test_a_load_caps_malloc_arenas_before_its_first_thread_and_hops_no_thread_to
     tiny_model_dir: Path, imports: str
 ) -> None:
     # A thread started before the cap keeps an arena of its own, which a later MLX thread
-    # may be handed (mlxd.engines.memory); a load with nothing left to wait for starts no
+    # may be handed (mlxd.engines.runtime.memory); a load with nothing left to wait for starts no
     # Trio worker thread to wait on it; after an import ahead it runs on the importing thread
     r = subprocess.run(
         [sys.executable, "-c", _LOAD_SCRIPT, str(tiny_model_dir), imports],

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.engines.demo_model import write_demo_model
+from mlxd.engines.model_files.demo_model import write_demo_model
 
 pytestmark = pytest.mark.mlx
 

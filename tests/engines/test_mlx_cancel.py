@@ -10,7 +10,7 @@ import trio
 
 from mlxd.engines.base import LoadProgress, TextDelta
 from mlxd.engines.mlx_text import MlxTextEngine
-from mlxd.engines.mlx_thread import GenerationStats
+from mlxd.engines.runtime.jobs import GenerationStats
 from tests.engines.mlx_helpers import collect, completion, tiny_config
 from tests.support.engines import RecordedTextEngine, mlx_thread_drained
 

@@ -11,9 +11,9 @@ import trio
 
 from mlxd.config import ModelConfig
 from mlxd.engines.base import ChatMessage, GenerationRequest
-from mlxd.engines.images import MAX_IMAGE_BYTES, decode_request_images
-from mlxd.engines.mlx_thread import GenerationStats
 from mlxd.engines.mlx_vision import MlxVisionEngine
+from mlxd.engines.runtime.jobs import GenerationStats
+from mlxd.engines.text.images import MAX_IMAGE_BYTES, decode_request_images
 from mlxd.errors import InvalidRequest
 from tests.engines.mlx_helpers import collect
 from tests.support.engines import Recorded

@@ -20,9 +20,9 @@ import trio
 from mlxd.config import FakeSettings, ModelConfig
 from mlxd.engines.base import Finished, LoadProgress, TextDelta
 from mlxd.engines.mlx_text import MlxTextEngine
-from mlxd.engines.process import CANCEL_GRACE_S, ProcessEngine
-from mlxd.engines.wire import error_from_wire, error_to_wire
-from mlxd.engines.worker_process import Workers, describe_exit
+from mlxd.engines.workers.process import CANCEL_GRACE_S, ProcessEngine
+from mlxd.engines.workers.wire import error_from_wire, error_to_wire
+from mlxd.engines.workers.worker_process import Workers, describe_exit
 from mlxd.errors import (
     EngineDied,
     EngineError,

@@ -16,9 +16,9 @@ import pytest
 import trio
 
 from mlxd.config import DiskTier
-from mlxd.engines import disk_writes
+from mlxd.engines.cache.prompt_disk import SUFFIX, TMP_PREFIX, PromptDisk, tier_usage, tokens_key
 from mlxd.engines.mlx_text import MlxTextEngine
-from mlxd.engines.prompt_disk import SUFFIX, TMP_PREFIX, PromptDisk, tier_usage, tokens_key
+from mlxd.engines.scheduling import disk_writes
 from tests.engines.mlx_helpers import collect, completion, tiny_config
 
 #: about 160 tokens of the tiny tokenizer (short: written only when the residency ends)
@@ -211,7 +211,7 @@ def test_size_bound_evicts_least_recently_used(tmp_path: Path) -> None:
 def test_entries_waiting_for_an_idle_moment_are_bounded(tmp_path: Path) -> None:
     """A model that is never idle holds at most its prompt cache's bound in long entries waiting
     for the disk: the oldest are left to the residency's end."""
-    from mlxd.engines.prompt_cache import PromptCache
+    from mlxd.engines.cache.prompt_cache import PromptCache
 
     one = 1100 * 1024  # KV bytes of an entry of 1,100 tokens
     disk = PromptDisk(DiskTier(tmp_path, 1 << 30), "model")

@@ -94,8 +94,8 @@ async def test_a_short_prompt_is_encoded_by_the_tokenizers_core_with_the_same_id
     not used."""
     import tokenizers
 
-    from mlxd.engines import prompts
     from mlxd.engines.base import ChatMessage, GenerationRequest
+    from mlxd.engines.text import prompts
 
     tok = engine._tokenizer
     assert isinstance(prompts.in_place_core(tok), tokenizers.Tokenizer)

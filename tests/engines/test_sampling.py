@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxd.engines.sampling import make_sampler
+from mlxd.engines.scheduling.sampling import make_sampler
 
 #: log-probabilities over a vocabulary of 6, most likely first
 LOGPROBS = mx.log(mx.array([[0.30, 0.25, 0.20, 0.12, 0.08, 0.05]]))

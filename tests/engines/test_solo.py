@@ -9,10 +9,10 @@ import pytest
 import trio
 
 from mlxd.config.kv import kv_need_bytes as batch_kv_bytes
-from mlxd.engines import prefill_pace
 from mlxd.engines.base import GenerationRequest, TextDelta
 from mlxd.engines.mlx_text import MlxTextEngine
-from mlxd.engines.prefill_pace import SOLO_CHUNK_MIN
+from mlxd.engines.scheduling import prefill_pace
+from mlxd.engines.scheduling.prefill_pace import SOLO_CHUNK_MIN
 from tests.engines.mlx_helpers import (
     batched_engine,
     collect,

@@ -12,9 +12,9 @@ import pytest
 import trio
 
 from mlxd.config import ModelConfig
-from mlxd.engines import sources
 from mlxd.engines.base import LoadProgress
 from mlxd.engines.mlx_text import MlxTextEngine
+from mlxd.engines.model_files import sources
 from mlxd.errors import LoadFailed
 
 #: a repo id no test machine has in its cache

@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlxd.engines.streaming import StopText
+from mlxd.engines.text.streaming import StopText
 
 alphabet = st.sampled_from("ab\n ")
 texts = st.text(alphabet, max_size=40)

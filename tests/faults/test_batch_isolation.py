@@ -4,7 +4,7 @@ On the tiny demo model at temperature 0 (a batched engine, up to 4 sequences
 a step), each mix runs good requests (plain, and constrained by a JSON
 grammar) next to poisoned ones: a schema the grammar cannot enforce, and
 requests that raise in their own logits processor, sampler, detokenizer or
-stop matching at a random token (:meth:`mlxd.engines.faults.Faults.poison`).
+stop matching at a random token (:meth:`mlxd.engines.injected_faults.Faults.poison`).
 Every good request must finish with exactly the token ids it gets when it
 runs alone; every poisoned one must end with its own error, bounded in size.
 The default suite runs a few small mixes; ``--stress`` runs many larger ones.
@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from mlxd.engines.base import ChatMessage, Constraint, Finished, GenerationRequest, TextDelta
-from mlxd.engines.faults import POISON_POINTS, Faults
+from mlxd.engines.injected_faults import POISON_POINTS, Faults
 from mlxd.engines.mlx_text import MlxTextEngine
 from mlxd.errors import EngineError, InvalidRequest, MlxdError
 from tests.engines.mlx_helpers import tiny_config
@@ -192,7 +192,7 @@ async def test_grammar_the_parser_gives_up_on_ends_its_request_alone(engine: Mlx
     ends its request alone, with a bounded 400 naming the field; the batch goes on."""
     from llguidance import LLMatcher
 
-    from mlxd.engines.constrained import GrammarProcessor, grammar_tokens
+    from mlxd.engines.grammar.constrained import GrammarProcessor, grammar_tokens
 
     tokens = grammar_tokens(engine._tokenizer, engine._vocab_size)
     grammar = LLMatcher.grammar_from_json_schema(

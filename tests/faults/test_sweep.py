@@ -35,7 +35,7 @@ import trio.testing
 from mlxd.config import FaultSettings
 from mlxd.engines.base import GenerationRequest
 from mlxd.engines.fake import FakeFleet, FakeModel
-from mlxd.engines.faults import Faults
+from mlxd.engines.injected_faults import Faults
 from mlxd.errors import MlxdError
 from mlxd.journal.replay import check_history, replay
 from mlxd.residency.events import LeaseAcquired, LeaseReleased, ManagerEvent, TransitionEvent

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mlxd.config import Config, parse_config
-from mlxd.engines.demo_model import write_demo_model
+from mlxd.engines.model_files.demo_model import write_demo_model
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from mlxd.cli.client import parse_sse, render_status
+from mlxd.cli.events import parse_sse
+from mlxd.cli.render import render_status
 from tests.support.daemon import MLXD, REPO, DaemonProcess, fake_models_config, write_config
 
 KEY = "s3cret-test-key"

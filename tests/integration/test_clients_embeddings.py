@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from mlxd.engines.demo_model import BERT_SHAPE
+from mlxd.engines.model_files.demo_model import BERT_SHAPE
 from tests.integration.conftest import config_of
 from tests.support.daemon import serving
 from tests.support.official import openai_client as client

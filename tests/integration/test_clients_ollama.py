@@ -22,7 +22,7 @@ import ollama
 import pytest
 import trio
 
-from mlxd.engines.demo_model import BERT_SHAPE
+from mlxd.engines.model_files.demo_model import BERT_SHAPE
 from tests.integration.conftest import config_of, fake
 from tests.integration.test_clients_openai import PERSON
 from tests.support.daemon import DaemonProcess, Served, fake_models_config, serving, write_config

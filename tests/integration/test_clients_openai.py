@@ -18,7 +18,7 @@ import pydantic
 import pytest
 import trio
 
-from mlxd.engines.demo_model import write_demo_model
+from mlxd.engines.model_files.demo_model import write_demo_model
 from tests.integration.conftest import config_of
 from tests.support.daemon import serving
 from tests.support.official import openai_client as client

@@ -186,7 +186,7 @@ def worker_children(daemon_pid: int) -> list[psutil.Process]:
     out = []
     for p in children:
         try:
-            if "mlxd.engines.worker" in " ".join(p.cmdline()):
+            if "mlxd.engines.workers.worker" in " ".join(p.cmdline()):
                 out.append(p)
         except psutil.Error:
             continue

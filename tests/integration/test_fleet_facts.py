@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from mlxd.engines.demo_model import write_demo_model
+from mlxd.engines.model_files.demo_model import write_demo_model
 from tests.integration.conftest import config_of, fake
 from tests.support.daemon import Served, serving
 

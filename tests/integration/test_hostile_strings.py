@@ -20,7 +20,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlxd.engines.demo_model import write_demo_model
+from mlxd.engines.model_files.demo_model import write_demo_model
 from mlxd.http.envelopes import family_of
 from mlxd.http.openapi import openapi_document
 from mlxd.http.text import Part, json_path

@@ -20,8 +20,8 @@ import jsonschema
 import pytest
 import trio
 
-from mlxd.engines import prompts
-from mlxd.engines.demo_model import write_demo_model
+from mlxd.engines.model_files.demo_model import write_demo_model
+from mlxd.engines.text import prompts
 from mlxd.http.structured import MAX_SCHEMA_VALUES
 from tests.integration.conftest import config_of
 from tests.support.daemon import Served, serving

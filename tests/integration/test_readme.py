@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mlxd.engines.demo_model import write_demo_model
+from mlxd.engines.model_files.demo_model import write_demo_model
 from tests.support.daemon import REPO, DaemonProcess
 
 README = (REPO / "README.md").read_text()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from mlxd.engines.demo_model import write_demo_model
+from mlxd.engines.model_files.demo_model import write_demo_model
 from tests.integration.conftest import config_of
 from tests.support.daemon import serving
 

@@ -38,7 +38,7 @@ def write_thinking_model(path: Path) -> Path:
     has the thinking switch (the tool-response markers renamed: same ids, same weights)."""
     import json
 
-    from mlxd.engines.demo_model import write_demo_model
+    from mlxd.engines.model_files.demo_model import write_demo_model
 
     write_demo_model(path, "tiny")
     tok = json.loads((path / "tokenizer.json").read_text())

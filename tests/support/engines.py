@@ -12,8 +12,8 @@ from typing import Any
 
 from mlxd.engines.base import GenerationRequest
 from mlxd.engines.mlx_text import MlxTextEngine
-from mlxd.engines.mlx_thread import GenerationStats
-from mlxd.engines.streaming import JobEvents
+from mlxd.engines.runtime.jobs import GenerationStats
+from mlxd.engines.text.streaming import JobEvents
 
 
 class Recorded:

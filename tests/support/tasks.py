@@ -16,5 +16,5 @@ def task_names() -> list[str]:
 
 
 def worker_tasks() -> list[str]:
-    """The names of the tasks that carry an engine worker's pipe (mlxd.engines.worker_process)."""
+    """The names of the tasks that carry an engine worker's pipe (mlxd.engines.workers.worker_process)."""
     return sorted(n for n in task_names() if n.startswith("mlxd worker"))

@@ -1,6 +1,6 @@
 """transformers' source scan: once per process, kept on disk while its files are unchanged.
 
-:class:`mlxd.engines.imports_ahead.ScanStore` stands in for transformers'
+:class:`mlxd.engines.runtime.imports_ahead.ScanStore` stands in for transformers'
 ``create_import_structure_from_path``; here with a scan function that counts
 its calls over a small folder tree, then once with the real transformers in
 fresh interpreters.
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from mlxd.engines import imports_ahead
-from mlxd.engines.imports_ahead import ScanStore
+from mlxd.engines.runtime import imports_ahead
+from mlxd.engines.runtime.imports_ahead import ScanStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -113,7 +113,7 @@ def test_the_disk_cache_can_be_turned_off(package: Path, monkeypatch: pytest.Mon
 PROBE = """
 import json, sys
 if sys.argv[1] == "scan_once":
-    from mlxd.engines import imports_ahead
+    from mlxd.engines.runtime import imports_ahead
     imports_ahead.scan_once()
 import transformers
 from transformers import AutoTokenizer  # noqa: F401  (imports transformers.models)

@@ -38,10 +38,12 @@ def test_modules_and_functions_stay_small(path: Path) -> None:
 
 
 def test_every_subpackage_says_what_it_owns() -> None:
-    """Each subpackage opens with a docstring that says what it owns and what it may import."""
-    for init in sorted(PACKAGE.glob("*/__init__.py")):
+    """Each subpackage, nested ones included, opens with a docstring that says what it owns and what it may import."""
+    inits = sorted(p for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE)
+    for init in inits:
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert "import" in doc and len(doc) > 200, f"{init.parent.name}: {doc[:80]!r}"
+    assert any(p.parent.parent != PACKAGE for p in inits)  # the nested ones (engines/*) too
 
 
 def test_the_residency_core_imports_no_config_yaml_or_trio() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mlxd.config import classify_source, parse_config
-from mlxd.engines import sources
+from mlxd.engines.model_files import sources
 from mlxd.errors import ConfigError, LoadFailed
 
 HUB = [

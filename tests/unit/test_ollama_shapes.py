@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mlxd.engines.base import Finished
-from mlxd.engines.model_facts import file_facts, parameter_size
+from mlxd.engines.model_files.model_facts import file_facts, parameter_size
 from mlxd.errors import InvalidRequest, ModelNotFound
 from mlxd.http.ollama_render import OllamaRenderer, ThinkingSplit
 from mlxd.http.ollama_shapes import DEFAULT_NUM_PREDICT, OllamaRequest, model_name, parse

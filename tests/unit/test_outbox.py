@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from mlxd.engines.mlx_thread import Outbox
+from mlxd.engines.runtime.jobs import Outbox
 
 
 async def test_calls_that_keep_coming_let_other_tasks_run_between_drains() -> None:

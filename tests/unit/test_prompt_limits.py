@@ -6,7 +6,7 @@ import pytest
 
 from mlxd.config import ModelConfig
 from mlxd.engines.base import ChatMessage, GenerationRequest
-from mlxd.engines.prompt_limits import (
+from mlxd.engines.text.prompt_limits import (
     DEFAULT_MAX_PROMPT_TOKENS,
     check_prompt_chars,
     context_from_config,
@@ -68,7 +68,7 @@ def test_checks_name_the_field() -> None:
 
 def test_body_facts_count_the_same_characters_as_the_validated_request() -> None:
     """The child process's count of a raw body equals prompt_chars of the validated request."""
-    from mlxd.engines.prompt_limits import prompt_chars
+    from mlxd.engines.text.prompt_limits import prompt_chars
 
     body = {"model": "m", "messages": [
         {"role": "user", "content": "hello"},

@@ -1,6 +1,6 @@
 """Schemas the grammar library cannot enforce are refused before compiling, and real ones pass.
 
-Each refused shape was measured to fail with llguidance 1.9 (mlxd.engines.schema_bounds):
+Each refused shape was measured to fail with llguidance 1.9 (mlxd.engines.grammar.schema_bounds):
 no finite instance ("Too many items" at the first token), reference chains
 that crash its matcher, forced instances that cost milliseconds a token, and
 objects whose optional properties overflow its parser's row.
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from mlxd.engines import schema_bounds
-from mlxd.engines.schema_bounds import (
+from mlxd.engines.grammar import schema_bounds
+from mlxd.engines.grammar.schema_bounds import (
     MAX_NESTING,
     MAX_OPTIONAL_PROPERTIES,
     MAX_SMALLEST_BYTES,
