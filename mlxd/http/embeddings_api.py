@@ -21,9 +21,10 @@ from mlxd.engines.prompt_limits import check_chars, limits_for
 from mlxd.errors import InvalidRequest, ModelNotFound, ShuttingDown
 from mlxd.http import generation
 from mlxd.http.context import state
+from mlxd.http.fields import Choice, Integer, Kind, Text, bad, is_int, read
 from mlxd.http.openai_api import read_json_body, request_id
 from mlxd.http.preferences import Preferences, preferences
-from mlxd.http.structured import bad, is_int, is_model_name
+from mlxd.http.structured import is_model_name
 
 bp = Blueprint("embeddings", __name__)
 
@@ -87,6 +88,12 @@ async def embed_under_lease(
     return vectors, tokens, lease_at
 
 
+#: the scalar fields of an embeddings body (read here, documented from this table)
+FIELDS: dict[str, Kind] = {"encoding_format": Choice(("float", "base64")),
+                           "dimensions": Integer(1, hint="must be a positive integer"),
+                           "user": Text()}
+
+
 @bp.post("/v1/embeddings")
 async def embeddings() -> Any:
     st = state()
@@ -99,14 +106,9 @@ async def embeddings() -> Any:
     if not is_model_name(model):
         raise bad("model", "is required: a non-empty string")
     inputs = parse_input(body.get("input"))
-    fmt = body.get("encoding_format")
-    if fmt is None:
-        fmt = "float"
-    if not isinstance(fmt, str) or fmt not in ("float", "base64"):
-        raise bad("encoding_format", "must be 'float' or 'base64'")
-    dims = body.get("dimensions")
-    if dims is not None and (not is_int(dims) or dims < 1):
-        raise bad("dimensions", "must be a positive integer")
+    fmt = read(body, "encoding_format", FIELDS["encoding_format"], "float")
+    dims = read(body, "dimensions", FIELDS["dimensions"], None)
+    read(body, "user", FIELDS["user"], None)
     if not st.manager.has_model(model):
         raise ModelNotFound(model)
     # X-Mlxd-Keep-Alive, X-Mlxd-Contention, X-Mlxd-Require-Resident

@@ -35,7 +35,8 @@ import trio
 from mlxd.config import Config
 from mlxd.engines.sources import TEXT_PATTERNS, VISION_PATTERNS, fetch_snapshot, hub_timeout
 from mlxd.errors import LoadFailed, MlxdError
-from mlxd.http.structured import bad, is_model_name
+from mlxd.http.fields import bad
+from mlxd.http.structured import is_model_name
 
 Message = tuple[str, Any, Any]
 

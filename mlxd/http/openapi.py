@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd import __version__
 from mlxd.http import origins
+from mlxd.http.fields import documented, nullable
 from mlxd.http.openapi_anthropic import ERROR as ANTHROPIC_ERROR
 from mlxd.http.openapi_anthropic import anthropic_paths
 from mlxd.http.openapi_chat import STREAM_OPTIONS_NEED_STREAM, chat_request, engine_groups
 from mlxd.http.openapi_clients import (
     ANY_MODEL_NAME,
     CHAT_LOGPROBS,
-    COMPLETION_LOGPROBS,
     RESPONSE_TOOL_CALLS,
     TEXT_LOGPROBS,
 )
@@ -45,7 +45,8 @@ from mlxd.http.preferences import (
     KEEP_ALIVE_PATTERN,
     REQUIRE_RESIDENT_HEADER,
 )
-from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT
+from mlxd.http.structured import COMPLETION_FIELDS
+from mlxd.http.validation import SAMPLING
 from mlxd.residency.plan import ACTIONS
 from mlxd.residency.policy import STRATEGIES
 from mlxd.residency.states import State
@@ -110,13 +111,6 @@ _MODEL_LIST = {
 
 #: what ``since`` generators should produce: empty or a duration (ISO times are accepted too)
 _SINCE = r"^(\s*[0-9]{1,9}(\.[0-9]{1,6})?\s*[smhd]\s*)?$"
-_INT64_MIN = -(2**63)
-_UINT64_MAX = 2**64 - 1
-_STOP_STRING = {"type": "string", "minLength": 1, "maxLength": 256}
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, {"type": "null"}]}
 
 
 def _model_name(names: list[str]) -> dict[str, Any]:
@@ -126,24 +120,10 @@ def _model_name(names: list[str]) -> dict[str, Any]:
 
 
 def _sampling(names: list[str]) -> dict[str, Any]:
-    tokens = {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT}
     return {
         "model": _model_name(names),
-        "max_tokens": _nullable(tokens),
-        "max_completion_tokens": _nullable(tokens),
-        "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 2}),
-        "top_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
-        "stop": {
-            "anyOf": [
-                _STOP_STRING,
-                {"type": "array", "items": _STOP_STRING, "maxItems": MAX_STOP},
-                {"type": "null"},
-            ]
-        },
-        "seed": _nullable({"type": "integer", "minimum": _INT64_MIN, "maximum": _UINT64_MAX}),
-        "n": _nullable({"const": 1}),
-        "stream": _nullable({"type": "boolean"}),
-        "stream_options": _nullable(
+        **documented(SAMPLING),
+        "stream_options": nullable(
             {"type": "object", "properties": {"include_usage": {"type": "boolean"}}, **_OPEN}
         ),
         "keep_alive": {"anyOf": [{"type": "number"}, _KEEP_ALIVE, {"type": "null"}]},
@@ -183,10 +163,10 @@ _PLAN = {
                 },
             },
         },
-        "error": _nullable({"type": "object", "required": ["code"],
+        "error": nullable({"type": "object", "required": ["code"],
                             "properties": {"code": {"type": "string"}}}),
         "committed_after": {"type": "integer", "minimum": 0},
-        "eta_s": _nullable({"type": "number", "minimum": 0}),
+        "eta_s": nullable({"type": "number", "minimum": 0}),
     },
 }
 
@@ -204,7 +184,7 @@ def _completion_request(names: list[str]) -> dict[str, Any]:
         "required": ["model", "prompt"],
         "properties": {
             **_sampling(names),
-            "logprobs": COMPLETION_LOGPROBS,
+            **documented(COMPLETION_FIELDS),
             **_CHAT_ONLY,
             "prompt": {
                 "anyOf": [

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxd.http.anthropic_fields import EFFORTS, SERVICE_TIERS, SYSTEM_ROLES
-from mlxd.http.anthropic_shapes import MAX_STOP_SEQUENCES
-from mlxd.http.openapi_clients import ANY_MODEL_NAME, OBJECT_SCHEMA, nullable
+from mlxd.http.anthropic_fields import EFFORT, SERVICE_TIER, SYSTEM_ROLES
+from mlxd.http.anthropic_shapes import FIELDS, MAX_TOKENS
+from mlxd.http.fields import documented, nullable
+from mlxd.http.openapi_clients import ANY_MODEL_NAME, OBJECT_SCHEMA
 from mlxd.http.structured import MAX_TOOLS, NAME_PATTERN
-from mlxd.http.validation import MAX_TOKENS_LIMIT
 
 _OPEN = {"additionalProperties": True}
 _NAME = {"type": "string", "pattern": NAME_PATTERN}
@@ -71,7 +71,7 @@ def _fields(*, tools: bool) -> dict[str, Any]:
     """Claude Code's fields (:mod:`mlxd.http.anthropic_fields`)."""
     fmt = {"type": "object", "required": ["type", "schema"],
            "properties": {"type": {"const": "json_schema"}, "schema": OBJECT_SCHEMA}}
-    config: dict[str, Any] = {"effort": nullable({"enum": list(EFFORTS)})}
+    config: dict[str, Any] = {"effort": nullable(EFFORT.schema())}
     if tools:  # a grammar: not on fake engines
         config["format"] = nullable(fmt)
     out = {
@@ -84,7 +84,7 @@ def _fields(*, tools: bool) -> dict[str, Any]:
         "output_config": nullable({"type": "object", "properties": config}),
         "context_management": nullable({"type": "object", "properties": {
             "edits": nullable({"type": "array", "items": {"type": "object"}})}}),
-        "service_tier": nullable({"enum": list(SERVICE_TIERS)}),
+        "service_tier": nullable(SERVICE_TIER.schema()),
     }
     if tools:
         out["output_format"] = nullable(fmt)
@@ -118,16 +118,8 @@ def _request(names: list[str], *, tools: bool, counting: bool) -> dict[str, Any]
     }
     required = ["model", "messages"]
     if not counting:
-        props.update({
-            "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT},
-            "stop_sequences": nullable({"type": "array", "maxItems": MAX_STOP_SEQUENCES,
-                                        "items": {"type": "string", "minLength": 1, "maxLength": 256}}),
-            "temperature": nullable({"type": "number", "minimum": 0, "maximum": 1}),
-            "top_p": nullable({"type": "number", "minimum": 0, "maximum": 1}),
-            "top_k": nullable({"type": "integer", "minimum": 0}),
-            "stream": nullable({"type": "boolean"}),
-            "metadata": nullable({"type": "object"}),
-        })
+        props.update({"max_tokens": MAX_TOKENS.schema(), **documented(FIELDS),
+                      "metadata": nullable({"type": "object"})})
         required.append("max_tokens")
     return {"type": "object", "required": required, "properties": props,
             "description": "'any' and 'tool' tool_choice need tools; a named tool must be declared",

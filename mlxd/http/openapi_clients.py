@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlxd.http.fields import documented, nullable
 from mlxd.http.structured import (
-    MAX_COMPLETION_LOGPROBS,
+    CHAT_FIELDS,
     MAX_MODEL_NAME,
     MAX_TOOLS,
-    MAX_TOP_LOGPROBS,
     MODEL_NAME_PATTERN,
     NAME_PATTERN,
 )
@@ -28,10 +28,6 @@ _NAME = {"type": "string", "pattern": NAME_PATTERN}
 #: characters (the routes' validation refuses blank and longer names with 400; the rest are 404)
 ANY_MODEL_NAME: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_NAME,
                                    "pattern": MODEL_NAME_PATTERN}
-
-
-def nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, {"type": "null"}]}
 
 
 #: a JSON Schema of type object (tool parameters); the daemon checks it against the meta-schema
@@ -83,7 +79,7 @@ _NO_TOOLS = nullable({"type": "array", "maxItems": 0})
 
 def chat_fields(*, tools: bool, grammar: bool, logprobs: bool) -> dict[str, Any]:
     """The properties of a chat request for a group of models with these capabilities."""
-    out: dict[str, Any] = {"parallel_tool_calls": nullable({"type": "boolean"})}
+    out = documented(CHAT_FIELDS)
     if tools:
         out["tools"] = nullable({"type": "array", "items": _TOOL, "maxItems": MAX_TOOLS})
         out["tool_choice"] = {
@@ -113,10 +109,7 @@ def chat_fields(*, tools: bool, grammar: bool, logprobs: bool) -> dict[str, Any]
                                                            "strict": nullable({"type": "boolean"})}}}},
         ]
     out["response_format"] = nullable({"anyOf": formats})
-    if logprobs:
-        out["logprobs"] = nullable({"type": "boolean"})
-        out["top_logprobs"] = nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS})
-    else:
+    if not logprobs:  # the engine has none to give: only "off" is valid
         out["logprobs"] = nullable({"const": False})
         out["top_logprobs"] = {"type": "null"}
     return out
@@ -151,8 +144,6 @@ def message_extras(*, tools: bool) -> tuple[dict[str, Any], list[dict[str, Any]]
     ]
     return props, rules
 
-
-COMPLETION_LOGPROBS = nullable({"type": "integer", "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS})
 
 _TOP: dict[str, Any] = {"type": "object", "required": ["token", "logprob"],
         "properties": {"token": {"type": "string"}, "logprob": {"type": "number"},

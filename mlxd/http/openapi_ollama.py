@@ -21,20 +21,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mlxd.http.embeddings_api import MAX_INPUTS
+from mlxd.http.fields import documented, nullable
 from mlxd.http.ollama_pull import REPO_PATTERN, REPO_REFUSED
-from mlxd.http.ollama_shapes import MAX_STOP, ROLES
-from mlxd.http.openapi_clients import ANY_MODEL_NAME, OBJECT_SCHEMA, nullable
+from mlxd.http.ollama_shapes import DEFAULT_NUM_PREDICT, EMBED, GENERATE, OPTIONS, PULL, ROLES, SHOW
+from mlxd.http.openapi_clients import ANY_MODEL_NAME, OBJECT_SCHEMA
 from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
-from mlxd.http.structured import MAX_TOOLS, MAX_TOP_LOGPROBS, NAME_PATTERN
-from mlxd.http.validation import MAX_TOKENS_LIMIT
+from mlxd.http.structured import CHAT_FIELDS, MAX_TOOLS, NAME_PATTERN
 
 if TYPE_CHECKING:
     from mlxd.config import Config
 
 _OPEN = {"additionalProperties": True}
 _NAME = {"type": "string", "pattern": NAME_PATTERN}
-_INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
-_STOP = {"type": "string", "minLength": 1, "maxLength": 256}
 _KEEP_ALIVE_TEXT = {"type": "string", "pattern": KEEP_ALIVE_PATTERN}
 _KEEP_ALIVE = {"anyOf": [{"type": "number"}, _KEEP_ALIVE_TEXT, {"type": "null"}],
                "description": "seconds or a duration (\"5m\"); 0 unloads after the request, "
@@ -104,16 +102,9 @@ def _options(tool_choice: dict[str, Any] | None) -> dict[str, Any]:
     return nullable({
         "type": "object",
         "properties": {
-            "temperature": nullable({"type": "number", "minimum": 0, "maximum": 2}),
-            "top_p": nullable({"type": "number", "minimum": 0, "maximum": 1}),
-            "top_k": nullable({**_INT64, "minimum": 0, "description": "0: no limit; 1: greedy"}),
-            "seed": nullable(_INT64),
-            "num_predict": nullable({**_INT64, "maximum": MAX_TOKENS_LIMIT,
-                                     "description": "0 or negative: 2048"}),
-            "num_ctx": nullable({**_INT64, "minimum": 1,
-                                 "description": "a prompt of more tokens is a 400"}),
-            "stop": {"anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOP},
-                               {"type": "null"}]},
+            **documented(OPTIONS, {"top_k": "0: no limit; 1: greedy",
+                                   "num_predict": f"0 or negative: {DEFAULT_NUM_PREDICT}",
+                                   "num_ctx": "a prompt of more tokens is a 400"}),
             **choice,
         },
         "description": "other options are ignored, as Ollama does",
@@ -178,13 +169,12 @@ _TOP_NEEDS_LOGPROBS = {
 def _common(names: list[str], others: list[str]) -> dict[str, Any]:
     return {
         "model": _model(names, others),
-        "stream": nullable({"type": "boolean", "description": "default true (NDJSON)"}),
+        **documented({"stream": GENERATE["stream"]}, {"stream": "default true (NDJSON)"}),
         "keep_alive": _KEEP_ALIVE,
         "format": {"anyOf": [{"const": ""}, {"type": "null"}, {"const": "json"},
                              {"type": "object", "description": "a JSON Schema"}]},
         "think": nullable({"const": False, "description": "true or a level: models with thinking"}),
-        "logprobs": nullable({"type": "boolean"}),
-        "top_logprobs": nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}),
+        **documented({key: CHAT_FIELDS[key] for key in ("logprobs", "top_logprobs")}),
     }
 
 
@@ -229,9 +219,7 @@ def _generate(names: list[str], others: list[str], kind: str) -> dict[str, Any]:
         "properties": {
             **_common(names, others),
             "options": _options(None),
-            "prompt": nullable({"type": "string", "description": "empty: the load call"}),
-            "system": nullable({"type": "string"}),
-            "raw": nullable({"type": "boolean"}),
+            **documented(GENERATE, {"prompt": "empty: the load call", "stream": "default true (NDJSON)"}),
             "images": _IMAGES if images else _NO_LIST,
             "template": {**empty, "description": "refused: mlxd uses the model's own template"},
             "suffix": {**empty, "description": "refused: no fill-in-the-middle"},
@@ -339,8 +327,7 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
         "model": embed_model,
         "input": {"anyOf": [text, {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": text}],
                   "description": "over the model's context: 400"},
-        "truncate": nullable({"type": "boolean"}),
-        "dimensions": nullable({"type": "integer", "minimum": 1, "description": "only the model's own"}),
+        **documented(EMBED, {"dimensions": "only the model's own"}),
         "options": nullable({"type": "object"}), "keep_alive": _KEEP_ALIVE}, **_OPEN}
     embeddings_request = {"type": "object", "required": ["model", "prompt"], "properties": {
         "model": embed_model, "prompt": text, "options": nullable({"type": "object"}),
@@ -348,8 +335,8 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
     vectors = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
     repo = {"type": "string", "pattern": REPO_PATTERN, "not": {"pattern": REPO_REFUSED},
             "description": "a Hugging Face repo id (org/name)"}
-    pull_request = {"type": "object", "anyOf": _model_or_name(repo), "properties": {
-        "insecure": nullable({"type": "boolean"}), "stream": nullable({"type": "boolean"})}, **_OPEN}
+    pull_request = {"type": "object", "anyOf": _model_or_name(repo), "properties": documented(PULL),
+                    **_OPEN}
     status = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
     return {
         "/api/version": {"get": {"summary": "The Ollama API version mlxd speaks (and mlxd's own)",
@@ -366,7 +353,7 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
                                           **_errors(*_GUARDED)}}},
         "/api/show": _post("A model's details, capabilities, context length and template",
                            {"type": "object", "anyOf": _model_or_name(_model(every, [])),
-                            "properties": {"verbose": nullable({"type": "boolean"})}, **_OPEN},
+                            "properties": documented(SHOW), **_OPEN},
                            _json({"type": "object", "required": ["capabilities", "details", "model_info"],
                                   "properties": {"capabilities": {"type": "array", "items": {"enum": [
                                       "completion", "tools", "vision", "embedding", "thinking"]}}}}),

@@ -14,19 +14,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlxd.http.openapi_clients import OBJECT_SCHEMA, nullable
+from mlxd.http.fields import documented, nullable
+from mlxd.http.openapi_clients import OBJECT_SCHEMA
 from mlxd.http.responses_fields import (
-    EFFORTS,
+    FIELDS,
     LOGPROBS_INCLUDE,
     MAX_METADATA_KEY,
     MAX_METADATA_KEYS,
     MAX_METADATA_VALUE,
-    MAX_RESPONSE_ID,
-    SUMMARIES,
+    REASONING,
+    VERBOSITY,
 )
 from mlxd.http.responses_items import LEFT_OUT, MAX_ITEMS, TEXT_PARTS
-from mlxd.http.structured import MAX_TOOLS, MAX_TOP_LOGPROBS, NAME_PATTERN
-from mlxd.http.validation import MAX_TOKENS_LIMIT
+from mlxd.http.structured import MAX_TOOLS, NAME_PATTERN
 
 _OPEN = {"additionalProperties": True}
 _NAME = {"type": "string", "pattern": NAME_PATTERN}
@@ -34,7 +34,6 @@ _STRING = nullable({"type": "string"})
 _BOOL = nullable({"type": "boolean"})
 #: the sampling fields of a request naming one of ``names`` (model, temperature, ...)
 Sampling = Callable[[list[str]], dict[str, Any]]
-SAMPLING_KEYS = ("model", "temperature", "top_p", "seed", "stream", "keep_alive")
 
 
 def _obj(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
@@ -127,13 +126,10 @@ def _text(*, grammar: bool) -> dict[str, Any]:
         ]
     return nullable(_obj([], {
         "format": nullable({"anyOf": formats}),
-        "verbosity": nullable({"enum": ["low", "medium", "high"]}),
+        "verbosity": nullable(VERBOSITY.schema()),
     }))
 
 
-_REASONING = nullable(_obj([], {"effort": nullable({"enum": list(EFFORTS)}),
-                                "summary": nullable({"enum": list(SUMMARIES)}),
-                                "generate_summary": nullable({"enum": list(SUMMARIES)})}))
 _METADATA = nullable({"type": "object", "maxProperties": MAX_METADATA_KEYS,
                       "propertyNames": {"maxLength": MAX_METADATA_KEY},
                       "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE}})
@@ -161,28 +157,16 @@ def responses_request(groups: dict[str, list[str]], sampling: Sampling) -> dict[
             "type": "object",
             "required": ["model", "input"],
             "properties": {
-                **{k: given[k] for k in SAMPLING_KEYS},
+                "model": given["model"], "keep_alive": given["keep_alive"],
+                **documented(FIELDS),
                 "input": {"anyOf": [{"type": "string"}, _items(images=images, calls=functions)]},
-                "instructions": _STRING,
-                "previous_response_id": nullable({"type": "string", "minLength": 1,
-                                                  "maxLength": MAX_RESPONSE_ID}),
-                "store": _BOOL,
-                "max_output_tokens": nullable({"type": "integer", "minimum": 1,
-                                               "maximum": MAX_TOKENS_LIMIT}),
                 "tools": _tools(functions=functions),
                 "tool_choice": _tool_choice(functions=functions),
-                "parallel_tool_calls": _BOOL,
                 "text": _text(grammar=grammar),
                 "include": nullable({"type": "array", "items": {"type": "string"}}),
-                "top_logprobs": nullable({"type": "integer", "minimum": 0,
-                                          "maximum": MAX_TOP_LOGPROBS}),
                 "metadata": _METADATA,
-                "reasoning": _REASONING,
-                "truncation": nullable({"enum": ["auto", "disabled"]}),
-                "max_tool_calls": nullable({"type": "integer", "minimum": 1, "maximum": 2**31 - 1}),
+                "reasoning": nullable(_obj([], documented(REASONING))),
                 "stream_options": nullable({"type": "object"}),
-                "user": _STRING, "prompt_cache_key": _STRING, "safety_identifier": _STRING,
-                "service_tier": _STRING,
                 "background": {"anyOf": [{"const": False}, {"type": "null"}],
                                "description": "background responses are not supported"},
                 "prompt": {"type": "null", "description": "stored prompts are not supported"},
