@@ -31,8 +31,11 @@ from mlxd.http.openapi_chat import STREAM_OPTIONS_NEED_STREAM, chat_request, eng
 from mlxd.http.openapi_clients import (
     ANY_MODEL_NAME,
     CHAT_LOGPROBS,
+    OPEN,
     RESPONSE_TOOL_CALLS,
     TEXT_LOGPROBS,
+    error_responses,
+    json_response,
 )
 from mlxd.http.openapi_embeddings import embeddings_path
 from mlxd.http.openapi_ollama import ERROR as OLLAMA_ERROR
@@ -54,8 +57,6 @@ from mlxd.residency.states import State
 if TYPE_CHECKING:
     from mlxd.config import Config
 
-#: JSON Schema keyword kept explicit: unknown fields are ignored, not refused
-_OPEN = {"additionalProperties": True}
 
 _ERROR = {
     "type": "object",
@@ -124,7 +125,7 @@ def _sampling(names: list[str]) -> dict[str, Any]:
         "model": _model_name(names),
         **documented(SAMPLING),
         "stream_options": nullable(
-            {"type": "object", "properties": {"include_usage": {"type": "boolean"}}, **_OPEN}
+            {"type": "object", "properties": {"include_usage": {"type": "boolean"}}, **OPEN}
         ),
         "keep_alive": {"anyOf": [{"type": "number"}, _KEEP_ALIVE, {"type": "null"}]},
     }
@@ -194,7 +195,7 @@ def _completion_request(names: list[str]) -> dict[str, Any]:
             },
         },
         **STREAM_OPTIONS_NEED_STREAM,
-        **_OPEN,
+        **OPEN,
     }
 
 
@@ -309,22 +310,7 @@ _DESCRIPTIONS = {
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for code in codes:
-        response: dict[str, Any] = {
-            "description": _DESCRIPTIONS[code],
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-        }
-        if code == 503:
-            response["headers"] = {
-                "Retry-After": {"required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}
-            }
-        out[str(code)] = response
-    return out
-
-
-def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
+    return error_responses(_DESCRIPTIONS, "Error", *codes)
 
 
 def _model_id(names: list[str]) -> dict[str, Any]:
@@ -373,14 +359,14 @@ def _openai_paths(config: Config | None, model_id: dict[str, Any]) -> dict[str, 
         "/v1/models": {
             "get": {
                 "summary": "List models with their residency state",
-                "responses": {"200": _json(_MODEL_LIST), **_errors(*_GUARDED)},
+                "responses": {"200": json_response(_MODEL_LIST), **_errors(*_GUARDED)},
             }
         },
         "/v1/models/{model_id}": {
             "get": {
                 "summary": "One model with its residency state",
                 "parameters": [model_id],
-                "responses": {"200": _json(_MODEL), **_errors(404, *_GUARDED)},
+                "responses": {"200": json_response(_MODEL), **_errors(404, *_GUARDED)},
             }
         },
         "/v1/chat/completions": _generation(
@@ -403,7 +389,7 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                 "summary": "Budget, committed and free bytes, every model's state, waiters, "
                 "leases, and per model the routing facts (committed_bytes, queued, running, "
                 "kv_in_use, expected_load_seconds); loads nothing",
-                "responses": {"200": _json({"type": "object"}), **_errors(401, 403)},
+                "responses": {"200": json_response({"type": "object"}), **_errors(401, 403)},
             }
         },
         "/admin/plan": {
@@ -422,14 +408,14 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                      "over the model's context the plan fails with context_length_exceeded",
                      "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,11}$"}},
                 ],
-                "responses": {"200": _json(_PLAN), **_errors(400, 404, *_GUARDED)},
+                "responses": {"200": json_response(_PLAN), **_errors(400, 404, *_GUARDED)},
             }
         },
         "/admin/models/{model_id}/load": {
             "post": {
                 "summary": "Load a model; replies once it is loaded and journaled",
                 "parameters": [model_id],
-                "responses": {"200": _json(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
+                "responses": {"200": json_response(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
             }
         },
         "/admin/models/{model_id}/unload": {
@@ -445,7 +431,7 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                                             "off", ""]},
                     },
                 ],
-                "responses": {"200": _json(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
+                "responses": {"200": json_response(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
             }
         },
     }
@@ -488,7 +474,7 @@ def _admin_journal_paths() -> dict[str, Any]:
                     _HISTORY_KIND,
                 ],
                 "responses": {
-                    "200": _json({"type": "array", "items": {"type": "object"}}),
+                    "200": json_response({"type": "array", "items": {"type": "object"}}),
                     **_errors(400, 401, 403),
                 },
             }
@@ -496,7 +482,7 @@ def _admin_journal_paths() -> dict[str, Any]:
         "/admin/reload": {
             "post": {
                 "summary": "Re-read the config; add, remove or replace dormant models",
-                "responses": {"200": _json({"type": "object", "required": ["reloaded"]}),
+                "responses": {"200": json_response({"type": "object", "required": ["reloaded"]}),
                               **_errors(400, 409, *_GUARDED)},
             }
         },
@@ -524,7 +510,7 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
             **ollama_paths(config),
             **_admin_paths(model_id),
             **_admin_journal_paths(),
-            **operations_paths(_json, _errors),
+            **operations_paths(_errors),
         },
         "components": {"schemas": {"Error": _ERROR, "AnthropicError": ANTHROPIC_ERROR,
                                    "CachedTokens": CACHED_TOKENS,

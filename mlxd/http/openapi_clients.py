@@ -1,4 +1,5 @@
-"""OpenAPI pieces of the real-client fields: tools, response_format, logprobs (``/v1/chat/completions``).
+"""OpenAPI pieces shared by the routes' modules (error and JSON responses, names), and the
+real-client fields: tools, response_format, logprobs (``/v1/chat/completions``).
 
 Kept beside :mod:`mlxd.http.openapi`, which assembles the document. What a
 model accepts depends on its engine: mlx-lm text models take tools (when
@@ -10,6 +11,7 @@ group its own request variant, so generated "valid" requests are valid.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mlxd.http.fields import documented, nullable
@@ -21,8 +23,32 @@ from mlxd.http.structured import (
     NAME_PATTERN,
 )
 
-_OPEN = {"additionalProperties": True}
-_NAME = {"type": "string", "pattern": NAME_PATTERN}
+#: JSON Schema keyword kept explicit: unknown fields are ignored, not refused
+OPEN = {"additionalProperties": True}
+#: a function or tool name
+NAME = {"type": "string", "pattern": NAME_PATTERN}
+
+
+
+def error_responses(descriptions: Mapping[int, str], envelope: str, *codes: int) -> dict[str, Any]:
+    """The responses for ``codes``: each described, with the error body
+    ``#/components/schemas/<envelope>``; a 503 carries ``Retry-After``."""
+    out: dict[str, Any] = {}
+    for code in codes:
+        response: dict[str, Any] = {
+            "description": descriptions[code],
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{envelope}"}}},
+        }
+        if code == 503:
+            response["headers"] = {
+                "Retry-After": {"required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}
+            }
+        out[str(code)] = response
+    return out
+
+
+def json_response(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 #: a model name when no configured model can be named there: any non-blank string up to 256
 #: characters (the routes' validation refuses blank and longer names with 400; the rest are 404)
@@ -35,7 +61,7 @@ OBJECT_SCHEMA = {
     "type": "object",
     "properties": {"type": {"const": "object"}, "properties": {"type": "object"}},
     "description": "a JSON Schema of type object",
-    **_OPEN,
+    **OPEN,
 }
 
 _TOOL = {
@@ -47,14 +73,14 @@ _TOOL = {
             "type": "object",
             "required": ["name"],
             "properties": {
-                "name": _NAME,
+                "name": NAME,
                 "description": {"type": "string"},
                 "parameters": OBJECT_SCHEMA,
             },
-            **_OPEN,
+            **OPEN,
         },
     },
-    **_OPEN,
+    **OPEN,
 }
 
 _TOOL_CALL = {
@@ -66,11 +92,11 @@ _TOOL_CALL = {
         "function": {
             "type": "object",
             "required": ["name", "arguments"],
-            "properties": {"name": _NAME, "arguments": {"type": "string",
+            "properties": {"name": NAME, "arguments": {"type": "string",
                                                         "contentMediaType": "application/json"}},
         },
     },
-    **_OPEN,
+    **OPEN,
 }
 
 #: no tools: absent, null or an empty list
@@ -88,7 +114,7 @@ def chat_fields(*, tools: bool, grammar: bool, logprobs: bool) -> dict[str, Any]
                 {"type": "object", "required": ["type", "function"],
                  "properties": {"type": {"const": "function"},
                                 "function": {"type": "object", "required": ["name"],
-                                             "properties": {"name": _NAME}}}},
+                                             "properties": {"name": NAME}}}},
                 {"type": "null"},
             ],
             "description": "'required' and a named function need tools; the name must be declared",
@@ -104,7 +130,7 @@ def chat_fields(*, tools: bool, grammar: bool, logprobs: bool) -> dict[str, Any]
             {"type": "object", "required": ["type", "json_schema"],
              "properties": {"type": {"const": "json_schema"},
                             "json_schema": {"type": "object", "required": ["name", "schema"],
-                                            "properties": {"name": _NAME,
+                                            "properties": {"name": NAME,
                                                            "schema": {"type": "object"},
                                                            "strict": nullable({"type": "boolean"})}}}},
         ]

@@ -24,15 +24,20 @@ from mlxd.http.embeddings_api import MAX_INPUTS
 from mlxd.http.fields import documented, nullable
 from mlxd.http.ollama_pull import REPO_PATTERN, REPO_REFUSED
 from mlxd.http.ollama_shapes import DEFAULT_NUM_PREDICT, EMBED, GENERATE, OPTIONS, PULL, ROLES, SHOW
-from mlxd.http.openapi_clients import ANY_MODEL_NAME, OBJECT_SCHEMA
+from mlxd.http.openapi_clients import (
+    ANY_MODEL_NAME,
+    NAME,
+    OBJECT_SCHEMA,
+    OPEN,
+    error_responses,
+    json_response,
+)
 from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
-from mlxd.http.structured import CHAT_FIELDS, MAX_TOOLS, NAME_PATTERN
+from mlxd.http.structured import CHAT_FIELDS, MAX_TOOLS
 
 if TYPE_CHECKING:
     from mlxd.config import Config
 
-_OPEN = {"additionalProperties": True}
-_NAME = {"type": "string", "pattern": NAME_PATTERN}
 _KEEP_ALIVE_TEXT = {"type": "string", "pattern": KEEP_ALIVE_PATTERN}
 _KEEP_ALIVE = {"anyOf": [{"type": "number"}, _KEEP_ALIVE_TEXT, {"type": "null"}],
                "description": "seconds or a duration (\"5m\"); 0 unloads after the request, "
@@ -58,17 +63,7 @@ _DESCRIPTIONS = {
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for code in codes:
-        response: dict[str, Any] = {
-            "description": _DESCRIPTIONS[code],
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/OllamaError"}}},
-        }
-        if code == 503:
-            response["headers"] = {"Retry-After": {"required": True,
-                                                   "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
-        out[str(code)] = response
-    return out
+    return error_responses(_DESCRIPTIONS, "OllamaError", *codes)
 
 
 _GUARDED = (401, 403, 503)
@@ -90,7 +85,7 @@ def _tool_choice(tools: bool) -> dict[str, Any]:
                       {"type": "object", "required": ["type", "function"],
                        "properties": {"type": {"const": "function"},
                                       "function": {"type": "object", "required": ["name"],
-                                                   "properties": {"name": _NAME}}}},
+                                                   "properties": {"name": NAME}}}},
                       {"type": "null"}],
             "description": "mlxd's extension: 'required' or a named function forces a call "
             "(needs tools; the name must be declared)"}
@@ -108,7 +103,7 @@ def _options(tool_choice: dict[str, Any] | None) -> dict[str, Any]:
             **choice,
         },
         "description": "other options are ignored, as Ollama does",
-        **_OPEN,
+        **OPEN,
     })
 
 
@@ -118,15 +113,15 @@ _IMAGES = nullable({"type": "array", "items": {"type": "string", "minLength": 1,
 _TOOL_CALL = {"type": "object", "required": ["function"],
               "properties": {"id": {"type": "string"},
                              "function": {"type": "object", "required": ["name"],
-                                          "properties": {"name": _NAME, "arguments": {"type": "object"}},
-                                          **_OPEN}},
-              **_OPEN}
+                                          "properties": {"name": NAME, "arguments": {"type": "object"}},
+                                          **OPEN}},
+              **OPEN}
 _TOOL = {"type": "object", "required": ["function"],
          "properties": {"type": {"const": "function"},
                         "function": {"type": "object", "required": ["name"],
-                                     "properties": {"name": _NAME, "description": {"type": "string"},
-                                                    "parameters": nullable(OBJECT_SCHEMA)}, **_OPEN}},
-         **_OPEN}
+                                     "properties": {"name": NAME, "description": {"type": "string"},
+                                                    "parameters": nullable(OBJECT_SCHEMA)}, **OPEN}},
+         **OPEN}
 
 
 def _messages(*, images: bool) -> dict[str, Any]:
@@ -145,7 +140,7 @@ def _messages(*, images: bool) -> dict[str, Any]:
         # only an assistant message carries tool calls
         "if": {"properties": {"role": {"not": {"const": "assistant"}}}},
         "then": {"properties": {"tool_calls": _NO_LIST}},
-        **_OPEN,
+        **OPEN,
     }
     return nullable({"type": "array", "items": message, "description": "empty: the load call"})
 
@@ -200,7 +195,7 @@ def _chat(names: list[str], others: list[str], kind: str) -> dict[str, Any]:
             "tools": nullable({"type": "array", "items": _TOOL, "maxItems": MAX_TOOLS}),
         },
         "allOf": rules,
-        **_OPEN,
+        **OPEN,
     }
 
 
@@ -226,7 +221,7 @@ def _generate(names: list[str], others: list[str], kind: str) -> dict[str, Any]:
             "context": {**_NO_LIST, "description": "refused: send the history to /api/chat"},
         },
         "allOf": rules,
-        **_OPEN,
+        **OPEN,
     }
 
 
@@ -274,10 +269,6 @@ def _model_or_name(named: dict[str, Any]) -> list[dict[str, Any]]:
     ``name`` is any model name and is not used)."""
     return [{"required": ["model"], "properties": {"model": named, "name": nullable(ANY_MODEL_NAME)}},
             {"required": ["name"], "properties": {"model": {"type": "null"}, "name": named}}]
-
-
-def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 def _post(summary: str, request: dict[str, Any], ok: dict[str, Any], *errors: int,
@@ -328,49 +319,49 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
         "input": {"anyOf": [text, {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": text}],
                   "description": "over the model's context: 400"},
         **documented(EMBED, {"dimensions": "only the model's own"}),
-        "options": nullable({"type": "object"}), "keep_alive": _KEEP_ALIVE}, **_OPEN}
+        "options": nullable({"type": "object"}), "keep_alive": _KEEP_ALIVE}, **OPEN}
     embeddings_request = {"type": "object", "required": ["model", "prompt"], "properties": {
         "model": embed_model, "prompt": text, "options": nullable({"type": "object"}),
-        "keep_alive": _KEEP_ALIVE}, **_OPEN}
+        "keep_alive": _KEEP_ALIVE}, **OPEN}
     vectors = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
     repo = {"type": "string", "pattern": REPO_PATTERN, "not": {"pattern": REPO_REFUSED},
             "description": "a Hugging Face repo id (org/name)"}
     pull_request = {"type": "object", "anyOf": _model_or_name(repo), "properties": documented(PULL),
-                    **_OPEN}
+                    **OPEN}
     status = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
     return {
         "/api/version": {"get": {"summary": "The Ollama API version mlxd speaks (and mlxd's own)",
-                                 "responses": {"200": _json({"type": "object", "required": ["version"],
+                                 "responses": {"200": json_response({"type": "object", "required": ["version"],
                                                              "properties": {"version": {"type": "string"}}}),
                                                **_errors(*_GUARDED)}}},
         "/api/tags": {"get": {"summary": "Every configured model, loaded or not",
-                              "responses": {"200": _json({"type": "object", "required": ["models"],
+                              "responses": {"200": json_response({"type": "object", "required": ["models"],
                                                           "properties": {"models": {"type": "array", "items": _TAG}}}),
                                             **_errors(*_GUARDED)}}},
         "/api/ps": {"get": {"summary": "The models holding memory, with expires_at from keep_alive",
-                            "responses": {"200": _json({"type": "object", "required": ["models"],
+                            "responses": {"200": json_response({"type": "object", "required": ["models"],
                                                         "properties": {"models": {"type": "array", "items": _RUNNING}}}),
                                           **_errors(*_GUARDED)}}},
         "/api/show": _post("A model's details, capabilities, context length and template",
                            {"type": "object", "anyOf": _model_or_name(_model(every, [])),
-                            "properties": documented(SHOW), **_OPEN},
-                           _json({"type": "object", "required": ["capabilities", "details", "model_info"],
+                            "properties": documented(SHOW), **OPEN},
+                           json_response({"type": "object", "required": ["capabilities", "details", "model_info"],
                                   "properties": {"capabilities": {"type": "array", "items": {"enum": [
                                       "completion", "tools", "vision", "embedding", "thinking"]}}}}),
                            *_BODY_ERRORS, headers=False),
         "/api/chat": _post("Chat (NDJSON stream by default; stream: false for one reply)",
-                           _variants(_chat, groups, embedding), _json(_REPLY), 502, *_BODY_ERRORS, streamed=True),
+                           _variants(_chat, groups, embedding), json_response(_REPLY), 502, *_BODY_ERRORS, streamed=True),
         "/api/generate": _post("Generate from a prompt (NDJSON stream by default)",
-                               _variants(_generate, groups, embedding), _json(_REPLY), 502, *_BODY_ERRORS,
+                               _variants(_generate, groups, embedding), json_response(_REPLY), 502, *_BODY_ERRORS,
                                streamed=True),
         "/api/embed": _post("Embeddings of texts (embedding: true models)", embed_request,
-                            _json({"type": "object", "required": ["model", "embeddings"],
+                            json_response({"type": "object", "required": ["model", "embeddings"],
                                    "properties": {"embeddings": vectors}}), 502, *_BODY_ERRORS),
         "/api/embeddings": _post("One prompt's embedding (the older route)", embeddings_request,
-                                 _json({"type": "object", "required": ["embedding"],
+                                 json_response({"type": "object", "required": ["embedding"],
                                         "properties": {"embedding": {"type": "array", "items": {"type": "number"}}}}),
                                  502, *_BODY_ERRORS),
         "/api/pull": _post("Download a Hugging Face repo into the local cache (scope admin)", pull_request,
-                           _json(status), 400, 413, 415, 502, *_GUARDED, streamed=True, headers=False),
+                           json_response(status), 400, 413, 415, 502, *_GUARDED, streamed=True, headers=False),
         **_not_served(),
     }

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxd.http.fields import documented, nullable
-from mlxd.http.openapi_clients import OBJECT_SCHEMA
+from mlxd.http.openapi_clients import NAME, OBJECT_SCHEMA, OPEN
 from mlxd.http.responses_fields import (
     FIELDS,
     LOGPROBS_INCLUDE,
@@ -26,10 +26,8 @@ from mlxd.http.responses_fields import (
     VERBOSITY,
 )
 from mlxd.http.responses_items import LEFT_OUT, MAX_ITEMS, TEXT_PARTS
-from mlxd.http.structured import MAX_TOOLS, NAME_PATTERN
+from mlxd.http.structured import MAX_TOOLS
 
-_OPEN = {"additionalProperties": True}
-_NAME = {"type": "string", "pattern": NAME_PATTERN}
 _STRING = nullable({"type": "string"})
 _BOOL = nullable({"type": "boolean"})
 #: the sampling fields of a request naming one of ``names`` (model, temperature, ...)
@@ -37,7 +35,7 @@ Sampling = Callable[[list[str]], dict[str, Any]]
 
 
 def _obj(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "required": required, "properties": properties, **_OPEN}
+    return {"type": "object", "required": required, "properties": properties, **OPEN}
 
 
 def _part(kind: str, key: str = "text") -> dict[str, Any]:
@@ -75,7 +73,7 @@ def _items(*, images: bool, calls: bool) -> dict[str, Any]:
         variants.append(_obj(["type", "call_id", "name", "arguments"], {
             "type": {"const": "function_call"},
             "call_id": {"type": "string", "minLength": 1},
-            "name": _NAME,
+            "name": NAME,
             "arguments": {"anyOf": [{"type": "object"},
                                     {"type": "string", "contentMediaType": "application/json"}],
                           "description": "JSON text of an object (or the object)"},
@@ -87,7 +85,7 @@ def _items(*, images: bool, calls: bool) -> dict[str, Any]:
 _OTHER_TOOL = _obj(["type"], {"type": {"type": "string", "not": {"const": "function"}}})
 _FUNCTION_TOOL = _obj(["type", "name"], {
     "type": {"const": "function"},
-    "name": _NAME,
+    "name": NAME,
     "description": _STRING,
     "parameters": nullable(OBJECT_SCHEMA),
     "strict": _BOOL,
@@ -109,7 +107,7 @@ def _tool_choice(*, functions: bool) -> dict[str, Any]:
     })
     if not functions:
         return {"anyOf": [{"enum": ["auto", "none"]}, allowed, {"type": "null"}]}
-    named = _obj(["type", "name"], {"type": {"const": "function"}, "name": _NAME})
+    named = _obj(["type", "name"], {"type": {"const": "function"}, "name": NAME})
     return {"anyOf": [{"enum": ["auto", "none", "required"]}, named, allowed, {"type": "null"}],
             "description": "'required' needs a function tool; a named function must be declared; "
             "forcing a tool of another type is a 400 naming it"}
@@ -121,7 +119,7 @@ def _text(*, grammar: bool) -> dict[str, Any]:
         formats += [
             _obj(["type"], {"type": {"const": "json_object"}}),
             _obj(["type", "name", "schema"], {
-                "type": {"const": "json_schema"}, "name": _NAME, "schema": {"type": "object"},
+                "type": {"const": "json_schema"}, "name": NAME, "schema": {"type": "object"},
                 "strict": _BOOL, "description": _STRING}),
         ]
     return nullable(_obj([], {
@@ -173,7 +171,7 @@ def responses_request(groups: dict[str, list[str]], sampling: Sampling) -> dict[
                 "conversation": {"type": "null", "description": "use previous_response_id"},
             },
             "allOf": [_TOP_NEEDS_INCLUDE, _REQUIRED_NEEDS_FUNCTION],
-            **_OPEN,
+            **OPEN,
         }
 
     variants = [variant(names, kind) for kind, names in groups.items() if names]
