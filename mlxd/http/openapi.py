@@ -3,8 +3,16 @@
 The document describes exactly what the daemon accepts and answers, so tools
 (and the schemathesis test) can generate meaningful requests from it:
 
-- Request bodies follow :mod:`mlxd.http.validation` rule for rule: every
-  optional field may be ``null``; integers may be written ``16.0``; unknown
+- Request bodies follow the validators rule for rule. Their scalar fields
+  (numbers, integers, booleans, strings, choices, stop strings) are built
+  from the tables the validators read them with (:mod:`mlxd.http.fields`):
+  ``SAMPLING`` and ``CHAT_FIELDS`` here, ``FIELDS`` of the Responses,
+  Anthropic and embeddings modules, ``OPTIONS`` and the other tables of
+  :mod:`mlxd.http.ollama_shapes`. The shapes around them (messages, parts,
+  tools, formats) are written beside each route's validator, and
+  ``tests/unit/test_documented_reads.py`` checks that the keys each
+  validator reads, at every depth, are the properties documented there.
+  Every optional field may be ``null``; integers may be written ``16.0``; unknown
   fields are accepted and ignored (``additionalProperties: true``, stated
   explicitly), as OpenAI-compatible servers do; ``stream_options`` needs
   ``stream: true`` unless it is empty; an assistant message may omit

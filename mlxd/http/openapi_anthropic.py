@@ -92,7 +92,10 @@ def _request(names: list[str], *, tools: bool, counting: bool) -> dict[str, Any]
     model = {"type": "string", "enum": names} if names else ANY_MODEL_NAME
     tool = {"type": "object", "required": ["name", "input_schema"],
             "properties": {"name": NAME, "description": {"type": "string"},
-                           "input_schema": OBJECT_SCHEMA}, **OPEN}
+                           "input_schema": OBJECT_SCHEMA,
+                           "type": nullable({"const": "custom",
+                                             "description": "only custom tools are served here"})},
+            **OPEN}
     system_message = {"type": "object", "required": ["role", "content"],
                       "properties": {"role": {"enum": list(SYSTEM_ROLES)}, "content": _SYSTEM_TEXT}}
     turn = _message(tools=tools)

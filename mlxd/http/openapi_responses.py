@@ -98,7 +98,10 @@ def _tools(*, functions: bool) -> dict[str, Any]:
 
 
 def _tool_choice(*, functions: bool) -> dict[str, Any]:
-    listed = {"type": "array", "items": _obj(["type"], {"type": {"type": "string"}})
+    #: a listed function names a declared one; other types are left out as they are in tools
+    function = {"if": {"properties": {"type": {"const": "function"}}},
+                "then": {"required": ["name"], "properties": {"name": NAME}}}
+    listed = {"type": "array", "items": {**_obj(["type"], {"type": {"type": "string"}}), **function}
               if functions else _OTHER_TOOL}
     allowed = _obj(["type", "mode", "tools"], {
         "type": {"const": "allowed_tools"},

@@ -16,8 +16,10 @@ greedy (temperature 0), whatever its ``temperature``.
 
 Every optional field may be ``null`` (it then takes its default). Integer
 fields accept a number with no fractional part (``16.0``), as JSON Schema's
-``integer`` does; booleans are never numbers. ``mlxd/openapi.py`` describes
-exactly these rules, so generated requests and this module agree.
+``integer`` does; booleans are never numbers. The scalar fields are read
+through :data:`SAMPLING` (:mod:`mlxd.http.fields`), the table
+:mod:`mlxd.http.openapi` documents them from, so generated requests and this
+module agree.
 """
 
 from __future__ import annotations

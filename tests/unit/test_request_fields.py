@@ -6,12 +6,12 @@ Three promises keep the document from drifting from validation:
 - each route's document shows its table's fields with the table's schema (it is built
   from the table, so a field added to a table is documented without a second edit);
 - every body field a route's validator reads is documented on that route, and every
-  documented field is read.
+  documented field is read (``tests/unit/test_documented_reads.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jsonschema
@@ -24,12 +24,10 @@ from mlxd.http import (
     ollama_shapes,
     responses_fields,
 )
-from mlxd.http.anthropic_shapes import parse_messages
 from mlxd.http.fields import MAX_STOP_LENGTH, Choice, Integer, Kind, Number, Stops, Text, documented
 from mlxd.http.openapi import openapi_document
-from mlxd.http.responses_fields import parse_responses
 from mlxd.http.structured import CHAT_FIELDS, COMPLETION_FIELDS
-from mlxd.http.validation import SAMPLING, parse_request
+from mlxd.http.validation import SAMPLING
 
 #: every table, by where it sits in a body
 TABLES: dict[str, Mapping[str, Kind]] = {
@@ -131,71 +129,3 @@ def test_each_route_documents_its_table(path: str, field: str, table: Mapping[st
         got = {k: v for k, v in shown[key].items() if k != "description"}
         assert got == {k: v for k, v in expected.items() if k != "description"}, (path, key)
     assert anthropic_shapes.MAX_TOKENS.schema() == properties(request_schema("/v1/messages"))["max_tokens"]
-
-
-class Recorder(dict[str, Any]):
-    """A body that notes every key its reader looks up (``where`` prefixes nested objects)."""
-
-    def __init__(self, seen: set[str], where: str, **fields: Any) -> None:
-        super().__init__(fields)
-        self.seen, self.where = seen, where
-
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
-        self.seen.add(self.where + key)
-        return super().get(key, default)
-
-    def __getitem__(self, key: str) -> Any:
-        self.seen.add(self.where + key)
-        return super().__getitem__(key)
-
-    def __contains__(self, key: object) -> bool:
-        self.seen.add(self.where + str(key))
-        return super().__contains__(key)
-
-
-HI = [{"role": "user", "content": "hi"}]
-#: route -> (a valid body as a Recorder, holding Recorders at the nested fields read, its reader)
-Reader = Callable[[Recorder], object]
-READERS: dict[str, tuple[Callable[[set[str]], Recorder], Reader]] = {
-    "/v1/chat/completions": (
-        lambda s: Recorder(s, "", model="m", messages=HI, stream_options=Recorder(s, "stream_options.")),
-        lambda body: parse_request(body, kind="chat")),
-    "/v1/completions": (lambda s: Recorder(s, "", model="m", prompt="hi"),
-                        lambda body: parse_request(body, kind="completion")),
-    "/v1/messages": (
-        lambda s: Recorder(s, "", model="m", max_tokens=4, messages=HI,
-                           output_config=Recorder(s, "output_config."),
-                           context_management=Recorder(s, "context_management.", edits=[])),
-        lambda body: parse_messages(body, request_id="r")),
-    "/v1/responses": (
-        lambda s: Recorder(s, "", model="m", input="hi", reasoning=Recorder(s, "reasoning."),
-                           text=Recorder(s, "text.")),
-        lambda body: parse_responses(body)),
-    "/api/chat": (lambda s: Recorder(s, "", model="m", messages=HI, options=Recorder(s, "options.")),
-                  lambda body: ollama_shapes.parse(body, "chat", known=lambda _: True,
-                                                   allow_images=lambda _: False, request_id="r",
-                                                   headers={})),
-    "/api/generate": (lambda s: Recorder(s, "", model="m", prompt="hi", options=Recorder(s, "options.")),
-                      lambda body: ollama_shapes.parse(body, "generate", known=lambda _: True,
-                                                       allow_images=lambda _: False, request_id="r",
-                                                       headers={})),
-}
-def documented_keys(schema: dict[str, Any], nested: set[str]) -> set[str]:
-    shown = properties(schema)
-    out = set(shown)
-    for field in nested:
-        out |= {f"{field}.{key}" for key in properties(shown[field])}
-    return out
-
-
-@pytest.mark.parametrize("path", list(READERS))
-def test_every_field_a_route_reads_is_documented_and_back(path: str) -> None:
-    """The keys a route's validator looks up in a valid body are the fields its document shows."""
-    seen: set[str] = set()
-    make, reader = READERS[path]
-    body = make(seen)
-    reader(body)
-    nested = {key for key, value in body.items() if isinstance(value, Recorder)}
-    shown = documented_keys(request_schema(path), nested)
-    assert seen - shown == set(), "read but not documented"
-    assert shown - seen == set(), "documented but never read"
