@@ -103,25 +103,26 @@ _TOOL_CALL = {
 _NO_TOOLS = nullable({"type": "array", "maxItems": 0})
 
 
+def tool_choice(tools: bool, description: str) -> dict[str, Any]:
+    """OpenAI's ``tool_choice`` (also Ollama's ``options.tool_choice``); without tools, only
+    ``auto`` and ``none``."""
+    if not tools:
+        return nullable({"enum": ["auto", "none"]})
+    return {"anyOf": [{"enum": ["auto", "none", "required"]},
+                      {"type": "object", "required": ["type", "function"],
+                       "properties": {"type": {"const": "function"},
+                                      "function": {"type": "object", "required": ["name"],
+                                                   "properties": {"name": NAME}}}},
+                      {"type": "null"}],
+            "description": description}
+
+
 def chat_fields(*, tools: bool, grammar: bool, logprobs: bool) -> dict[str, Any]:
     """The properties of a chat request for a group of models with these capabilities."""
     out = documented(CHAT_FIELDS)
-    if tools:
-        out["tools"] = nullable({"type": "array", "items": _TOOL, "maxItems": MAX_TOOLS})
-        out["tool_choice"] = {
-            "anyOf": [
-                {"enum": ["auto", "none", "required"]},
-                {"type": "object", "required": ["type", "function"],
-                 "properties": {"type": {"const": "function"},
-                                "function": {"type": "object", "required": ["name"],
-                                             "properties": {"name": NAME}}}},
-                {"type": "null"},
-            ],
-            "description": "'required' and a named function need tools; the name must be declared",
-        }
-    else:
-        out["tools"] = _NO_TOOLS
-        out["tool_choice"] = nullable({"enum": ["auto", "none"]})
+    out["tools"] = nullable({"type": "array", "items": _TOOL, "maxItems": MAX_TOOLS}) if tools else _NO_TOOLS
+    out["tool_choice"] = tool_choice(
+        tools, "'required' and a named function need tools; the name must be declared")
     formats: list[dict[str, Any]] = [{"type": "object", "required": ["type"],
                                       "properties": {"type": {"const": "text"}}}]
     if grammar:

@@ -29,8 +29,10 @@ from mlxd.http.openapi_clients import (
     NAME,
     OBJECT_SCHEMA,
     OPEN,
+    TOP_NEEDS_LOGPROBS,
     error_responses,
     json_response,
+    tool_choice,
 )
 from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
 from mlxd.http.structured import CHAT_FIELDS, MAX_TOOLS
@@ -79,16 +81,8 @@ def _model(names: list[str], others: list[str]) -> dict[str, Any]:
 
 
 def _tool_choice(tools: bool) -> dict[str, Any]:
-    if not tools:
-        return nullable({"enum": ["auto", "none"]})
-    return {"anyOf": [{"enum": ["auto", "none", "required"]},
-                      {"type": "object", "required": ["type", "function"],
-                       "properties": {"type": {"const": "function"},
-                                      "function": {"type": "object", "required": ["name"],
-                                                   "properties": {"name": NAME}}}},
-                      {"type": "null"}],
-            "description": "mlxd's extension: 'required' or a named function forces a call "
-            "(needs tools; the name must be declared)"}
+    return tool_choice(tools, "mlxd's extension: 'required' or a named function forces a call "
+                              "(needs tools; the name must be declared)")
 
 
 def _options(tool_choice: dict[str, Any] | None) -> dict[str, Any]:
@@ -155,10 +149,6 @@ _FORCED = {"properties": {"options": {"type": "object", "required": ["tool_choic
 _FORCED_RULE = {"if": _FORCED, "then": {
     "required": ["tools"],
     "properties": {"tools": {"type": "array", "minItems": 1}, "format": nullable({"const": ""})}}}
-_TOP_NEEDS_LOGPROBS = {
-    "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
-    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
-}
 
 
 def _common(names: list[str], others: list[str]) -> dict[str, Any]:
@@ -182,7 +172,7 @@ _NO_TOOLS = {**_NO_GRAMMAR, "tools": _NO_LIST,
 
 def _chat(names: list[str], others: list[str], kind: str) -> dict[str, Any]:
     images, tools = _GROUPS[kind]
-    rules: list[dict[str, Any]] = [_FORCED_RULE, _TOP_NEEDS_LOGPROBS]
+    rules: list[dict[str, Any]] = [_FORCED_RULE, TOP_NEEDS_LOGPROBS]
     if not tools:
         rules.append({"properties": _NO_TOOLS})
     return {
@@ -203,7 +193,7 @@ def _generate(names: list[str], others: list[str], kind: str) -> dict[str, Any]:
     images, grammar = _GROUPS[kind]
     empty = nullable({"const": ""})
     rules: list[dict[str, Any]] = [
-        _TOP_NEEDS_LOGPROBS,
+        TOP_NEEDS_LOGPROBS,
         {"if": {"required": ["raw"], "properties": {"raw": {"const": True}}},
          "then": {"properties": {"system": empty, "images": _NO_LIST}}}]
     if not grammar:
