@@ -57,6 +57,26 @@ def parse_input(v: object) -> list[str] | list[list[int]]:
     return out
 
 
+#: the scalar fields of an embeddings body (read here, documented from this table)
+FIELDS: dict[str, Kind] = {"encoding_format": Choice(("float", "base64")),
+                           "dimensions": Integer(1, hint="must be a positive integer"),
+                           "user": Text()}
+
+
+def parse_embeddings(body: object) -> tuple[str, list[str] | list[list[int]], str, int | None]:
+    """A ``/v1/embeddings`` body: (model, inputs, encoding_format, dimensions)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if not is_model_name(model):
+        raise bad("model", "is required: a non-empty string")
+    inputs = parse_input(body.get("input"))
+    fmt = read(body, "encoding_format", FIELDS["encoding_format"], "float")
+    dims = read(body, "dimensions", FIELDS["dimensions"], None)
+    read(body, "user", FIELDS["user"], None)
+    return model, inputs, fmt, dims
+
+
 def encode(vector: list[float], fmt: str) -> list[float] | str:
     if fmt == "float":
         return vector
@@ -88,27 +108,12 @@ async def embed_under_lease(
     return vectors, tokens, lease_at
 
 
-#: the scalar fields of an embeddings body (read here, documented from this table)
-FIELDS: dict[str, Kind] = {"encoding_format": Choice(("float", "base64")),
-                           "dimensions": Integer(1, hint="must be a positive integer"),
-                           "user": Text()}
-
-
 @bp.post("/v1/embeddings")
 async def embeddings() -> Any:
     st = state()
     if st.draining:
         raise ShuttingDown("mlxd is shutting down")
-    body = await read_json_body()
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    model = body.get("model")
-    if not is_model_name(model):
-        raise bad("model", "is required: a non-empty string")
-    inputs = parse_input(body.get("input"))
-    fmt = read(body, "encoding_format", FIELDS["encoding_format"], "float")
-    dims = read(body, "dimensions", FIELDS["dimensions"], None)
-    read(body, "user", FIELDS["user"], None)
+    model, inputs, fmt, dims = parse_embeddings(await read_json_body())
     if not st.manager.has_model(model):
         raise ModelNotFound(model)
     # X-Mlxd-Keep-Alive, X-Mlxd-Contention, X-Mlxd-Require-Resident

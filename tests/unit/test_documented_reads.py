@@ -17,6 +17,7 @@ import pytest
 
 from mlxd.http import ollama_shapes
 from mlxd.http.anthropic_shapes import parse_messages
+from mlxd.http.embeddings_api import parse_embeddings
 from mlxd.http.openapi import openapi_document
 from mlxd.http.responses_fields import parse_responses
 from mlxd.http.validation import parse_request
@@ -180,6 +181,8 @@ READERS: dict[str, tuple[Callable[[], list[Recorder]], Callable[[Recorder], obje
                         lambda body: parse_request(body, kind="completion")),
     "/v1/messages": (messages_bodies, lambda body: parse_messages(body, request_id="r")),
     "/v1/responses": (responses_bodies, parse_responses),
+    "/v1/embeddings": (lambda: [R("", model="m", input="hi", encoding_format="float", dimensions=8,
+                                  user="u")], parse_embeddings),
     "/api/chat": (ollama_chat_bodies, _ollama("chat")),
     "/api/generate": (lambda: [R("", model="m", prompt="hi", system="s", raw=False, template="",
                                  suffix="", context=[], options=R("options"))], _ollama("generate")),
