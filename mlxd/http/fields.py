@@ -47,6 +47,13 @@ def is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _got(v: object) -> str:
+    """`` (got 3)`` for a number out of bounds (other values, and huge integers, are not echoed)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f" (got {v})" if -(10**18) < v < 10**18 else ""
+    return f" (got {v:g})" if isinstance(v, float) and math.isfinite(v) else ""
+
+
 @dataclass(frozen=True, slots=True)
 class Number:
     lo: float
@@ -55,7 +62,7 @@ class Number:
     def complaint(self, v: object) -> str | None:
         if _finite_number(v) and self.lo <= v <= self.hi:  # type: ignore[operator]
             return None
-        return f"must be a number from {self.lo:g} to {self.hi:g}"
+        return f"must be a number from {self.lo:g} to {self.hi:g}{_got(v)}"
 
     def schema(self) -> dict[str, Any]:
         return {"type": "number", "minimum": self.lo, "maximum": self.hi}
@@ -74,9 +81,9 @@ class Integer:
         if self.hint is not None:
             return self.hint
         if self.lo is not None and self.hi is not None:
-            return f"must be an integer from {self.lo} to {self.hi}"
+            return f"must be an integer from {self.lo} to {self.hi}{_got(v)}"
         return "must be an integer" + (f" >= {self.lo}" if self.lo is not None else "") + (
-            f" <= {self.hi}" if self.hi is not None else "")
+            f" <= {self.hi}" if self.hi is not None else "") + _got(v)
 
     def schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "integer"}
