@@ -85,9 +85,9 @@ def _tool_choice(tools: bool) -> dict[str, Any]:
                               "(needs tools; the name must be declared)")
 
 
-def _options(tool_choice: dict[str, Any] | None) -> dict[str, Any]:
-    """``options``; ``tool_choice``: its schema (None: not read, as on /api/generate)."""
-    choice = {} if tool_choice is None else {"tool_choice": tool_choice}
+def _options(choice_schema: dict[str, Any] | None) -> dict[str, Any]:
+    """``options``; ``choice_schema``: its ``tool_choice`` (None: not read, as on /api/generate)."""
+    choice = {} if choice_schema is None else {"tool_choice": choice_schema}
     return nullable({
         "type": "object",
         "properties": {
