@@ -98,7 +98,7 @@ def _tools(*, functions: bool) -> dict[str, Any]:
 
 
 def _tool_choice(*, functions: bool) -> dict[str, Any]:
-    #: a listed function names a declared one; other types are left out as they are in tools
+    # a listed function names a declared one; other types are left out as they are in tools
     function = {"if": {"properties": {"type": {"const": "function"}}},
                 "then": {"required": ["name"], "properties": {"name": NAME}}}
     listed = {"type": "array", "items": {**_obj(["type"], {"type": {"type": "string"}}), **function}
