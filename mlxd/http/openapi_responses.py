@@ -202,6 +202,11 @@ RESPONSE = _obj(["id", "object", "created_at", "status", "model", "output"], {
     "previous_response_id": _STRING,
     "store": {"type": "boolean"},
 })
+#: one SSE event of a streamed response (Open API 3.1: the stream's ``schema`` is one event)
+_EVENT = {"type": "object", "required": ["event", "data"], "properties": {
+    "event": {"type": "string", "pattern": r"^response\.[a-z_.]+$"},
+    "data": {"type": "string", "pattern": r"^\{[\s\S]*\}$", "contentMediaType": "application/json"},
+}}
 _RESPONSE_ID = {"name": "response_id", "in": "path", "required": True,
                 "schema": {"type": "string", "minLength": 1}}
 
@@ -214,7 +219,7 @@ def responses_paths(
     ok = {"description": "the response (whole), or with stream: true an SSE stream of response.* "
           "events ending in response.completed, response.incomplete or response.failed",
           "content": {"application/json": {"schema": RESPONSE},
-                      "text/event-stream": {"schema": {"type": "string"}}}}
+                      "text/event-stream": {"schema": _EVENT}}}
     deleted = _obj(["id", "object", "deleted"], {"id": {"type": "string"},
                                                   "object": {"const": "response"},
                                                   "deleted": {"const": True}})
