@@ -1,7 +1,8 @@
 """The HTTP surface: a quart-trio app with the OpenAI routes and the admin routes.
 
 Owns the app and its one error handler (:mod:`.app`), request validation
-(:mod:`.validation`), server-sent events (:mod:`.sse`), the OpenAI routes (:mod:`.openai_api`), Ollama's
+(:mod:`.validation`; the scalar fields of every body described once in
+:mod:`.fields`, which the OpenAPI document is built from), server-sent events (:mod:`.sse`), the OpenAI routes (:mod:`.openai_api`), Ollama's
 API (:mod:`.ollama_api`, on the same generation path; docs/ollama.md), the admin and
 operations routes (:mod:`.admin_api`), the OpenAPI document (:mod:`.openapi`)
 and the Prometheus metrics (:mod:`.metrics`).

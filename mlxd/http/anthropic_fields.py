@@ -25,12 +25,16 @@ import json
 from typing import Any
 
 from mlxd.engines.base import Constraint
-from mlxd.http.structured import bad, check_schema, is_int
+from mlxd.http.fields import Choice, bad, is_int, read
+from mlxd.http.structured import check_schema
 
 THINKING_TYPES = ("enabled", "adaptive", "disabled")
 EFFORTS = ("low", "medium", "high", "max")
 SERVICE_TIERS = ("auto", "standard_only")
 SYSTEM_ROLES = ("system", "developer")
+SERVICE_TIER = Choice(SERVICE_TIERS)
+#: ``output_config``'s scalar field (``format`` is read by :func:`output_format`)
+EFFORT = Choice(EFFORTS)
 
 
 def is_system_role(role: object) -> bool:
@@ -67,9 +71,7 @@ def output_format(body: dict[str, Any]) -> Constraint | None:
     if config is not None:
         if not isinstance(config, dict):
             raise bad("output_config", "must be an object ({\"effort\", \"format\"})")
-        effort = config.get("effort")
-        if effort is not None and effort not in EFFORTS:
-            raise bad("output_config.effort", f"must be one of {', '.join(EFFORTS)}")
+        read(config, "effort", EFFORT, None, prefix="output_config.")
         found = _format(config.get("format"), "output_config.format")
     legacy = _format(body.get("output_format"), "output_format")
     if found is not None and legacy is not None:
@@ -85,6 +87,4 @@ def check_accepted(body: dict[str, Any]) -> None:
     edits = (body.get("context_management") or {}).get("edits")
     if edits is not None and not (isinstance(edits, list) and all(isinstance(e, dict) for e in edits)):
         raise bad("context_management.edits", "must be a list of objects")
-    tier = body.get("service_tier")
-    if tier is not None and tier not in SERVICE_TIERS:
-        raise bad("service_tier", f"must be one of {', '.join(SERVICE_TIERS)}")
+    read(body, "service_tier", SERVICE_TIER, None)

@@ -31,14 +31,13 @@ from mlxd.engines.base import (
 )
 from mlxd.errors import InvalidRequest, MlxdError
 from mlxd.http import anthropic_fields, sse
+from mlxd.http.fields import Boolean, Integer, Kind, Number, Stops, bad, read
 from mlxd.http.generation import Collected
 from mlxd.http.structured import (
     ToolChoice,
     arguments_text,
-    bad,
     constraint,
     function_name,
-    is_int,
     is_model_name,
     make_tool,
     named_tool,
@@ -72,13 +71,16 @@ class ParsedMessages:
     stream: bool
 
 
-def _number(body: dict[str, Any], key: str, lo: float, hi: float, default: float) -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-        raise bad(key, f"must be a number from {lo:g} to {hi:g}")
-    return float(v)
+#: ``max_tokens``: required (except when counting tokens)
+MAX_TOKENS = Integer(1, MAX_TOKENS_LIMIT)
+#: the optional scalar fields of a Messages body (read here, documented from this table)
+FIELDS: dict[str, Kind] = {
+    "temperature": Number(0, 1),
+    "top_p": Number(0, 1),
+    "top_k": Integer(0),
+    "stream": Boolean(),
+    "stop_sequences": Stops(MAX_STOP_SEQUENCES, one_string=False),
+}
 
 
 def _text_blocks(v: object, param: str) -> str:
@@ -197,11 +199,9 @@ def parse_messages(body: object, *, request_id: str, counting: bool = False) -> 
         raise bad("model", "is required: a non-empty string")
     max_tokens: Any = 1  # counting ignores max_tokens
     if not counting:
-        max_tokens = body.get("max_tokens")
+        max_tokens = read(body, "max_tokens", MAX_TOKENS, None)
         if max_tokens is None:
             raise bad("max_tokens", "is required")
-        if not is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
-            raise bad("max_tokens", f"must be an integer from 1 to {MAX_TOKENS_LIMIT}")
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad("messages", "must be a non-empty list")
@@ -216,19 +216,7 @@ def parse_messages(body: object, *, request_id: str, counting: bool = False) -> 
         raise bad("messages", "must hold at least one user or assistant message")
     if system:
         messages.insert(0, ChatMessage("system", "\n\n".join(system)))
-    stops = body.get("stop_sequences")
-    if stops is None:
-        stops = []
-    if not isinstance(stops, list) or len(stops) > MAX_STOP_SEQUENCES or not all(
-        isinstance(s, str) and 0 < len(s) <= 256 for s in stops
-    ):
-        raise bad("stop_sequences", f"must be a list of at most {MAX_STOP_SEQUENCES} non-empty strings")
-    stream = body.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):
-        raise bad("stream", "must be a boolean")
-    top_k = body.get("top_k")
-    if top_k is not None and (not is_int(top_k) or top_k < 0):
-        raise bad("top_k", "must be a non-negative integer")
+    given = {key: read(body, key, kind, None) for key, kind in FIELDS.items()}
     anthropic_fields.check_accepted(body)
     tools = _tools(body)
     choice, name = _tool_choice(body, tools)
@@ -237,9 +225,9 @@ def parse_messages(body: object, *, request_id: str, counting: bool = False) -> 
         kind="chat",
         messages=tuple(messages),
         max_tokens=int(max_tokens),
-        temperature=_number(body, "temperature", 0.0, 1.0, 1.0),
-        top_p=_number(body, "top_p", 0.0, 1.0, 1.0),
-        stop=tuple(stops),
+        temperature=1.0 if given["temperature"] is None else given["temperature"],
+        top_p=1.0 if given["top_p"] is None else given["top_p"],
+        stop=given["stop_sequences"] or (),
         request_id=request_id,
         tools=tools,
         tool_choice=choice,
@@ -248,7 +236,7 @@ def parse_messages(body: object, *, request_id: str, counting: bool = False) -> 
         # constrained output starts at its first token: no thinking block before it
         thinking=anthropic_fields.thinking(body) and grammar is None,
     )
-    return ParsedMessages(model, gen, bool(stream))
+    return ParsedMessages(model, gen, bool(given["stream"]))
 
 
 class MessagesRenderer:

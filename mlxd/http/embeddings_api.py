@@ -21,9 +21,10 @@ from mlxd.engines.text.prompt_limits import check_chars, limits_for
 from mlxd.errors import InvalidRequest, ModelNotFound, ShuttingDown
 from mlxd.http import generation
 from mlxd.http.context import state
+from mlxd.http.fields import Choice, Integer, Kind, Text, bad, is_int, read
 from mlxd.http.openai_api import read_json_body, request_id
 from mlxd.http.preferences import Preferences, preferences
-from mlxd.http.structured import bad, is_int, is_model_name
+from mlxd.http.structured import is_model_name
 
 bp = Blueprint("embeddings", __name__)
 
@@ -54,6 +55,26 @@ def parse_input(v: object) -> list[str] | list[list[int]]:
             raise bad(f"input[{i}]", "token ids must not be negative")
         out.append([int(t) for t in seq])
     return out
+
+
+#: the scalar fields of an embeddings body (read here, documented from this table)
+FIELDS: dict[str, Kind] = {"encoding_format": Choice(("float", "base64")),
+                           "dimensions": Integer(1, hint="must be a positive integer"),
+                           "user": Text()}
+
+
+def parse_embeddings(body: object) -> tuple[str, list[str] | list[list[int]], str, int | None]:
+    """A ``/v1/embeddings`` body: (model, inputs, encoding_format, dimensions)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if not is_model_name(model):
+        raise bad("model", "is required: a non-empty string")
+    inputs = parse_input(body.get("input"))
+    fmt = read(body, "encoding_format", FIELDS["encoding_format"], "float")
+    dims = read(body, "dimensions", FIELDS["dimensions"], None)
+    read(body, "user", FIELDS["user"], None)
+    return model, inputs, fmt, dims
 
 
 def encode(vector: list[float], fmt: str) -> list[float] | str:
@@ -92,21 +113,7 @@ async def embeddings() -> Any:
     st = state()
     if st.draining:
         raise ShuttingDown("mlxd is shutting down")
-    body = await read_json_body()
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    model = body.get("model")
-    if not is_model_name(model):
-        raise bad("model", "is required: a non-empty string")
-    inputs = parse_input(body.get("input"))
-    fmt = body.get("encoding_format")
-    if fmt is None:
-        fmt = "float"
-    if not isinstance(fmt, str) or fmt not in ("float", "base64"):
-        raise bad("encoding_format", "must be 'float' or 'base64'")
-    dims = body.get("dimensions")
-    if dims is not None and (not is_int(dims) or dims < 1):
-        raise bad("dimensions", "must be a positive integer")
+    model, inputs, fmt, dims = parse_embeddings(await read_json_body())
     if not st.manager.has_model(model):
         raise ModelNotFound(model)
     # X-Mlxd-Keep-Alive, X-Mlxd-Contention, X-Mlxd-Require-Resident

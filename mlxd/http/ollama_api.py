@@ -48,6 +48,7 @@ from mlxd.errors import (
 from mlxd.http import access_log, generation, ollama_catalog
 from mlxd.http.context import AppState, state
 from mlxd.http.embeddings_api import embed_under_lease, parse_input
+from mlxd.http.fields import bad, read
 from mlxd.http.ollama_pull import pull_events, repo_of
 from mlxd.http.ollama_render import (
     OllamaRenderer,
@@ -57,10 +58,10 @@ from mlxd.http.ollama_render import (
     ndjson_response,
     ns,
 )
-from mlxd.http.ollama_shapes import OllamaRequest, model_name, parse, resolve
+from mlxd.http.ollama_shapes import EMBED, PULL, SHOW, OllamaRequest, model_name, parse, resolve
 from mlxd.http.openai_api import read_json_body, request_id, with_checked_images
 from mlxd.http.preferences import preferences
-from mlxd.http.structured import bad, is_int, is_model_name, schema_checks_off_loop
+from mlxd.http.structured import is_model_name, schema_checks_off_loop
 from mlxd.residency.lease import Lease
 
 bp = Blueprint("ollama", __name__)
@@ -116,8 +117,7 @@ async def ps() -> Any:
 async def show() -> Any:
     st = state()
     body = await _body()
-    if body.get("verbose") is not None and not isinstance(body["verbose"], bool):
-        raise bad("verbose", "must be a boolean")
+    read(body, "verbose", SHOW["verbose"], None)
     mc = st.config.model(model_name(_named(body), st.manager.has_model))
     assert mc is not None  # model_name found it
     return await ollama_catalog.show(st, mc)
@@ -244,11 +244,8 @@ async def embed() -> Any:
     if not isinstance(raw, str | list) or any(not isinstance(x, str) for x in (raw if isinstance(raw, list) else [])):
         raise bad("input", "must be a string or a list of strings")
     inputs = parse_input(raw)
-    if body.get("truncate") is not None and not isinstance(body["truncate"], bool):
-        raise bad("truncate", "must be a boolean")
-    dims = body.get("dimensions")
-    if dims is not None and (not is_int(dims) or dims < 1):
-        raise bad("dimensions", "must be a positive integer")
+    read(body, "truncate", EMBED["truncate"], None)
+    dims = read(body, "dimensions", EMBED["dimensions"], None)
     model, vectors, counters = await _embed(inputs, name, body, t0, dims)  # type: ignore[arg-type]
     return {"model": model, "embeddings": vectors, **counters}
 
@@ -284,9 +281,8 @@ async def pull() -> Any:
     st = state()
     body = await _body()
     repo = repo_of(_named(body))
-    for key in ("insecure", "stream"):
-        if body.get(key) is not None and not isinstance(body[key], bool):
-            raise bad(key, "must be a boolean")
+    for key, kind in PULL.items():
+        read(body, key, kind, None)
     if body.get("stream", True) is not False:
         return ndjson_response(_pull_lines(pull_events(st.config, repo)))
     last: dict[str, Any] = {}

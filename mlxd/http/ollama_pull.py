@@ -40,7 +40,8 @@ from mlxd.engines.model_files.sources import (
     hub_timeout,
 )
 from mlxd.errors import LoadFailed, MlxdError
-from mlxd.http.structured import bad, is_model_name
+from mlxd.http.fields import bad
+from mlxd.http.structured import is_model_name
 
 Message = tuple[str, Any, Any]
 

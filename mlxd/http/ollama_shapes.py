@@ -38,15 +38,14 @@ from typing import Any, Literal
 
 from mlxd.engines.base import ChatMessage, Constraint, GenerationRequest, Tool, ToolCall
 from mlxd.errors import InvalidRequest, ModelNotFound
+from mlxd.http.fields import Boolean, Integer, Kind, Number, Stops, Text, bad, read
 from mlxd.http.preferences import Headers, Preferences, preferences
 from mlxd.http.structured import (
     ToolChoice,
-    bad,
     chat_logprobs,
     check_schema,
     constraint,
     function_name,
-    is_int,
     is_model_name,
     openai_tool_choice,
     openai_tools,
@@ -99,22 +98,25 @@ def model_name(raw: object, known: Callable[[str], bool], param: str = "model") 
     return name
 
 
-def _number(opts: dict[str, Any], key: str, lo: float, hi: float) -> float | None:
-    v = opts.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-        raise bad(f"options.{key}", f"must be a number from {lo:g} to {hi:g}")
-    return float(v)
-
-
-def _int(opts: dict[str, Any], key: str) -> int | None:
-    v = opts.get(key)
-    if v is None:
-        return None
-    if not is_int(v) or not -(2**63) <= v < 2**63:
-        raise bad(f"options.{key}", "must be an integer")
-    return int(v)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+#: ``options``' fields mlxd reads (read here, documented from this table); others are ignored
+OPTIONS: dict[str, Kind] = {
+    "temperature": Number(0, 2),
+    "top_p": Number(0, 1),
+    "top_k": Integer(0, _INT64_MAX),
+    "seed": Integer(_INT64_MIN, _INT64_MAX),
+    "num_predict": Integer(_INT64_MIN, MAX_TOKENS_LIMIT),
+    "num_ctx": Integer(1, _INT64_MAX),
+    "stop": Stops(MAX_STOP),
+}
+#: the top-level scalar fields of ``/api/generate`` (``/api/chat`` has ``stream`` only)
+GENERATE: dict[str, Kind] = {"stream": Boolean(), "prompt": Text(), "system": Text(),
+                             "raw": Boolean()}
+#: the other routes' scalar fields (``/api/embed``, ``/api/pull``, ``/api/show``)
+EMBED: dict[str, Kind] = {"truncate": Boolean(),
+                          "dimensions": Integer(1, hint="must be a positive integer")}
+PULL: dict[str, Kind] = {"insecure": Boolean(), "stream": Boolean()}
+SHOW: dict[str, Kind] = {"verbose": Boolean()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,18 +130,6 @@ class Options:
     num_ctx: int | None
 
 
-def _stop(v: object) -> tuple[str, ...]:
-    if v is None:
-        return ()
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or len(v) > MAX_STOP or not all(
-        isinstance(s, str) and 0 < len(s) <= 256 for s in v
-    ):
-        raise bad("options.stop", f"must be a list of at most {MAX_STOP} non-empty strings")
-    return tuple(v)
-
-
 def options(body: dict[str, Any]) -> Options:
     """``options`` mapped onto mlxd's sampling (see the module doc)."""
     opts = body.get("options")
@@ -147,28 +137,19 @@ def options(body: dict[str, Any]) -> Options:
         opts = {}
     if not isinstance(opts, dict):
         raise bad("options", "must be an object")
-    temperature = _number(opts, "temperature", 0.0, 2.0)
-    top_p = _number(opts, "top_p", 0.0, 1.0)
-    top_k = _int(opts, "top_k")
-    if top_k is not None and top_k < 0:
-        raise bad("options.top_k", "must not be negative")
+    given = {key: read(opts, key, kind, None, prefix="options.") for key, kind in OPTIONS.items()}
+    temperature, top_p, top_k = given["temperature"], given["top_p"], given["top_k"]
     if top_p == 0.0 or top_k == 1:
         temperature = 0.0  # only the most likely token remains: greedy
-    seed = _int(opts, "seed")
-    num_predict = _int(opts, "num_predict")
-    if num_predict is not None and num_predict > MAX_TOKENS_LIMIT:
-        raise bad("options.num_predict", f"must be at most {MAX_TOKENS_LIMIT}")
-    num_ctx = _int(opts, "num_ctx")
-    if num_ctx is not None and num_ctx < 1:
-        raise bad("options.num_ctx", "must be a positive integer")
+    seed, num_predict = given["seed"], given["num_predict"]
     return Options(
         temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
         top_k=top_k or 0,
         seed=None if seed is None else seed % 2**32,
         max_tokens=num_predict if num_predict is not None and num_predict > 0 else DEFAULT_NUM_PREDICT,
-        stop=_stop(opts.get("stop")),
-        num_ctx=num_ctx,
+        stop=given["stop"] or (),
+        num_ctx=given["num_ctx"],
     )
 
 
@@ -299,12 +280,7 @@ def messages(raw: object, *, allow_images: bool) -> tuple[ChatMessage, ...]:
 
 
 def _stream(body: dict[str, Any]) -> bool:
-    v = body.get("stream")
-    if v is None:
-        return True  # Ollama streams unless told not to
-    if not isinstance(v, bool):
-        raise bad("stream", "must be a boolean")
-    return v
+    return read(body, "stream", GENERATE["stream"], True)  # Ollama streams unless told not to
 
 
 def _refused(body: dict[str, Any]) -> None:
@@ -372,17 +348,8 @@ def parse(
 def _generate_prompt(body: dict[str, Any], images_ok: bool) -> tuple[str | None, tuple[ChatMessage, ...], bool]:
     """``prompt``, ``system``, ``images`` and ``raw``: a raw prompt, or chat messages; and
     whether the body is the load call (no prompt, no images)."""
-    prompt = body.get("prompt")
-    if prompt is None:
-        prompt = ""
-    if not isinstance(prompt, str):
-        raise bad("prompt", "must be a string")
-    system = body.get("system")
-    if system is not None and not isinstance(system, str):
-        raise bad("system", "must be a string")
-    raw = body.get("raw")
-    if raw is not None and not isinstance(raw, bool):
-        raise bad("raw", "must be a boolean")
+    prompt, system, raw = (read(body, key, GENERATE[key], None) for key in ("prompt", "system", "raw"))
+    prompt = prompt or ""
     images = body.get("images")
     empty = not prompt and not images
     if raw:

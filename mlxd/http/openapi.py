@@ -3,8 +3,16 @@
 The document describes exactly what the daemon accepts and answers, so tools
 (and the schemathesis test) can generate meaningful requests from it:
 
-- Request bodies follow :mod:`mlxd.http.validation` rule for rule: every
-  optional field may be ``null``; integers may be written ``16.0``; unknown
+- Request bodies follow the validators rule for rule. Their scalar fields
+  (numbers, integers, booleans, strings, choices, stop strings) are built
+  from the tables the validators read them with (:mod:`mlxd.http.fields`):
+  ``SAMPLING`` and ``CHAT_FIELDS`` here, ``FIELDS`` of the Responses,
+  Anthropic and embeddings modules, ``OPTIONS`` and the other tables of
+  :mod:`mlxd.http.ollama_shapes`. The shapes around them (messages, parts,
+  tools, formats) are written beside each route's validator, and
+  ``tests/unit/test_documented_reads.py`` checks that the keys each
+  validator reads, at every depth, are the properties documented there.
+  Every optional field may be ``null``; integers may be written ``16.0``; unknown
   fields are accepted and ignored (``additionalProperties: true``, stated
   explicitly), as OpenAI-compatible servers do; ``stream_options`` needs
   ``stream: true`` unless it is empty; an assistant message may omit
@@ -24,15 +32,18 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd import __version__
 from mlxd.http import origins
+from mlxd.http.fields import documented, nullable
 from mlxd.http.openapi_anthropic import ERROR as ANTHROPIC_ERROR
 from mlxd.http.openapi_anthropic import anthropic_paths
 from mlxd.http.openapi_chat import STREAM_OPTIONS_NEED_STREAM, chat_request, engine_groups
 from mlxd.http.openapi_clients import (
     ANY_MODEL_NAME,
     CHAT_LOGPROBS,
-    COMPLETION_LOGPROBS,
+    OPEN,
     RESPONSE_TOOL_CALLS,
     TEXT_LOGPROBS,
+    error_responses,
+    json_response,
 )
 from mlxd.http.openapi_embeddings import embeddings_path
 from mlxd.http.openapi_ollama import ERROR as OLLAMA_ERROR
@@ -45,7 +56,8 @@ from mlxd.http.preferences import (
     KEEP_ALIVE_PATTERN,
     REQUIRE_RESIDENT_HEADER,
 )
-from mlxd.http.validation import MAX_STOP, MAX_TOKENS_LIMIT
+from mlxd.http.structured import COMPLETION_FIELDS
+from mlxd.http.validation import SAMPLING
 from mlxd.residency.plan import ACTIONS
 from mlxd.residency.policy import STRATEGIES
 from mlxd.residency.states import State
@@ -53,8 +65,6 @@ from mlxd.residency.states import State
 if TYPE_CHECKING:
     from mlxd.config import Config
 
-#: JSON Schema keyword kept explicit: unknown fields are ignored, not refused
-_OPEN = {"additionalProperties": True}
 
 _ERROR = {
     "type": "object",
@@ -110,13 +120,6 @@ _MODEL_LIST = {
 
 #: what ``since`` generators should produce: empty or a duration (ISO times are accepted too)
 _SINCE = r"^(\s*[0-9]{1,9}(\.[0-9]{1,6})?\s*[smhd]\s*)?$"
-_INT64_MIN = -(2**63)
-_UINT64_MAX = 2**64 - 1
-_STOP_STRING = {"type": "string", "minLength": 1, "maxLength": 256}
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, {"type": "null"}]}
 
 
 def _model_name(names: list[str]) -> dict[str, Any]:
@@ -126,25 +129,11 @@ def _model_name(names: list[str]) -> dict[str, Any]:
 
 
 def _sampling(names: list[str]) -> dict[str, Any]:
-    tokens = {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT}
     return {
         "model": _model_name(names),
-        "max_tokens": _nullable(tokens),
-        "max_completion_tokens": _nullable(tokens),
-        "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 2}),
-        "top_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
-        "stop": {
-            "anyOf": [
-                _STOP_STRING,
-                {"type": "array", "items": _STOP_STRING, "maxItems": MAX_STOP},
-                {"type": "null"},
-            ]
-        },
-        "seed": _nullable({"type": "integer", "minimum": _INT64_MIN, "maximum": _UINT64_MAX}),
-        "n": _nullable({"const": 1}),
-        "stream": _nullable({"type": "boolean"}),
-        "stream_options": _nullable(
-            {"type": "object", "properties": {"include_usage": {"type": "boolean"}}, **_OPEN}
+        **documented(SAMPLING),
+        "stream_options": nullable(
+            {"type": "object", "properties": {"include_usage": {"type": "boolean"}}, **OPEN}
         ),
         "keep_alive": {"anyOf": [{"type": "number"}, _KEEP_ALIVE, {"type": "null"}]},
     }
@@ -183,10 +172,10 @@ _PLAN = {
                 },
             },
         },
-        "error": _nullable({"type": "object", "required": ["code"],
+        "error": nullable({"type": "object", "required": ["code"],
                             "properties": {"code": {"type": "string"}}}),
         "committed_after": {"type": "integer", "minimum": 0},
-        "eta_s": _nullable({"type": "number", "minimum": 0}),
+        "eta_s": nullable({"type": "number", "minimum": 0}),
     },
 }
 
@@ -204,7 +193,7 @@ def _completion_request(names: list[str]) -> dict[str, Any]:
         "required": ["model", "prompt"],
         "properties": {
             **_sampling(names),
-            "logprobs": COMPLETION_LOGPROBS,
+            **documented(COMPLETION_FIELDS),
             **_CHAT_ONLY,
             "prompt": {
                 "anyOf": [
@@ -214,7 +203,7 @@ def _completion_request(names: list[str]) -> dict[str, Any]:
             },
         },
         **STREAM_OPTIONS_NEED_STREAM,
-        **_OPEN,
+        **OPEN,
     }
 
 
@@ -329,22 +318,7 @@ _DESCRIPTIONS = {
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for code in codes:
-        response: dict[str, Any] = {
-            "description": _DESCRIPTIONS[code],
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-        }
-        if code == 503:
-            response["headers"] = {
-                "Retry-After": {"required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}
-            }
-        out[str(code)] = response
-    return out
-
-
-def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
+    return error_responses(_DESCRIPTIONS, "Error", *codes)
 
 
 def _model_id(names: list[str]) -> dict[str, Any]:
@@ -393,14 +367,14 @@ def _openai_paths(config: Config | None, model_id: dict[str, Any]) -> dict[str, 
         "/v1/models": {
             "get": {
                 "summary": "List models with their residency state",
-                "responses": {"200": _json(_MODEL_LIST), **_errors(*_GUARDED)},
+                "responses": {"200": json_response(_MODEL_LIST), **_errors(*_GUARDED)},
             }
         },
         "/v1/models/{model_id}": {
             "get": {
                 "summary": "One model with its residency state",
                 "parameters": [model_id],
-                "responses": {"200": _json(_MODEL), **_errors(404, *_GUARDED)},
+                "responses": {"200": json_response(_MODEL), **_errors(404, *_GUARDED)},
             }
         },
         "/v1/chat/completions": _generation(
@@ -423,7 +397,7 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                 "summary": "Budget, committed and free bytes, every model's state, waiters, "
                 "leases, and per model the routing facts (committed_bytes, queued, running, "
                 "kv_in_use, expected_load_seconds); loads nothing",
-                "responses": {"200": _json({"type": "object"}), **_errors(401, 403)},
+                "responses": {"200": json_response({"type": "object"}), **_errors(401, 403)},
             }
         },
         "/admin/plan": {
@@ -442,14 +416,14 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                      "over the model's context the plan fails with context_length_exceeded",
                      "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,11}$"}},
                 ],
-                "responses": {"200": _json(_PLAN), **_errors(400, 404, *_GUARDED)},
+                "responses": {"200": json_response(_PLAN), **_errors(400, 404, *_GUARDED)},
             }
         },
         "/admin/models/{model_id}/load": {
             "post": {
                 "summary": "Load a model; replies once it is loaded and journaled",
                 "parameters": [model_id],
-                "responses": {"200": _json(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
+                "responses": {"200": json_response(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
             }
         },
         "/admin/models/{model_id}/unload": {
@@ -465,7 +439,7 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                                             "off", ""]},
                     },
                 ],
-                "responses": {"200": _json(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
+                "responses": {"200": json_response(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
             }
         },
     }
@@ -508,7 +482,7 @@ def _admin_journal_paths() -> dict[str, Any]:
                     _HISTORY_KIND,
                 ],
                 "responses": {
-                    "200": _json({"type": "array", "items": {"type": "object"}}),
+                    "200": json_response({"type": "array", "items": {"type": "object"}}),
                     **_errors(400, 401, 403),
                 },
             }
@@ -516,7 +490,7 @@ def _admin_journal_paths() -> dict[str, Any]:
         "/admin/reload": {
             "post": {
                 "summary": "Re-read the config; add, remove or replace dormant models",
-                "responses": {"200": _json({"type": "object", "required": ["reloaded"]}),
+                "responses": {"200": json_response({"type": "object", "required": ["reloaded"]}),
                               **_errors(400, 409, *_GUARDED)},
             }
         },
@@ -544,7 +518,7 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
             **ollama_paths(config),
             **_admin_paths(model_id),
             **_admin_journal_paths(),
-            **operations_paths(_json, _errors),
+            **operations_paths(_errors),
         },
         "components": {"schemas": {"Error": _ERROR, "AnthropicError": ANTHROPIC_ERROR,
                                    "CachedTokens": CACHED_TOKENS,

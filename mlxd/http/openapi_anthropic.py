@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxd.http.anthropic_fields import EFFORTS, SERVICE_TIERS, SYSTEM_ROLES
-from mlxd.http.anthropic_shapes import MAX_STOP_SEQUENCES
-from mlxd.http.openapi_clients import ANY_MODEL_NAME, OBJECT_SCHEMA, nullable
-from mlxd.http.structured import MAX_TOOLS, NAME_PATTERN
-from mlxd.http.validation import MAX_TOKENS_LIMIT
-
-_OPEN = {"additionalProperties": True}
-_NAME = {"type": "string", "pattern": NAME_PATTERN}
+from mlxd.http.anthropic_fields import EFFORT, SERVICE_TIER, SYSTEM_ROLES
+from mlxd.http.anthropic_shapes import FIELDS, MAX_TOKENS
+from mlxd.http.fields import documented, nullable
+from mlxd.http.openapi_clients import ANY_MODEL_NAME, NAME, OBJECT_SCHEMA, OPEN, error_responses
+from mlxd.http.structured import MAX_TOOLS
 
 ERROR = {
     "type": "object",
@@ -32,23 +29,23 @@ ERROR = {
 }
 
 _TEXT = {"type": "object", "required": ["type", "text"],
-         "properties": {"type": {"const": "text"}, "text": {"type": "string"}}, **_OPEN}
+         "properties": {"type": {"const": "text"}, "text": {"type": "string"}}, **OPEN}
 _TOOL_USE = {"type": "object", "required": ["type", "id", "name", "input"],
              "properties": {"type": {"const": "tool_use"}, "id": {"type": "string", "minLength": 1},
-                            "name": _NAME, "input": {"type": "object"}}, **_OPEN}
+                            "name": NAME, "input": {"type": "object"}}, **OPEN}
 _TOOL_RESULT = {"type": "object", "required": ["type", "tool_use_id"],
                 "properties": {"type": {"const": "tool_result"},
                                "tool_use_id": {"type": "string", "minLength": 1},
                                "content": {"anyOf": [{"type": "string"},
                                                      {"type": "array", "items": _TEXT}]},
-                               "is_error": nullable({"type": "boolean"})}, **_OPEN}
+                               "is_error": nullable({"type": "boolean"})}, **OPEN}
 
 
 _THINKING = {"type": "object", "required": ["type", "thinking"],
              "properties": {"type": {"const": "thinking"}, "thinking": {"type": "string"},
-                            "signature": {"type": "string"}}, **_OPEN}
+                            "signature": {"type": "string"}}, **OPEN}
 _REDACTED = {"type": "object", "required": ["type"],
-             "properties": {"type": {"const": "redacted_thinking"}, "data": {"type": "string"}}, **_OPEN}
+             "properties": {"type": {"const": "redacted_thinking"}, "data": {"type": "string"}}, **OPEN}
 _SYSTEM_TEXT = {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT}]}
 
 
@@ -62,7 +59,7 @@ def _message(*, tools: bool) -> dict[str, Any]:
                                "content": {"anyOf": [{"type": "string"},
                                                      {"type": "array", "minItems": 1,
                                                       "items": {"anyOf": blocks}}]}},
-                **_OPEN}
+                **OPEN}
 
     return {"anyOf": [variant("user", user_blocks), variant("assistant", assistant_blocks)]}
 
@@ -71,7 +68,7 @@ def _fields(*, tools: bool) -> dict[str, Any]:
     """Claude Code's fields (:mod:`mlxd.http.anthropic_fields`)."""
     fmt = {"type": "object", "required": ["type", "schema"],
            "properties": {"type": {"const": "json_schema"}, "schema": OBJECT_SCHEMA}}
-    config: dict[str, Any] = {"effort": nullable({"enum": list(EFFORTS)})}
+    config: dict[str, Any] = {"effort": nullable(EFFORT.schema())}
     if tools:  # a grammar: not on fake engines
         config["format"] = nullable(fmt)
     out = {
@@ -84,7 +81,7 @@ def _fields(*, tools: bool) -> dict[str, Any]:
         "output_config": nullable({"type": "object", "properties": config}),
         "context_management": nullable({"type": "object", "properties": {
             "edits": nullable({"type": "array", "items": {"type": "object"}})}}),
-        "service_tier": nullable({"enum": list(SERVICE_TIERS)}),
+        "service_tier": nullable(SERVICE_TIER.schema()),
     }
     if tools:
         out["output_format"] = nullable(fmt)
@@ -94,8 +91,11 @@ def _fields(*, tools: bool) -> dict[str, Any]:
 def _request(names: list[str], *, tools: bool, counting: bool) -> dict[str, Any]:
     model = {"type": "string", "enum": names} if names else ANY_MODEL_NAME
     tool = {"type": "object", "required": ["name", "input_schema"],
-            "properties": {"name": _NAME, "description": {"type": "string"},
-                           "input_schema": OBJECT_SCHEMA}, **_OPEN}
+            "properties": {"name": NAME, "description": {"type": "string"},
+                           "input_schema": OBJECT_SCHEMA,
+                           "type": nullable({"const": "custom",
+                                             "description": "only custom tools are served here"})},
+            **OPEN}
     system_message = {"type": "object", "required": ["role", "content"],
                       "properties": {"role": {"enum": list(SYSTEM_ROLES)}, "content": _SYSTEM_TEXT}}
     turn = _message(tools=tools)
@@ -114,24 +114,16 @@ def _request(names: list[str], *, tools: bool, counting: bool) -> dict[str, Any]
                        *([{"type": "object", "required": ["type"],
                            "properties": {"type": {"const": "any"}}},
                           {"type": "object", "required": ["type", "name"],
-                           "properties": {"type": {"const": "tool"}, "name": _NAME}}] if tools else [])]}),
+                           "properties": {"type": {"const": "tool"}, "name": NAME}}] if tools else [])]}),
     }
     required = ["model", "messages"]
     if not counting:
-        props.update({
-            "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT},
-            "stop_sequences": nullable({"type": "array", "maxItems": MAX_STOP_SEQUENCES,
-                                        "items": {"type": "string", "minLength": 1, "maxLength": 256}}),
-            "temperature": nullable({"type": "number", "minimum": 0, "maximum": 1}),
-            "top_p": nullable({"type": "number", "minimum": 0, "maximum": 1}),
-            "top_k": nullable({"type": "integer", "minimum": 0}),
-            "stream": nullable({"type": "boolean"}),
-            "metadata": nullable({"type": "object"}),
-        })
+        props.update({"max_tokens": MAX_TOKENS.schema(), **documented(FIELDS),
+                      "metadata": nullable({"type": "object"})})
         required.append("max_tokens")
     return {"type": "object", "required": required, "properties": props,
             "description": "'any' and 'tool' tool_choice need tools; a named tool must be declared",
-            **_OPEN}
+            **OPEN}
 
 
 def _variants(groups: dict[str, list[str]], *, counting: bool) -> dict[str, Any]:
@@ -184,17 +176,7 @@ _DESCRIPTIONS = {
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for code in codes:
-        response: dict[str, Any] = {
-            "description": _DESCRIPTIONS[code],
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/AnthropicError"}}},
-        }
-        if code == 503:
-            response["headers"] = {
-                "Retry-After": {"required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
-        out[str(code)] = response
-    return out
+    return error_responses(_DESCRIPTIONS, "AnthropicError", *codes)
 
 
 def anthropic_paths(groups: dict[str, list[str]]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mlxd.http.openapi_clients import (
+    OPEN,
     REQUIRED_NEEDS_TOOLS,
     TOP_NEEDS_LOGPROBS,
     chat_fields,
@@ -21,7 +22,6 @@ from mlxd.http.validation import ROLES
 if TYPE_CHECKING:
     from mlxd.config import Config
 
-_OPEN = {"additionalProperties": True}
 #: the sampling fields of a request naming one of ``names`` (model, max_tokens, ...)
 Sampling = Callable[[list[str]], dict[str, Any]]
 
@@ -38,7 +38,7 @@ _TEXT_PART = {
     "type": "object",
     "required": ["type", "text"],
     "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-    **_OPEN,
+    **OPEN,
 }
 
 _URL = {"type": "string", "minLength": 1}
@@ -49,13 +49,13 @@ _IMAGE_PART = {
         "type": {"const": "image_url"},
         "image_url": {
             "anyOf": [
-                {"type": "object", "required": ["url"], "properties": {"url": _URL}, **_OPEN},
+                {"type": "object", "required": ["url"], "properties": {"url": _URL}, **OPEN},
                 _URL,
             ],
             "description": "a data:image/...;base64 URL or a file inside the model's image_dir",
         },
     },
-    **_OPEN,
+    **OPEN,
 }
 
 
@@ -80,7 +80,7 @@ def _messages(*, images: bool, tools: bool = False) -> dict[str, Any]:
                  "else": {"required": ["content"], "properties": {"content": content}}},
                 *rules,
             ],
-            **_OPEN,
+            **OPEN,
         },
     }
 
@@ -103,7 +103,7 @@ def chat_request(groups: dict[str, list[str]], sampling: Sampling) -> dict[str, 
                 **chat_fields(tools=tools, grammar=grammar, logprobs=logprobs),
             },
             "allOf": [STREAM_OPTIONS_NEED_STREAM, TOP_NEEDS_LOGPROBS, REQUIRED_NEEDS_TOOLS],
-            **_OPEN,
+            **OPEN,
         }
 
     variants = [variant(names, kind) for kind, names in groups.items() if names]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxd.http.embeddings_api import MAX_INPUTS, MAX_TOKEN_ID
+from mlxd.http.embeddings_api import FIELDS, MAX_INPUTS, MAX_TOKEN_ID
+from mlxd.http.fields import documented
 from mlxd.http.openapi_clients import ANY_MODEL_NAME
 
 _IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}}
@@ -34,10 +35,7 @@ def embeddings_path(
                 _IDS,
                 {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": _IDS},
             ], "description": "over the model's context: 400 naming input[i]"},
-            "encoding_format": {"anyOf": [{"enum": ["float", "base64"]}, {"type": "null"}]},
-            "dimensions": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
-                           "description": "only the model's own size"},
-            "user": {"type": "string"},
+            **documented(FIELDS, {"dimensions": "only the model's own size"}),
         },
         "additionalProperties": True,
     }

@@ -21,21 +21,26 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mlxd.http.embeddings_api import MAX_INPUTS
+from mlxd.http.fields import documented, nullable
 from mlxd.http.ollama_pull import REPO_PATTERN, REPO_REFUSED
-from mlxd.http.ollama_shapes import MAX_STOP, ROLES
+from mlxd.http.ollama_shapes import DEFAULT_NUM_PREDICT, EMBED, GENERATE, OPTIONS, PULL, ROLES, SHOW
 from mlxd.http.openapi_chat import engine_groups
-from mlxd.http.openapi_clients import ANY_MODEL_NAME, OBJECT_SCHEMA, nullable
+from mlxd.http.openapi_clients import (
+    ANY_MODEL_NAME,
+    NAME,
+    OBJECT_SCHEMA,
+    OPEN,
+    TOP_NEEDS_LOGPROBS,
+    error_responses,
+    json_response,
+    tool_choice,
+)
 from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
-from mlxd.http.structured import MAX_TOOLS, MAX_TOP_LOGPROBS, NAME_PATTERN
-from mlxd.http.validation import MAX_TOKENS_LIMIT
+from mlxd.http.structured import CHAT_FIELDS, MAX_TOOLS
 
 if TYPE_CHECKING:
     from mlxd.config import Config
 
-_OPEN = {"additionalProperties": True}
-_NAME = {"type": "string", "pattern": NAME_PATTERN}
-_INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
-_STOP = {"type": "string", "minLength": 1, "maxLength": 256}
 _KEEP_ALIVE_TEXT = {"type": "string", "pattern": KEEP_ALIVE_PATTERN}
 _KEEP_ALIVE = {"anyOf": [{"type": "number"}, _KEEP_ALIVE_TEXT, {"type": "null"}],
                "description": "seconds or a duration (\"5m\"); 0 unloads after the request, "
@@ -61,17 +66,7 @@ _DESCRIPTIONS = {
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for code in codes:
-        response: dict[str, Any] = {
-            "description": _DESCRIPTIONS[code],
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/OllamaError"}}},
-        }
-        if code == 503:
-            response["headers"] = {"Retry-After": {"required": True,
-                                                   "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
-        out[str(code)] = response
-    return out
+    return error_responses(_DESCRIPTIONS, "OllamaError", *codes)
 
 
 _GUARDED = (401, 403, 503)
@@ -87,38 +82,23 @@ def _model(names: list[str], others: list[str]) -> dict[str, Any]:
 
 
 def _tool_choice(tools: bool) -> dict[str, Any]:
-    if not tools:
-        return nullable({"enum": ["auto", "none"]})
-    return {"anyOf": [{"enum": ["auto", "none", "required"]},
-                      {"type": "object", "required": ["type", "function"],
-                       "properties": {"type": {"const": "function"},
-                                      "function": {"type": "object", "required": ["name"],
-                                                   "properties": {"name": _NAME}}}},
-                      {"type": "null"}],
-            "description": "mlxd's extension: 'required' or a named function forces a call "
-            "(needs tools; the name must be declared)"}
+    return tool_choice(tools, "mlxd's extension: 'required' or a named function forces a call "
+                              "(needs tools; the name must be declared)")
 
 
-def _options(tool_choice: dict[str, Any] | None) -> dict[str, Any]:
-    """``options``; ``tool_choice``: its schema (None: not read, as on /api/generate)."""
-    choice = {} if tool_choice is None else {"tool_choice": tool_choice}
+def _options(choice_schema: dict[str, Any] | None) -> dict[str, Any]:
+    """``options``; ``choice_schema``: its ``tool_choice`` (None: not read, as on /api/generate)."""
+    choice = {} if choice_schema is None else {"tool_choice": choice_schema}
     return nullable({
         "type": "object",
         "properties": {
-            "temperature": nullable({"type": "number", "minimum": 0, "maximum": 2}),
-            "top_p": nullable({"type": "number", "minimum": 0, "maximum": 1}),
-            "top_k": nullable({**_INT64, "minimum": 0, "description": "0: no limit; 1: greedy"}),
-            "seed": nullable(_INT64),
-            "num_predict": nullable({**_INT64, "maximum": MAX_TOKENS_LIMIT,
-                                     "description": "0 or negative: 2048"}),
-            "num_ctx": nullable({**_INT64, "minimum": 1,
-                                 "description": "a prompt of more tokens is a 400"}),
-            "stop": {"anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOP},
-                               {"type": "null"}]},
+            **documented(OPTIONS, {"top_k": "0: no limit; 1: greedy",
+                                   "num_predict": f"0 or negative: {DEFAULT_NUM_PREDICT}",
+                                   "num_ctx": "a prompt of more tokens is a 400"}),
             **choice,
         },
         "description": "other options are ignored, as Ollama does",
-        **_OPEN,
+        **OPEN,
     })
 
 
@@ -128,15 +108,15 @@ _IMAGES = nullable({"type": "array", "items": {"type": "string", "minLength": 1,
 _TOOL_CALL = {"type": "object", "required": ["function"],
               "properties": {"id": {"type": "string"},
                              "function": {"type": "object", "required": ["name"],
-                                          "properties": {"name": _NAME, "arguments": {"type": "object"}},
-                                          **_OPEN}},
-              **_OPEN}
+                                          "properties": {"name": NAME, "arguments": {"type": "object"}},
+                                          **OPEN}},
+              **OPEN}
 _TOOL = {"type": "object", "required": ["function"],
          "properties": {"type": {"const": "function"},
                         "function": {"type": "object", "required": ["name"],
-                                     "properties": {"name": _NAME, "description": {"type": "string"},
-                                                    "parameters": nullable(OBJECT_SCHEMA)}, **_OPEN}},
-         **_OPEN}
+                                     "properties": {"name": NAME, "description": {"type": "string"},
+                                                    "parameters": nullable(OBJECT_SCHEMA)}, **OPEN}},
+         **OPEN}
 
 
 def _messages(*, images: bool) -> dict[str, Any]:
@@ -155,7 +135,7 @@ def _messages(*, images: bool) -> dict[str, Any]:
         # only an assistant message carries tool calls
         "if": {"properties": {"role": {"not": {"const": "assistant"}}}},
         "then": {"properties": {"tool_calls": _NO_LIST}},
-        **_OPEN,
+        **OPEN,
     }
     return nullable({"type": "array", "items": message, "description": "empty: the load call"})
 
@@ -170,22 +150,17 @@ _FORCED = {"properties": {"options": {"type": "object", "required": ["tool_choic
 _FORCED_RULE = {"if": _FORCED, "then": {
     "required": ["tools"],
     "properties": {"tools": {"type": "array", "minItems": 1}, "format": nullable({"const": ""})}}}
-_TOP_NEEDS_LOGPROBS = {
-    "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
-    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
-}
 
 
 def _common(names: list[str], others: list[str]) -> dict[str, Any]:
     return {
         "model": _model(names, others),
-        "stream": nullable({"type": "boolean", "description": "default true (NDJSON)"}),
+        **documented({"stream": GENERATE["stream"]}, {"stream": "default true (NDJSON)"}),
         "keep_alive": _KEEP_ALIVE,
         "format": {"anyOf": [{"const": ""}, {"type": "null"}, {"const": "json"},
                              {"type": "object", "description": "a JSON Schema"}]},
         "think": nullable({"const": False, "description": "true or a level: models with thinking"}),
-        "logprobs": nullable({"type": "boolean"}),
-        "top_logprobs": nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}),
+        **documented({key: CHAT_FIELDS[key] for key in ("logprobs", "top_logprobs")}),
     }
 
 
@@ -198,7 +173,7 @@ _NO_TOOLS = {**_NO_GRAMMAR, "tools": _NO_LIST,
 
 def _chat(names: list[str], others: list[str], kind: str) -> dict[str, Any]:
     images, tools = _GROUPS[kind]
-    rules: list[dict[str, Any]] = [_FORCED_RULE, _TOP_NEEDS_LOGPROBS]
+    rules: list[dict[str, Any]] = [_FORCED_RULE, TOP_NEEDS_LOGPROBS]
     if not tools:
         rules.append({"properties": _NO_TOOLS})
     return {
@@ -211,7 +186,7 @@ def _chat(names: list[str], others: list[str], kind: str) -> dict[str, Any]:
             "tools": nullable({"type": "array", "items": _TOOL, "maxItems": MAX_TOOLS}),
         },
         "allOf": rules,
-        **_OPEN,
+        **OPEN,
     }
 
 
@@ -219,7 +194,7 @@ def _generate(names: list[str], others: list[str], kind: str) -> dict[str, Any]:
     images, grammar = _GROUPS[kind]
     empty = nullable({"const": ""})
     rules: list[dict[str, Any]] = [
-        _TOP_NEEDS_LOGPROBS,
+        TOP_NEEDS_LOGPROBS,
         {"if": {"required": ["raw"], "properties": {"raw": {"const": True}}},
          "then": {"properties": {"system": empty, "images": _NO_LIST}}}]
     if not grammar:
@@ -230,16 +205,14 @@ def _generate(names: list[str], others: list[str], kind: str) -> dict[str, Any]:
         "properties": {
             **_common(names, others),
             "options": _options(None),
-            "prompt": nullable({"type": "string", "description": "empty: the load call"}),
-            "system": nullable({"type": "string"}),
-            "raw": nullable({"type": "boolean"}),
+            **documented(GENERATE, {"prompt": "empty: the load call", "stream": "default true (NDJSON)"}),
             "images": _IMAGES if images else _NO_LIST,
             "template": {**empty, "description": "refused: mlxd uses the model's own template"},
             "suffix": {**empty, "description": "refused: no fill-in-the-middle"},
             "context": {**_NO_LIST, "description": "refused: send the history to /api/chat"},
         },
         "allOf": rules,
-        **_OPEN,
+        **OPEN,
     }
 
 
@@ -289,10 +262,6 @@ def _model_or_name(named: dict[str, Any]) -> list[dict[str, Any]]:
             {"required": ["name"], "properties": {"model": {"type": "null"}, "name": named}}]
 
 
-def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
 def _post(summary: str, request: dict[str, Any], ok: dict[str, Any], *errors: int,
           streamed: bool = False, headers: bool = True) -> dict[str, Any]:
     """``headers``: the route reads X-Mlxd-Keep-Alive and X-Mlxd-Contention (it takes a lease)."""
@@ -338,51 +307,50 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
         "model": embed_model,
         "input": {"anyOf": [text, {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": text}],
                   "description": "over the model's context: 400"},
-        "truncate": nullable({"type": "boolean"}),
-        "dimensions": nullable({"type": "integer", "minimum": 1, "description": "only the model's own"}),
-        "options": nullable({"type": "object"}), "keep_alive": _KEEP_ALIVE}, **_OPEN}
+        **documented(EMBED, {"dimensions": "only the model's own"}),
+        "options": nullable({"type": "object"}), "keep_alive": _KEEP_ALIVE}, **OPEN}
     embeddings_request = {"type": "object", "required": ["model", "prompt"], "properties": {
         "model": embed_model, "prompt": text, "options": nullable({"type": "object"}),
-        "keep_alive": _KEEP_ALIVE}, **_OPEN}
+        "keep_alive": _KEEP_ALIVE}, **OPEN}
     vectors = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
     repo = {"type": "string", "pattern": REPO_PATTERN, "not": {"pattern": REPO_REFUSED},
             "description": "a Hugging Face repo id (org/name)"}
-    pull_request = {"type": "object", "anyOf": _model_or_name(repo), "properties": {
-        "insecure": nullable({"type": "boolean"}), "stream": nullable({"type": "boolean"})}, **_OPEN}
+    pull_request = {"type": "object", "anyOf": _model_or_name(repo), "properties": documented(PULL),
+                    **OPEN}
     status = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
     return {
         "/api/version": {"get": {"summary": "The Ollama API version mlxd speaks (and mlxd's own)",
-                                 "responses": {"200": _json({"type": "object", "required": ["version"],
+                                 "responses": {"200": json_response({"type": "object", "required": ["version"],
                                                              "properties": {"version": {"type": "string"}}}),
                                                **_errors(*_GUARDED)}}},
         "/api/tags": {"get": {"summary": "Every configured model, loaded or not",
-                              "responses": {"200": _json({"type": "object", "required": ["models"],
+                              "responses": {"200": json_response({"type": "object", "required": ["models"],
                                                           "properties": {"models": {"type": "array", "items": _TAG}}}),
                                             **_errors(*_GUARDED)}}},
         "/api/ps": {"get": {"summary": "The models holding memory, with expires_at from keep_alive",
-                            "responses": {"200": _json({"type": "object", "required": ["models"],
+                            "responses": {"200": json_response({"type": "object", "required": ["models"],
                                                         "properties": {"models": {"type": "array", "items": _RUNNING}}}),
                                           **_errors(*_GUARDED)}}},
         "/api/show": _post("A model's details, capabilities, context length and template",
                            {"type": "object", "anyOf": _model_or_name(_model(every, [])),
-                            "properties": {"verbose": nullable({"type": "boolean"})}, **_OPEN},
-                           _json({"type": "object", "required": ["capabilities", "details", "model_info"],
+                            "properties": documented(SHOW), **OPEN},
+                           json_response({"type": "object", "required": ["capabilities", "details", "model_info"],
                                   "properties": {"capabilities": {"type": "array", "items": {"enum": [
                                       "completion", "tools", "vision", "embedding", "thinking"]}}}}),
                            *_BODY_ERRORS, headers=False),
         "/api/chat": _post("Chat (NDJSON stream by default; stream: false for one reply)",
-                           _variants(_chat, groups, embedding), _json(_REPLY), 502, *_BODY_ERRORS, streamed=True),
+                           _variants(_chat, groups, embedding), json_response(_REPLY), 502, *_BODY_ERRORS, streamed=True),
         "/api/generate": _post("Generate from a prompt (NDJSON stream by default)",
-                               _variants(_generate, groups, embedding), _json(_REPLY), 502, *_BODY_ERRORS,
+                               _variants(_generate, groups, embedding), json_response(_REPLY), 502, *_BODY_ERRORS,
                                streamed=True),
         "/api/embed": _post("Embeddings of texts (embedding: true models)", embed_request,
-                            _json({"type": "object", "required": ["model", "embeddings"],
+                            json_response({"type": "object", "required": ["model", "embeddings"],
                                    "properties": {"embeddings": vectors}}), 502, *_BODY_ERRORS),
         "/api/embeddings": _post("One prompt's embedding (the older route)", embeddings_request,
-                                 _json({"type": "object", "required": ["embedding"],
+                                 json_response({"type": "object", "required": ["embedding"],
                                         "properties": {"embedding": {"type": "array", "items": {"type": "number"}}}}),
                                  502, *_BODY_ERRORS),
         "/api/pull": _post("Download a Hugging Face repo into the local cache (scope admin)", pull_request,
-                           _json(status), 400, 413, 415, 502, *_GUARDED, streamed=True, headers=False),
+                           json_response(status), 400, 413, 415, 502, *_GUARDED, streamed=True, headers=False),
         **_not_served(),
     }

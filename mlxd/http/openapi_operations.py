@@ -7,24 +7,23 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxd.config.model import SCOPES
+from mlxd.http.openapi_clients import json_response
 
 
-def operations_paths(
-    _json: Callable[..., dict[str, Any]], _errors: Callable[..., dict[str, Any]]
-) -> dict[str, Any]:
+def operations_paths(_errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """``/health``, ``/metrics``, this document, ``/admin/whoami`` and the dashboard's pages
-    (``_json`` and ``_errors``: :mod:`mlxd.http.openapi`'s builders)."""
+    (``_errors``: :mod:`mlxd.http.openapi`'s error responses)."""
     return {
         "/health": {
             "get": {
                 "summary": "Liveness and readiness (ok / degraded with reasons)",
                 "responses": {
-                    "200": _json({"type": "object", "required": ["status", "ready", "reasons"],
+                    "200": json_response({"type": "object", "required": ["status", "ready", "reasons"],
                                   "properties": {"status": {"enum": ["ok", "degraded"]},
                                                  "ready": {"type": "boolean"},
                                                  "reasons": {"type": "array",
                                                              "items": {"type": "string"}}}}),
-                    "503": _json({"type": "object", "required": ["status"],
+                    "503": json_response({"type": "object", "required": ["status"],
                                   "properties": {"status": {"const": "shutting_down"}}},
                                  "shutting down"),
                 },
@@ -39,13 +38,13 @@ def operations_paths(
             }
         },
         "/openapi.json": {
-            "get": {"summary": "This document", "responses": {"200": _json({"type": "object"})}}
+            "get": {"summary": "This document", "responses": {"200": json_response({"type": "object"})}}
         },
         "/admin/whoami": {
             "get": {
                 "summary": "The key this request presented: its name (client) and scopes; any "
                 "known key may ask (the dashboard shows only what the scopes allow)",
-                "responses": {"200": _json(_WHOAMI), **_errors(401)},
+                "responses": {"200": json_response(_WHOAMI), **_errors(401)},
             }
         },
         "/": {"get": {"summary": "Redirects to the dashboard (/ui)",

@@ -14,31 +14,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlxd.http.openapi_clients import OBJECT_SCHEMA, nullable
+from mlxd.http.fields import documented, nullable
+from mlxd.http.openapi_clients import NAME, OBJECT_SCHEMA, OPEN
 from mlxd.http.responses_fields import (
-    EFFORTS,
+    FIELDS,
     LOGPROBS_INCLUDE,
     MAX_METADATA_KEY,
     MAX_METADATA_KEYS,
     MAX_METADATA_VALUE,
-    MAX_RESPONSE_ID,
-    SUMMARIES,
+    REASONING,
+    VERBOSITY,
 )
 from mlxd.http.responses_items import LEFT_OUT, MAX_ITEMS, TEXT_PARTS
-from mlxd.http.structured import MAX_TOOLS, MAX_TOP_LOGPROBS, NAME_PATTERN
-from mlxd.http.validation import MAX_TOKENS_LIMIT
+from mlxd.http.structured import MAX_TOOLS
 
-_OPEN = {"additionalProperties": True}
-_NAME = {"type": "string", "pattern": NAME_PATTERN}
 _STRING = nullable({"type": "string"})
 _BOOL = nullable({"type": "boolean"})
 #: the sampling fields of a request naming one of ``names`` (model, temperature, ...)
 Sampling = Callable[[list[str]], dict[str, Any]]
-SAMPLING_KEYS = ("model", "temperature", "top_p", "seed", "stream", "keep_alive")
 
 
 def _obj(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "required": required, "properties": properties, **_OPEN}
+    return {"type": "object", "required": required, "properties": properties, **OPEN}
 
 
 def _part(kind: str, key: str = "text") -> dict[str, Any]:
@@ -76,7 +73,7 @@ def _items(*, images: bool, calls: bool) -> dict[str, Any]:
         variants.append(_obj(["type", "call_id", "name", "arguments"], {
             "type": {"const": "function_call"},
             "call_id": {"type": "string", "minLength": 1},
-            "name": _NAME,
+            "name": NAME,
             "arguments": {"anyOf": [{"type": "object"},
                                     {"type": "string", "contentMediaType": "application/json"}],
                           "description": "JSON text of an object (or the object)"},
@@ -88,7 +85,7 @@ def _items(*, images: bool, calls: bool) -> dict[str, Any]:
 _OTHER_TOOL = _obj(["type"], {"type": {"type": "string", "not": {"const": "function"}}})
 _FUNCTION_TOOL = _obj(["type", "name"], {
     "type": {"const": "function"},
-    "name": _NAME,
+    "name": NAME,
     "description": _STRING,
     "parameters": nullable(OBJECT_SCHEMA),
     "strict": _BOOL,
@@ -101,7 +98,10 @@ def _tools(*, functions: bool) -> dict[str, Any]:
 
 
 def _tool_choice(*, functions: bool) -> dict[str, Any]:
-    listed = {"type": "array", "items": _obj(["type"], {"type": {"type": "string"}})
+    # a listed function names a declared one; other types are left out as they are in tools
+    function = {"if": {"properties": {"type": {"const": "function"}}},
+                "then": {"required": ["name"], "properties": {"name": NAME}}}
+    listed = {"type": "array", "items": {**_obj(["type"], {"type": {"type": "string"}}), **function}
               if functions else _OTHER_TOOL}
     allowed = _obj(["type", "mode", "tools"], {
         "type": {"const": "allowed_tools"},
@@ -110,7 +110,7 @@ def _tool_choice(*, functions: bool) -> dict[str, Any]:
     })
     if not functions:
         return {"anyOf": [{"enum": ["auto", "none"]}, allowed, {"type": "null"}]}
-    named = _obj(["type", "name"], {"type": {"const": "function"}, "name": _NAME})
+    named = _obj(["type", "name"], {"type": {"const": "function"}, "name": NAME})
     return {"anyOf": [{"enum": ["auto", "none", "required"]}, named, allowed, {"type": "null"}],
             "description": "'required' needs a function tool; a named function must be declared; "
             "forcing a tool of another type is a 400 naming it"}
@@ -122,18 +122,15 @@ def _text(*, grammar: bool) -> dict[str, Any]:
         formats += [
             _obj(["type"], {"type": {"const": "json_object"}}),
             _obj(["type", "name", "schema"], {
-                "type": {"const": "json_schema"}, "name": _NAME, "schema": {"type": "object"},
+                "type": {"const": "json_schema"}, "name": NAME, "schema": {"type": "object"},
                 "strict": _BOOL, "description": _STRING}),
         ]
     return nullable(_obj([], {
         "format": nullable({"anyOf": formats}),
-        "verbosity": nullable({"enum": ["low", "medium", "high"]}),
+        "verbosity": nullable(VERBOSITY.schema()),
     }))
 
 
-_REASONING = nullable(_obj([], {"effort": nullable({"enum": list(EFFORTS)}),
-                                "summary": nullable({"enum": list(SUMMARIES)}),
-                                "generate_summary": nullable({"enum": list(SUMMARIES)})}))
 _METADATA = nullable({"type": "object", "maxProperties": MAX_METADATA_KEYS,
                       "propertyNames": {"maxLength": MAX_METADATA_KEY},
                       "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE}})
@@ -161,35 +158,23 @@ def responses_request(groups: dict[str, list[str]], sampling: Sampling) -> dict[
             "type": "object",
             "required": ["model", "input"],
             "properties": {
-                **{k: given[k] for k in SAMPLING_KEYS},
+                "model": given["model"], "keep_alive": given["keep_alive"],
+                **documented(FIELDS),
                 "input": {"anyOf": [{"type": "string"}, _items(images=images, calls=functions)]},
-                "instructions": _STRING,
-                "previous_response_id": nullable({"type": "string", "minLength": 1,
-                                                  "maxLength": MAX_RESPONSE_ID}),
-                "store": _BOOL,
-                "max_output_tokens": nullable({"type": "integer", "minimum": 1,
-                                               "maximum": MAX_TOKENS_LIMIT}),
                 "tools": _tools(functions=functions),
                 "tool_choice": _tool_choice(functions=functions),
-                "parallel_tool_calls": _BOOL,
                 "text": _text(grammar=grammar),
                 "include": nullable({"type": "array", "items": {"type": "string"}}),
-                "top_logprobs": nullable({"type": "integer", "minimum": 0,
-                                          "maximum": MAX_TOP_LOGPROBS}),
                 "metadata": _METADATA,
-                "reasoning": _REASONING,
-                "truncation": nullable({"enum": ["auto", "disabled"]}),
-                "max_tool_calls": nullable({"type": "integer", "minimum": 1, "maximum": 2**31 - 1}),
+                "reasoning": nullable(_obj([], documented(REASONING))),
                 "stream_options": nullable({"type": "object"}),
-                "user": _STRING, "prompt_cache_key": _STRING, "safety_identifier": _STRING,
-                "service_tier": _STRING,
                 "background": {"anyOf": [{"const": False}, {"type": "null"}],
                                "description": "background responses are not supported"},
                 "prompt": {"type": "null", "description": "stored prompts are not supported"},
                 "conversation": {"type": "null", "description": "use previous_response_id"},
             },
             "allOf": [_TOP_NEEDS_INCLUDE, _REQUIRED_NEEDS_FUNCTION],
-            **_OPEN,
+            **OPEN,
         }
 
     variants = [variant(names, kind) for kind, names in groups.items() if names]
@@ -217,6 +202,11 @@ RESPONSE = _obj(["id", "object", "created_at", "status", "model", "output"], {
     "previous_response_id": _STRING,
     "store": {"type": "boolean"},
 })
+#: one SSE event of a streamed response (Open API 3.1: the stream's ``schema`` is one event)
+_EVENT = {"type": "object", "required": ["event", "data"], "properties": {
+    "event": {"type": "string", "pattern": r"^response\.[a-z_.]+$"},
+    "data": {"type": "string", "pattern": r"^\{[\s\S]*\}$", "contentMediaType": "application/json"},
+}}
 _RESPONSE_ID = {"name": "response_id", "in": "path", "required": True,
                 "schema": {"type": "string", "minLength": 1}}
 
@@ -229,7 +219,7 @@ def responses_paths(
     ok = {"description": "the response (whole), or with stream: true an SSE stream of response.* "
           "events ending in response.completed, response.incomplete or response.failed",
           "content": {"application/json": {"schema": RESPONSE},
-                      "text/event-stream": {"schema": {"type": "string"}}}}
+                      "text/event-stream": {"schema": _EVENT}}}
     deleted = _obj(["id", "object", "deleted"], {"id": {"type": "string"},
                                                   "object": {"const": "response"},
                                                   "deleted": {"const": True}})

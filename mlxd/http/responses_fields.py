@@ -23,28 +23,26 @@ that offers them by default still works, and forcing one with
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.engines.base import Constraint, Tool
 from mlxd.errors import InvalidRequest
+from mlxd.http.fields import Boolean, Choice, Integer, Kind, Text, bad, read
 from mlxd.http.preferences import Headers, Preferences, preferences
 from mlxd.http.responses_items import input_items
 from mlxd.http.structured import (
     MAX_TOOLS,
     MAX_TOP_LOGPROBS,
     ToolChoice,
-    bad,
     check_schema,
     constraint,
     function_name,
-    is_int,
     is_model_name,
     make_tool,
     named_tool,
 )
-from mlxd.http.validation import MAX_TOKENS_LIMIT
+from mlxd.http.validation import MAX_TOKENS_LIMIT, SAMPLING
 
 #: max_output_tokens when the request gives none: room for an agent's answer; the model
 #: stops earlier at its end-of-turn token
@@ -82,38 +80,29 @@ class ParsedResponses:
     preferences: Preferences = field(default_factory=Preferences)
 
 
-def _bool(body: dict[str, Any], key: str, default: bool) -> bool:
-    v = body.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise bad(key, "must be a boolean")
-    return v
+#: the scalar fields of a Responses body (read here, documented from this table); the
+#: sampling ones are the chat route's
+FIELDS: dict[str, Kind] = {
+    **{key: SAMPLING[key] for key in ("temperature", "top_p", "seed", "stream")},
+    "max_output_tokens": Integer(1, MAX_TOKENS_LIMIT),
+    "top_logprobs": Integer(0, MAX_TOP_LOGPROBS),
+    "max_tool_calls": Integer(1, 2**31 - 1),
+    "store": Boolean(),
+    "parallel_tool_calls": Boolean(),
+    "previous_response_id": Text(1, MAX_RESPONSE_ID),
+    "truncation": Choice(("auto", "disabled")),
+    **{key: Text() for key in ("instructions", "user", "prompt_cache_key", "safety_identifier",
+                               "service_tier")},
+}
+#: ``reasoning``'s fields (accepted and echoed)
+REASONING: dict[str, Kind] = {"effort": Choice(EFFORTS), "summary": Choice(SUMMARIES),
+                              "generate_summary": Choice(SUMMARIES)}
+#: ``text``'s scalar field (``format`` is read by :func:`_text`)
+VERBOSITY = Choice(("low", "medium", "high"))
 
 
-def _string(body: dict[str, Any], key: str) -> str | None:
-    v = body.get(key)
-    if v is not None and not isinstance(v, str):
-        raise bad(key, "must be a string")
-    return v
-
-
-def _number(body: dict[str, Any], key: str, hi: float, default: float) -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= hi:
-        raise bad(key, f"must be a number from 0 to {hi:g}")
-    return float(v)
-
-
-def _int(body: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
-    v = body.get(key)
-    if v is None:
-        return None
-    if not is_int(v) or not lo <= v <= hi:
-        raise bad(key, f"must be an integer from {lo} to {hi}")
-    return int(v)
+def _field(body: dict[str, Any], key: str, default: Any = None) -> Any:
+    return read(body, key, FIELDS[key], default)
 
 
 def _metadata(body: dict[str, Any]) -> dict[str, str]:
@@ -130,22 +119,14 @@ def _metadata(body: dict[str, Any]) -> dict[str, str]:
     return dict(v)
 
 
-def _enum(v: object, param: str, allowed: tuple[str, ...]) -> str | None:
-    if v is not None and v not in allowed:
-        raise bad(param, f"must be one of {', '.join(allowed)} (or null)")
-    return v
-
-
 def _reasoning(body: dict[str, Any]) -> dict[str, Any]:
     v = body.get("reasoning")
     if v is None:
         return {"effort": None, "summary": None}
     if not isinstance(v, dict):
         raise bad("reasoning", "must be an object")
-    effort = _enum(v.get("effort"), "reasoning.effort", EFFORTS)
-    summary = _enum(v.get("summary"), "reasoning.summary", SUMMARIES)
-    _enum(v.get("generate_summary"), "reasoning.generate_summary", SUMMARIES)
-    return {"effort": effort, "summary": summary}
+    given = {key: read(v, key, kind, None, prefix="reasoning.") for key, kind in REASONING.items()}
+    return {"effort": given["effort"], "summary": given["summary"]}
 
 
 def _include(body: dict[str, Any]) -> list[str]:
@@ -164,7 +145,7 @@ def _text(body: dict[str, Any]) -> tuple[Constraint | None, dict[str, Any]]:
         return None, {"format": {"type": "text"}}
     if not isinstance(v, dict):
         raise bad("text", "must be an object")
-    verbosity = _enum(v.get("verbosity"), "text.verbosity", ("low", "medium", "high"))
+    verbosity = read(v, "verbosity", VERBOSITY, None, prefix="text.")
     echo: dict[str, Any] = {"format": {"type": "text"}}
     if verbosity is not None:
         echo["verbosity"] = verbosity
@@ -291,37 +272,35 @@ def parse_responses(
     if not is_model_name(model):
         raise bad("model", "is required: a non-empty string")
     _refused(body)
-    previous = _string(body, "previous_response_id")
-    if previous is not None and not 0 < len(previous) <= MAX_RESPONSE_ID:
-        raise bad("previous_response_id", f"must be a response id (1 to {MAX_RESPONSE_ID} characters)")
+    previous = _field(body, "previous_response_id")
     if "input" not in body or body["input"] is None:
         raise bad("input", "is required: a string or a list of input items")
     items = input_items(body["input"], allow_images=allow_images)
-    instructions = _string(body, "instructions")
-    top_p = _number(body, "top_p", 1.0, 1.0)
-    temperature = _number(body, "temperature", 2.0, 1.0)
+    instructions = _field(body, "instructions")
+    top_p = _field(body, "top_p", 1.0)
+    temperature = _field(body, "temperature", 1.0)
     if top_p == 0.0:
         temperature = 0.0  # the nucleus holds only the most likely token: greedy
-    max_output = _int(body, "max_output_tokens", 1, MAX_TOKENS_LIMIT)
-    seed = _int(body, "seed", -(2**63), 2**64 - 1)
+    max_output = _field(body, "max_output_tokens")
+    seed = _field(body, "seed")
     tools, tools_echo = _tools(body)
     choice, name, offered, choice_echo = _tool_choice(body, tools)
     response_format, text_echo = _text(body)
     include = _include(body)
-    top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    top = _field(body, "top_logprobs")
     if top is not None and LOGPROBS_INCLUDE not in include:
         raise bad("top_logprobs", f"needs include: [\"{LOGPROBS_INCLUDE}\"]")
-    stream = _bool(body, "stream", False)
+    stream = _field(body, "stream", False)
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise bad("stream_options", "must be an object")
-    truncation = _enum(body.get("truncation"), "truncation", ("auto", "disabled"))
-    _int(body, "max_tool_calls", 1, 2**31 - 1)
+    truncation = _field(body, "truncation")
+    _field(body, "max_tool_calls")
     echo: dict[str, Any] = {
         "instructions": instructions,
         "max_output_tokens": max_output,
         "metadata": _metadata(body),
-        "parallel_tool_calls": _bool(body, "parallel_tool_calls", True),
+        "parallel_tool_calls": _field(body, "parallel_tool_calls", True),
         "previous_response_id": previous,
         "reasoning": _reasoning(body),
         "temperature": temperature,
@@ -331,11 +310,11 @@ def parse_responses(
         "tools": tools_echo,
         "top_logprobs": top,
         "truncation": truncation or "disabled",
-        "user": _string(body, "user"),
-        "prompt_cache_key": _string(body, "prompt_cache_key"),
-        "safety_identifier": _string(body, "safety_identifier"),
-        "service_tier": _string(body, "service_tier") or "default",
-        "store": _bool(body, "store", True),
+        "user": _field(body, "user"),
+        "prompt_cache_key": _field(body, "prompt_cache_key"),
+        "safety_identifier": _field(body, "safety_identifier"),
+        "service_tier": _field(body, "service_tier") or "default",
+        "store": _field(body, "store", True),
         "background": False,
     }
     return ParsedResponses(

@@ -31,7 +31,8 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.engines.base import ChatMessage, ToolCall
-from mlxd.http.structured import arguments_text, bad, function_name
+from mlxd.http.fields import bad
+from mlxd.http.structured import arguments_text, function_name
 
 #: items in one request's input, and in a whole conversation (previous responses included)
 MAX_ITEMS = 10_000

@@ -30,7 +30,8 @@ from typing import Any, Literal, TypeGuard, TypeVar
 import trio
 
 from mlxd.engines.base import Constraint, Tool, ToolCall
-from mlxd.errors import InvalidRequest, quote
+from mlxd.errors import quote
+from mlxd.http.fields import Boolean, Integer, Kind, bad, read
 
 #: OpenAI's rule for function names
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -52,10 +53,6 @@ SCHEMA_CHECKS_AT_ONCE = 2
 INLINE_VALIDATION_BYTES = 64 * 1024
 
 ToolChoice = Literal["auto", "none", "required", "function"]
-
-
-def bad(param: str, message: str) -> InvalidRequest:
-    return InvalidRequest(f"{param}: {message}", param=param)
 
 
 def _shape(v: object, depth_limit: int, count_limit: int) -> tuple[int, int]:
@@ -259,27 +256,27 @@ def response_format(body: dict[str, Any]) -> Constraint | None:
     return Constraint("json_schema", json.dumps(schema))
 
 
+#: the scalar fields of a chat body beside sampling (:data:`mlxd.http.validation.SAMPLING`)
+CHAT_FIELDS: dict[str, Kind] = {
+    "parallel_tool_calls": Boolean(),
+    "logprobs": Boolean(),
+    "top_logprobs": Integer(0, MAX_TOP_LOGPROBS),
+}
+#: a text completion's ``logprobs``: how many alternatives per token
+COMPLETION_FIELDS: dict[str, Kind] = {"logprobs": Integer(0, MAX_COMPLETION_LOGPROBS)}
+
+
 def chat_logprobs(body: dict[str, Any]) -> int | None:
     """None (off), or the number of alternatives per token (``top_logprobs``, 0 without it)."""
-    lp = body.get("logprobs")
-    top = body.get("top_logprobs")
-    if lp is not None and not isinstance(lp, bool):
-        raise bad("logprobs", "must be a boolean")
-    if top is not None:
-        if not is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise bad("top_logprobs", f"must be an integer from 0 to {MAX_TOP_LOGPROBS}")
-        if not lp:
-            raise bad("top_logprobs", "needs logprobs: true")
+    lp = read(body, "logprobs", CHAT_FIELDS["logprobs"], None)
+    top = read(body, "top_logprobs", CHAT_FIELDS["top_logprobs"], None)
+    if top is not None and not lp:
+        raise bad("top_logprobs", "needs logprobs: true")
     return int(top or 0) if lp else None
 
 
 def completion_logprobs(body: dict[str, Any]) -> int | None:
-    lp = body.get("logprobs")
-    if lp is None:
-        return None
-    if not is_int(lp) or not 0 <= lp <= MAX_COMPLETION_LOGPROBS:
-        raise bad("logprobs", f"must be an integer from 0 to {MAX_COMPLETION_LOGPROBS}")
-    return int(lp)
+    return read(body, "logprobs", COMPLETION_FIELDS["logprobs"], None)
 
 
 #: what makes a model name not blank: one character other than ASCII white space, spelled
@@ -292,12 +289,6 @@ def is_model_name(v: object) -> TypeGuard[str]:
     """1 to 256 characters, not all white space: the Open API document's model name."""
     return isinstance(v, str) and 0 < len(v) <= MAX_MODEL_NAME \
         and re.search(MODEL_NAME_PATTERN, v) is not None
-
-
-def is_int(v: object) -> bool:
-    if isinstance(v, float):
-        return v.is_integer()
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def assistant_tool_calls(v: object, param: str) -> tuple[ToolCall, ...]:
@@ -357,8 +348,6 @@ def openai_fields(body: dict[str, Any], *, chat: bool) -> ClientFields:
         return ClientFields((), "auto", None, None, completion_logprobs(body))
     tools = openai_tools(body)
     choice, name = openai_tool_choice(body, tools)
-    ptc = body.get("parallel_tool_calls")
-    if ptc is not None and not isinstance(ptc, bool):
-        raise bad("parallel_tool_calls", "must be a boolean")
+    read(body, "parallel_tool_calls", CHAT_FIELDS["parallel_tool_calls"], None)
     c = constraint(choice, tools, response_format(body), format_param="response_format")
     return ClientFields(tools, choice, name, c, chat_logprobs(body))
