@@ -172,7 +172,8 @@ class Daemon:
             load_times=self.journal.latest_load_seconds(),
         )
         self.manager = manager
-        metrics = Metrics(manager)
+        journal = self.journal
+        metrics = Metrics(manager, lambda: (journal.committed_seq, journal.commit_count))
         manager.subscribe(self.journal.record)
         manager.subscribe(metrics.on_event)
         run_engines = getattr(self.engines, "run", None)  # the owner of engine worker processes

@@ -20,7 +20,7 @@ names, not models), and are appended to the same reply.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -93,8 +93,12 @@ class Histogram:
 class Metrics:
     """The daemon's metrics: residency read from ``manager`` at scrape time, plus histograms."""
 
-    def __init__(self, manager: Manager) -> None:
+    def __init__(
+        self, manager: Manager, journal: Callable[[], tuple[int, int]] | None = None
+    ) -> None:
         self.manager = manager
+        #: the journal's (records committed, transactions committed), read at scrape time
+        self.journal = journal
         #: each configured model's escaped label value, kept until the config changes
         self._names: dict[str, str] = {}
         #: prometheus_client metrics whose labels are not models (HTTP requests)
@@ -156,6 +160,13 @@ class Metrics:
         residency(out, self.manager, self._names)
         for histogram in (self.lease_seconds, self.ttft, self.tokens_per_second):
             histogram.render(out, self._names)
+        if self.journal is not None:
+            records, commits = self.journal()
+            _head(out, "mlxd_journal_records_total", "counter", "Records the journal has written")
+            out.append(f"mlxd_journal_records_total {_number(records)}\n")
+            _head(out, "mlxd_journal_commits_total", "counter",
+                  "SQLite transactions that wrote them (group commit: far fewer than records)")
+            out.append(f"mlxd_journal_commits_total {_number(commits)}\n")
         return "".join(out).encode() + generate_latest(self.registry)
 
 

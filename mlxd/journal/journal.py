@@ -214,8 +214,9 @@ class Journal(JournalFile):
 
     @property
     def commit_count(self) -> int:
-        """Transactions committed by the writer (group commit keeps it far below the records;
-        ``bench/journal.py`` reports records per commit from it)."""
+        """Transactions committed by the writer (group commit keeps it far below the records):
+        ``mlxd_journal_commits_total`` in ``/metrics``; ``bench/journal.py`` reports records per
+        commit from it."""
         return self._commits
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -297,11 +298,16 @@ async def test_health_reports_a_journal_that_cannot_write(tmp_path: Path) -> Non
 
 
 async def test_metrics_and_openapi_are_served(tmp_path: Path) -> None:
-    """/metrics exposes residency, budget and generation metrics; /openapi.json describes every route."""
+    """/metrics exposes residency, budget, generation and journal metrics (its records and the
+    fewer commits that wrote them); /openapi.json describes every route."""
     cfg = config_of({"manager": {"memory_budget_gb": 2}, "models": [fake("a", 0.5)]}, tmp_path)
     async with serving(cfg, tmp_path) as s, s.client() as c:
         await c.post(CHAT, json=body("a"))
+        await c.get("/admin/history")  # answers once the rows recorded before it are written
         text = (await c.get("/metrics")).text
+        journal = {m[1]: float(m[2]) for m in re.finditer(r"^(mlxd_journal_\w+_total) (\S+)$", text, re.M)}
+        records, commits = journal["mlxd_journal_records_total"], journal["mlxd_journal_commits_total"]
+        assert records >= 4 and 1 <= commits < records, journal  # a load's transitions, a lease
         for name in ("mlxd_model_state{", "mlxd_committed_bytes", "mlxd_budget_bytes",
                      "mlxd_loads_total", "mlxd_lease_seconds_bucket",
                      "mlxd_time_to_first_token_seconds_bucket", "mlxd_decode_tokens_per_second_bucket"):
