@@ -29,6 +29,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mlxd.errors import EngineError
+
 if TYPE_CHECKING:
     from mlxd.engines.cache.prompt_cache import PromptCache
     from mlxd.engines.cache.prompt_disk import PromptDisk
@@ -69,17 +71,34 @@ class DiskWrites:
             self._persist_timer = None
 
     def _persist_when_idle(self) -> None:
-        """(Timer thread.) Still idle: the write goes to the MLX thread as a turn of the loop."""
+        """(Timer thread.) Still idle: the write goes to the MLX thread as a turn of the loop.
+
+        A timer that fired while a job was being added waits here for the lock; by then
+        it may be superseded (the job ran, the loop went idle again and armed a newer
+        timer): it does nothing, so the write still waits for a whole idle moment and
+        the newer timer stays the one a job disarms."""
         with self._lock:
+            if self._persist_timer is not threading.current_thread():
+                return
             self._persist_timer = None
             if self._running or self._inbox or self._closed:
                 return
             self._running = True
-        self._submit(self._persist_then_run)
+        try:
+            self._submit(self._persist_then_run)
+        except EngineError:  # the residency ended meanwhile: its thread takes no more jobs
+            with self._lock:
+                self._running = False
 
     def _persist_then_run(self) -> None:
         """(MLX thread.) The pending long entries to disk, stopping at a job's arrival; then the
-        loop as usual (it takes that job, or goes idle again)."""
+        loop as usual (it takes that job, or goes idle again). Nothing once the residency has
+        ended (its end ran between the timer and this turn): the thread may be the next
+        residency's by now."""
+        with self._lock:
+            if self._closed:
+                self._running = False
+                return
         try:
             if self._cache is not None:
                 self._cache.persist_pending(stop=lambda: bool(self._inbox))
