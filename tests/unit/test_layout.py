@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,3 +77,29 @@ def test_no_text_points_outside_the_repository() -> None:
         if word in p.read_text(errors="replace")
     ]
     assert len(files) > 100 and hits == []
+
+
+def _contracts() -> list[dict[str, Any]]:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        return list(tomllib.load(f)["tool"]["importlinter"]["contracts"])
+
+
+def _named(layers: list[str]) -> set[str]:
+    return {m.strip() for layer in layers for m in re.split(r"[|:]", layer)}
+
+
+def test_every_residency_module_and_engine_part_is_in_a_layer() -> None:
+    """import-linter checks only the modules a contract names: each module of mlxd.residency
+    is in the layers contract, the pure core's in both purity contracts alike, and each part of
+    mlxd.engines in the engine layers."""
+    contracts = _contracts()
+    layered = _named(contracts[0]["layers"])
+    residency = {f"mlxd.residency.{p.stem}" for p in (PACKAGE / "residency").glob("*.py")}
+    assert residency - {"mlxd.residency.__init__"} - layered == set()
+    pure = [c["source_modules"] for c in contracts if c["name"].startswith("The residency core")]
+    assert len(pure) == 2 and set(pure[0]) == set(pure[1])
+    assert "mlxd.residency.steps" in pure[0]
+    (engines,) = [c for c in contracts if c.get("containers") == ["mlxd.engines"]]
+    parts = {p.stem if p.suffix else p.name for p in (PACKAGE / "engines").iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    assert parts - _named(engines["layers"]) == set()
