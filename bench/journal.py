@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 MANAGER_NOTES = """\
-Reading it. The journal's writer is a separate process (`mlxd/journal_writer.py`); the
+Reading it. The journal's writer is a separate process (`mlxd/journal/writer.py`); the
 event loop only turns each event into a plain tuple (`record()`), and every 10 ms at
 most pickles what came and writes it down a pipe, one message per commit. The
 payload JSON, the rows, SQLite and the fsync all run in the writer, on the other

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import subprocess
 import sys
@@ -103,3 +104,39 @@ def test_every_residency_module_and_engine_part_is_in_a_layer() -> None:
     parts = {p.stem if p.suffix else p.name for p in (PACKAGE / "engines").iterdir()
              if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
     assert parts - _named(engines["layers"]) == set()
+
+
+#: dotted names in text that are not modules: loggers, files, an API extension's name
+NOT_MODULES = {"mlxd.access", "mlxd.worker", "mlxd.responses", "mlxd.yaml", "mlxd.service",
+               "mlxd.pub", "mlxd.out.log", "mlxd.err.log", "mlxd.daemon.plist", "mlxd.conf"}
+
+
+def _resolves(dotted: str) -> bool:
+    """``mlxd.a.b.c`` names a module, or a member of one (its first attribute is checked)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            module = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        return i == len(parts) or hasattr(module, parts[i])
+    return False
+
+
+def test_text_names_only_modules_and_files_that_exist() -> None:
+    """Every ``mlxd.x.y`` and ``mlxd/x/y.py`` that code, tests, benches and docs name exists:
+    a module moved or a function renamed leaves no docstring or doc pointing at its old place."""
+    files = [p for folder in (*OWN_TEXT, "bench") for p in (ROOT / folder).rglob("*")
+             if p.suffix in {".py", ".md"} and p.resolve() != Path(__file__).resolve()]
+    dotted: dict[str, str] = {}
+    paths: dict[str, str] = {}
+    for p in files:
+        text = p.read_text(errors="replace")
+        for m in re.finditer(r"\bmlxd(?:\.[A-Za-z_]\w*)+", text):
+            dotted.setdefault(m.group(0), str(p.relative_to(ROOT)))
+        for m in re.finditer(r"\bmlxd/[\w/]+\.py\b", text):
+            paths.setdefault(m.group(0), str(p.relative_to(ROOT)))
+    gone = [f"{where}: {name}" for name, where in dotted.items()
+            if name not in NOT_MODULES and not _resolves(name)]
+    gone += [f"{where}: {path}" for path, where in paths.items() if not (ROOT / path).exists()]
+    assert len(dotted) > 100 and gone == []
