@@ -259,7 +259,10 @@ class Journal(JournalFile):
         self._last_error = error if error is not None else self._last_error
         if before != (healthy, self._last_error):
             for callback in self._health_listeners:
-                callback()
+                try:
+                    callback()
+                except Exception:  # a listener must never break the journal's reports
+                    log.exception("journal health listener %r failed", callback)
 
     # ---- lifecycle ----------------------------------------------------------------------
 

@@ -111,7 +111,8 @@ class WorkerProcess:
                 await self._read()
                 ended = True
                 nursery.cancel_scope.cancel()
-        except Exception:  # its engine's bug must not end every other worker with it
+        except* Exception:  # its engine's bug must not end every other worker with it (the
+            # owner's cancellation, even when it comes with such a bug, goes on up)
             log.exception("the pipe of a worker (%s) failed", self.label)
         finally:
             if not ended:
