@@ -23,7 +23,7 @@ from tests.engines.mlx_helpers import collect, completion, tiny_config
 
 #: about 160 tokens of the tiny tokenizer (short: written only when the residency ends)
 SHORT = "hello world this is a tiny model " * 20
-#: about 1,300 tokens (long: written as soon as the model is idle)
+#: about 1,300 tokens (long: written once the model has been idle PERSIST_IDLE_S)
 LONG = "hello world this is a tiny model " * 160
 
 
@@ -83,7 +83,7 @@ async def test_entry_written_when_residency_ends_and_read_by_next_load(
 
 
 async def test_long_prefix_written_as_made_once(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """A prompt of 1,024 tokens or more is on disk once the model is idle, while it stays loaded;
+    """A prompt of 1,024 tokens or more is on disk once the model has been idle a moment, while it stays loaded;
     the next turn, which adds fewer than 1,024 tokens to it, waits for the residency's end."""
     tier = DiskTier(tmp_path / "tier", 1 << 30)
     async with loaded(tiny_model_dir, tier) as eng:

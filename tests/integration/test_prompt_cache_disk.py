@@ -15,7 +15,7 @@ from tests.support.daemon import DaemonProcess, write_config
 
 #: about 360 tokens of the tiny tokenizer: written when the residency ends
 SHORT = "hello world this is a tiny model for testing mlxd " * 32
-#: about 1,100 tokens: written as soon as the model is idle
+#: about 1,100 tokens: written once the model has been idle 2 s
 LONG = "hello world this is a tiny model for testing mlxd " * 100
 
 
@@ -114,7 +114,7 @@ def test_sigkill_mid_write_loads_no_torn_entry(cfg: Path, tmp_path: Path) -> Non
     try:
         chat(crashing.url, "a", [{"role": "user", "content": LONG}])
     except (httpx.HTTPError, AssertionError):
-        pass  # the kill may come before the reply: the entry is written once the model is idle
+        pass  # the kill may come before the reply: the entry is written once the model has been idle 2 s
     assert crashing.proc is not None
     assert crashing.proc.wait(60) == -9, crashing.log()
     tier = tmp_path / "prompt-cache"
