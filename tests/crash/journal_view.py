@@ -34,6 +34,8 @@ class Snapshot:
     checkpoints: dict[str, tuple[float, str]] = field(default_factory=dict)
     #: events rows retention has pruned from the file so far
     events_pruned: int = 0
+    #: released leases rows retention has pruned so far (an open lease is never pruned)
+    leases_pruned: int = 0
 
     def last_states(self) -> dict[str, tuple[int, str]]:
         """Each model's (seq, state) after its last row."""
@@ -70,7 +72,9 @@ def snapshot(path: Path) -> Snapshot:
             snap.checkpoints = {
                 r[0]: (r[1], r[2]) for r in conn.execute("SELECT model, at, state FROM checkpoints")
             }
-            snap.events_pruned = conn.execute("SELECT events_pruned FROM retention").fetchone()[0]
+            snap.events_pruned, snap.leases_pruned = conn.execute(
+                "SELECT events_pruned, leases_pruned FROM retention"
+            ).fetchone()
         snap.transitions = [
             tuple(r)
             for r in conn.execute(
