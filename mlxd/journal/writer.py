@@ -252,11 +252,15 @@ class Writer:
         try:
             if self.pruner is not None:
                 self.pruner.setup(conn)
+            # Pruning may have removed the newest events (released leases, superseded
+            # transitions): new rows must still number after the watermark, or the pruner
+            # would never reach them and a replay would read them before older rows.
             max_seq = conn.execute(
                 "SELECT max(coalesce((SELECT max(seq) FROM events), 0),"
                 " coalesce((SELECT max(seq) FROM transitions), 0))"
             ).fetchone()[0]
-            self._send(("ready", int(max_seq), self.notes))
+            max_seq = max(int(max_seq), retention.pruned_through(conn))
+            self._send(("ready", max_seq, self.notes))
             self._loop(conn, inbox)
         except BaseException as e:  # a bug: the daemon reports it
             error = f"{type(e).__name__}: {e}"

@@ -115,6 +115,39 @@ def test_age_pruning_keeps_each_models_latest_transition_and_open_leases(tmp_pat
     assert check_journal(f.conn) == []
 
 
+async def test_after_pruning_the_newest_events_a_restart_numbers_rows_past_the_watermark(
+    tmp_path: Path,
+) -> None:
+    """Rows written after a restart number after ``pruned_through`` even when pruning removed the newest events."""
+    path = tmp_path / "j.db"
+    f = Fill(path)
+    for k in range(3):
+        f.cycle("a", NOW - 40 * DAY + k * 10)  # each cycle ends with leases after its transitions
+    f.write([TransitionEvent("a", S.UNLOADED, S.LOADING, Reason.REQUEST, NOW - 40 * DAY + 50),
+             LeaseAcquired("late", "a", None, "/v1/completions", NOW - 40 * DAY + 51),
+             LeaseReleased("late", "a", Outcome.COMPLETED, NOW - 40 * DAY + 52, 1, 2)])  # fmt: skip
+    f.prune_all(Pruner(Policy(retain_days=30), clock=lambda: NOW))
+    through = retention.pruned_through(f.conn)
+    kept = f.conn.execute("SELECT max(seq) FROM events").fetchone()[0]
+    assert kept < through == f.seq  # the newest rows (the lease's) are gone
+    f.conn.close()
+    j = Journal(path, synchronous="normal", retain_days=30, wall_clock=lambda: NOW)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        await j.begin_run(2, "t", None)
+        # recovery closed a's load as unloaded: load it again
+        seq = j.record(TransitionEvent("a", S.UNLOADED, S.LOADING, Reason.REQUEST, NOW))
+        await j.wait_committed()
+        nursery.cancel_scope.cancel()
+    assert seq > through
+    conn = open_readonly(path)
+    try:
+        assert conn.execute("SELECT min(seq) FROM events WHERE run_id = 2").fetchone()[0] > through
+        assert check_journal(conn) == []
+    finally:
+        conn.close()
+
+
 def test_a_resume_from_a_pruned_id_gets_a_gap_event_with_every_models_state(tmp_path: Path) -> None:
     """Resuming from an id older than the oldest kept row answers a gap first, then the events after it."""
     f = Fill(tmp_path / "j.db")
