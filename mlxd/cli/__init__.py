@@ -189,7 +189,7 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("path", help="directory to write")
     p.add_argument("--size", choices=["tiny", "small", "large"], default="tiny",
                    help="tiny (tests), small (~25M params) or large (735M params, 2.7 GiB on disk, "
-                   "~30 s to write: the agents bench's largest)")
+                   "under a minute to write: the agents bench's largest)")
     p.add_argument("--vision", action="store_true", help="write a tiny LLaVA for mlx-vlm instead")
     p.add_argument("--embedding", action="store_true",
                    help="write a tiny BERT for mlx-embeddings (an embedding: true model) instead")

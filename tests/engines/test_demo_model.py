@@ -134,7 +134,7 @@ def test_large_demo_model_is_the_size_its_help_states(
 @pytest.mark.stress
 @pytest.mark.mlx
 def test_large_demo_model_loads_and_generates(tmp_path: Path) -> None:
-    """demo-model --size large writes, without downloading, a model mlx-lm loads and generates from, with small's tokenizer and template."""
+    """demo-model --size large writes, without downloading, a model mlx-lm loads and generates from, with small's tokenizer and template, every token text."""
     from mlx_lm import load, stream_generate
 
     out = tmp_path / "large"
@@ -146,3 +146,4 @@ def test_large_demo_model_loads_and_generates(tmp_path: Path) -> None:
     prompt = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
     steps = list(stream_generate(model, tok, prompt, max_tokens=3))
     assert len(steps) == 3 and steps[-1].generation_tokens == 3
+    assert all(step.text for step in steps)  # whole characters: a stream's every chunk has text

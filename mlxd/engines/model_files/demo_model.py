@@ -9,7 +9,7 @@ engines with no network and no downloaded weights:
   tokens per second on CPU; for tests.
 * ``small``: about 25M parameters (hidden 512, 7 layers); for benchmarks.
 * ``large``: 735M parameters, 2.7 GiB on disk (a llama of hidden 1,792, 16 layers,
-  14 query heads of 128 and 2 KV heads, 32 KiB of KV a token; 30 s to write);
+  14 query heads of 128 and 2 KV heads, 32 KiB of KV a token; 27-41 s to write);
   the largest ``bench/agents.py`` can run on a 2-core, 24 GiB Linux box (below).
 * ``vision``: a tiny LLaVA (llama text model, CLIP vision tower on 28 px
   images) that ``mlx_vlm.load`` reads; needs the ``vlm`` extra.
@@ -79,6 +79,9 @@ TEXT_SHAPES: dict[str, dict[str, Any]] = {
         max_position_embeddings=65536,
     ),
 }
+#: text kinds whose every token is whole characters (byte tokens of a partial UTF-8
+#: character are never generated): ``large``'s random greedy output began with one
+WHOLE_CHARACTERS = ("large",)
 VOCAB_SIZE = {"tiny": 512, "small": 512, "large": 512, "vision": 512, "embedding": 512}
 #: the BERT of ``embedding`` (mlx-embeddings); 128 positions keep the context check testable
 BERT_SHAPE: dict[str, Any] = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
@@ -161,7 +164,12 @@ def _train_tokenizer(vocab_size: int, *, vision: bool, tools: bool = True) -> An
     return fast
 
 
-def _random_params(model: Any, eos_id: int, embed_keys: tuple[str, ...]) -> dict[str, Any]:
+def _random_params(
+    model: Any, eos_id: int, embed_keys: tuple[str, ...], also_zero: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    """The model's random parameters in fp32, the embedding rows of ``eos_id`` and
+    ``also_zero`` zero (tied: their logit is 0, which the largest of ~500 random logits
+    almost always beats, so greedy decoding avoids them)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -170,9 +178,9 @@ def _random_params(model: Any, eos_id: int, embed_keys: tuple[str, ...]) -> dict
     for key in embed_keys:
         if key in params:
             w = params[key]
-            params[key] = mx.concatenate(
-                [w[:eos_id], mx.zeros_like(w[eos_id : eos_id + 1]), w[eos_id + 1 :]]
-            )
+            for row in sorted({eos_id, *also_zero}):
+                w = mx.concatenate([w[:row], mx.zeros_like(w[row : row + 1]), w[row + 1 :]])
+            params[key] = w
     mx.eval(params)
     return params
 
@@ -204,7 +212,11 @@ def _write_text(out: Path, size: str, seed: int, report: Report, *, tools: bool 
     report(f"writing random fp32 llama weights ({size})")
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(cfg))
-    params = _random_params(model, eos, ("model.embed_tokens.weight",))
+    # a token that is part of a character streams as nothing (a server's first chunk would
+    # carry no text): large never picks one; tiny and small stay as their results were made
+    partial = tuple(i for i in range(len(fast)) if "\ufffd" in fast.decode([i]))
+    params = _random_params(model, eos, ("model.embed_tokens.weight",),
+                            partial if size in WHOLE_CHARACTERS else ())  # fmt: skip
     mx.save_safetensors(str(out / "model.safetensors"), params)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return sum(int(v.size) for v in params.values())
