@@ -17,7 +17,10 @@ engines with no network and no downloaded weights:
 Weights are fp32: the MLX CPU backend is several times slower in fp16.
 The embedding row of the end-of-sequence token is zero, so that the random
 model almost never ends on its own and generations run to ``max_tokens``
-(tests rely on long, deterministic greedy outputs).
+(tests rely on long, deterministic greedy outputs). ``large`` also zeroes the
+128 byte tokens that are part of a multi-byte character, so that every token it
+generates is text (its random greedy output began with one, which a server
+streams as an empty chunk: no first token for the bench to time).
 
 Why ``large`` is that size (measured with bare mlx-lm on OpenBLAS, the box
 shared with other work; a quiet box runs a 4,000-token prefill in about the
@@ -214,9 +217,9 @@ def _write_text(out: Path, size: str, seed: int, report: Report, *, tools: bool 
     model = llama.Model(llama.ModelArgs.from_dict(cfg))
     # a token that is part of a character streams as nothing (a server's first chunk would
     # carry no text): large never picks one; tiny and small stay as their results were made
-    partial = tuple(i for i in range(len(fast)) if "\ufffd" in fast.decode([i]))
-    params = _random_params(model, eos, ("model.embed_tokens.weight",),
-                            partial if size in WHOLE_CHARACTERS else ())  # fmt: skip
+    partial = (tuple(i for i in range(len(fast)) if "\ufffd" in fast.decode([i]))
+               if size in WHOLE_CHARACTERS else ())  # fmt: skip
+    params = _random_params(model, eos, ("model.embed_tokens.weight",), partial)
     mx.save_safetensors(str(out / "model.safetensors"), params)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return sum(int(v.size) for v in params.values())
