@@ -42,9 +42,13 @@ prefix, 10 turns, 3 rounds, prefill 2k and 8k; 34 min on the shared 2-core box);
 ``--model large`` runs it on the largest demo model this box can hold four
 times at once (735M parameters, 2.7 GiB; why that size:
 ``mlxd.engines.model_files.demo_model``): a cold 4,000-token turn takes about a
-minute there, a round about 20 (writing the model the first time: under a minute). Give
-it ``--out bench/results/agents-large.md``; ``--long`` on it adds ~15 minutes
-a contender a round (a 32k prompt's attention on CPU) and needs ~19 GiB.
+minute there on a quiet box, and a round about 30 (the conversation grows to
+~10k tokens, which a server without a kept cache prefills again after the swap
+and the restart; writing the model the first time: under a minute). A smoke
+pass (``--rounds 1 --turns 2 --prefill 2048 --prefix 1000``) took 19 minutes
+with the box's load average at 5. Give it ``--out bench/results/agents-large.md``;
+``--long`` on it adds ~15 minutes a contender a round (a 32k prompt's attention
+on CPU) and needs ~19 GiB.
 """
 
 from __future__ import annotations

@@ -33,8 +33,9 @@ in ~20 GiB: 735M (4 x 2.7 GiB) does, with ~19 GiB; a 1B llama (3.6 GiB) does
 not (~23 GiB). Time: a cold 4,000-token prefill took 135 CPU-s (~60 s quiet; 171 s
 on the loaded box, peak RSS 3.6 GiB) against 554M's 87 s and 974M's 276 s
 (32 heads of 64) on the same loaded box; head size 128 matters on CPU (a 32k
-chunk's attention ran 3x faster than with 32 heads of 64). A round of the bench
-costs about 20 cold 4k prefills, so ~60 s keeps it near 20 minutes.
+chunk's attention ran 3x faster than with 32 heads of 64). A round of the default
+bench costs about 30 cold 4k prefills (~30 minutes at ~60 s): a smaller model
+would shorten it, a larger one does not fit.
 
 MLX work runs on the caller's thread; the engines call :func:`write_demo_model`
 on their own MLX thread (demo on first use), the CLI on the main thread.
