@@ -134,7 +134,7 @@ def test_large_demo_model_is_the_size_its_help_states(
 @pytest.mark.stress
 @pytest.mark.mlx
 def test_large_demo_model_loads_and_generates(tmp_path: Path) -> None:
-    """demo-model --size large writes, without downloading, a model mlx-lm loads and generates from, with small's tokenizer and template, every token text."""
+    """demo-model --size large writes a model mlx-lm loads and generates from, with small's tokenizer and template, every token text."""
     from mlx_lm import load, stream_generate
 
     out = tmp_path / "large"
