@@ -38,6 +38,17 @@ prefix, 10 turns, 3 rounds, prefill 2k and 8k; 34 min on the shared 2-core box);
 ``--prefix recorded``, ``--prefill 2048,8192,32768`` (or ``--long`` to add
 32k), ``--rounds``, ``--model tiny``, ``--servers`` override it. Writes
 ``bench/results/agents.md`` unless ``--out`` says otherwise.
+
+``--model large`` runs it on the largest demo model this box can hold four
+times at once (735M parameters, 2.7 GiB; why that size:
+``mlxd.engines.model_files.demo_model``): a cold 4,000-token turn takes about a
+minute there on a quiet box, and a round about 30 (the conversation grows to
+~10k tokens, which a server without a kept cache prefills again after the swap
+and the restart; writing the model the first time: under a minute). A smoke
+pass (``--rounds 1 --turns 2 --prefill 2048 --prefix 1000``) took 19 minutes
+with the box's load average at 5. Give it ``--out bench/results/agents-large.md``;
+``--long`` on it adds ~15 minutes a contender a round (a 32k prompt's attention
+on CPU) and needs ~19 GiB.
 """
 
 from __future__ import annotations
@@ -158,6 +169,9 @@ def mlxd_server(
         "server": {"host": "127.0.0.1", "port": port},
         "journal": {"path": str(home / "journal.db"), "synchronous": "normal"},
         "manager": {"memory_budget_gb": budget_gb, "restore_on_start": False,
+                    # a large model's eviction (draining, writing its prompt caches) may
+                    # outlast the default 60 s on a busy box
+                    "stop_timeout_s": 600,
                     "contention_policy": {"strategy": "wait", "wait_timeout_s": 600}},
         "models": [{"name": k, "path": str(models[k]), "max_batch_size": 2, **caches}
                    for k in keys],
@@ -188,7 +202,8 @@ def make(name: str, kind: str, models: dict[str, Path], home: Path, longest: int
         name, models, keys, home, compare.swap_budget_gb(name, kind, models)
     )
     if name == "vllm-mlx":
-        server.argv += ["--ssd-cache-dir", str(home / "ssd-cache")]
+        # its default request timeout (300 s) is shorter than a long prefill of the large model
+        server.argv += ["--ssd-cache-dir", str(home / "ssd-cache"), "--timeout", "7200"]
     return server
 
 
@@ -457,7 +472,7 @@ def render(
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="small", choices=["tiny", "small"])
+    ap.add_argument("--model", default="small", choices=["tiny", "small", "large"])
     ap.add_argument("--servers", default=",".join(compare.SERVERS), help="mlxd first")
     ap.add_argument("--prefix", default="4000",
                     help="prefix tokens, or 'recorded' for the whole recorded request")  # fmt: skip

@@ -1,4 +1,4 @@
-"""`mlxd demo-model`: write a small random-weight model that mlx-lm (or mlx-vlm) loads."""
+"""`mlxd demo-model`: write a random-weight model that mlx-lm (or mlx-vlm) loads."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from mlxd.engines.model_files.demo_model import DemoKind, DemoModelError, write_
 
 
 def cmd_demo_model(args: argparse.Namespace) -> int:
-    """``mlxd demo-model PATH [--size tiny|small] [--vision] [--no-tools] [--force]``."""
+    """``mlxd demo-model PATH [--size tiny|small|large] [--vision] [--no-tools] [--force]``."""
     kind: DemoKind = "vision" if args.vision else "embedding" if getattr(args, "embedding", False) else args.size
     if args.vision and args.size not in (None, "tiny"):
         print(
-            "mlxd: --vision writes a tiny LLaVA; --size small is not available for it",
+            f"mlxd: --vision writes a tiny LLaVA; --size {args.size} is not available for it",
             file=sys.stderr,
         )
         return 2

@@ -1,14 +1,16 @@
-"""``mlxd demo-model``: small, loadable random models, and one-line refusals on bad input."""
+"""``mlxd demo-model``: loadable random models (large: the agents bench's), and one-line refusals on bad input."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mlxd.cli import main
-from mlxd.engines.model_files.demo_model import is_model_dir
+from mlxd.config.kv import kv_bytes_per_token
+from mlxd.engines.model_files.demo_model import is_model_dir, text_config
 
 
 def model_bytes(path: Path) -> int:
@@ -96,3 +98,52 @@ async def test_the_builtin_demo_config_makes_its_models_on_first_load(
             assert isinstance(events[-1], Finished) and events[-1].completion_tokens == 3
         finally:
             await engine.stop()
+
+
+def large_config(tmp_path: Path) -> dict[str, Any]:
+    """The config.json ``--size large`` writes, made without its weights (small's tokenizer)."""
+    from transformers import AutoTokenizer
+
+    small = tmp_path / "small"
+    assert main(["demo-model", str(small), "--size", "small"]) == 0
+    return text_config("large", AutoTokenizer.from_pretrained(str(small)))
+
+
+@pytest.mark.mlx
+def test_large_demo_model_is_the_size_its_help_states(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--size large is a 735M-parameter llama (2.7 GiB fp32) with 128-wide heads, 32 KiB of KV a token and small's vocabulary, as its help says."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    cfg = large_config(tmp_path)
+    small = json.loads((tmp_path / "small" / "config.json").read_text())
+    assert cfg["vocab_size"] == small["vocab_size"] and cfg["eos_token_id"] == small["eos_token_id"]
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] == 128
+    assert kv_bytes_per_token(cfg) == 32 * 1024
+    assert cfg["max_position_embeddings"] >= 32768 + 1024  # a 32k prompt and its template
+    model = llama.Model(llama.ModelArgs.from_dict(cfg))  # lazy: nothing is computed
+    n = sum(int(v.size) for _, v in tree_flatten(model.parameters()))
+    with pytest.raises(SystemExit):
+        main(["demo-model", "--help"])
+    helptext = " ".join(capsys.readouterr().out.split())
+    assert f"{round(n / 1e6)}M params" in helptext and f"{n * 4 / 2**30:.1f} GiB" in helptext
+
+
+@pytest.mark.stress
+@pytest.mark.mlx
+def test_large_demo_model_loads_and_generates(tmp_path: Path) -> None:
+    """demo-model --size large writes a model mlx-lm loads and generates from, with small's tokenizer and template, every token text."""
+    from mlx_lm import load, stream_generate
+
+    out = tmp_path / "large"
+    assert main(["demo-model", str(out), "--size", "large"]) == 0
+    assert json.loads((out / "config.json").read_text()) == large_config(tmp_path)
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        assert (out / name).read_bytes() == (tmp_path / "small" / name).read_bytes()
+    model, tok = load(str(out))
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
+    steps = list(stream_generate(model, tok, prompt, max_tokens=3))
+    assert len(steps) == 3 and steps[-1].generation_tokens == 3
+    assert all(step.text for step in steps)  # whole characters: a stream's every chunk has text

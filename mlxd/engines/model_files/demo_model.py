@@ -8,13 +8,34 @@ engines with no network and no downloaded weights:
 * ``tiny``: a 2-layer llama with hidden size 64, under 1 MB, a few hundred
   tokens per second on CPU; for tests.
 * ``small``: about 25M parameters (hidden 512, 7 layers); for benchmarks.
+* ``large``: 735M parameters, 2.7 GiB on disk (a llama of hidden 1,792, 16 layers,
+  14 query heads of 128 and 2 KV heads, 32 KiB of KV a token; 27-41 s to write);
+  the largest ``bench/agents.py`` can run on a 2-core, 24 GiB Linux box (below).
 * ``vision``: a tiny LLaVA (llama text model, CLIP vision tower on 28 px
   images) that ``mlx_vlm.load`` reads; needs the ``vlm`` extra.
 
 Weights are fp32: the MLX CPU backend is several times slower in fp16.
 The embedding row of the end-of-sequence token is zero, so that the random
 model almost never ends on its own and generations run to ``max_tokens``
-(tests rely on long, deterministic greedy outputs).
+(tests rely on long, deterministic greedy outputs). ``large`` also zeroes the
+128 byte tokens that are part of a multi-byte character, so that every token it
+generates is text (its random greedy output began with one, which a server
+streams as an empty chunk: no first token for the bench to time).
+
+Why ``large`` is that size (measured with bare mlx-lm on OpenBLAS, the box
+shared with other work; a quiet box runs a 4,000-token prefill in about the
+CPU time over 2.2, as the small model's 1,774 tokens do: 5 CPU-s, 2.3 s quiet).
+The agents bench keeps four processes resident at once (mlxd, mlx_lm.server,
+vllm-mlx and bare mlx-lm) and a 32k-token prefill's attention holds a score
+matrix of query heads x 2,048 x 32,768 fp32 (256 MiB a head: 3.5 GiB here), so
+4 x weights + that + the 32k KV (1 GiB) + three servers' cached prompts must fit
+in ~20 GiB: 735M (4 x 2.7 GiB) does, with ~19 GiB; a 1B llama (3.6 GiB) does
+not (~23 GiB). Time: a cold 4,000-token prefill took 135 CPU-s (~60 s quiet; 171 s
+on the loaded box, peak RSS 3.6 GiB) against 554M's 87 s and 974M's 276 s
+(32 heads of 64) on the same loaded box; head size 128 matters on CPU (a 32k
+chunk's attention ran 3x faster than with 32 heads of 64). A round of the default
+bench costs about 30 cold 4k prefills (~30 minutes at ~60 s): a smaller model
+would shorten it, a larger one does not fit.
 
 MLX work runs on the caller's thread; the engines call :func:`write_demo_model`
 on their own MLX thread (demo on first use), the CLI on the main thread.
@@ -29,8 +50,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-DemoKind = Literal["tiny", "small", "vision", "embedding"]
-KINDS: tuple[str, ...] = ("tiny", "small", "vision", "embedding")
+DemoKind = Literal["tiny", "small", "large", "vision", "embedding"]
+KINDS: tuple[str, ...] = ("tiny", "small", "large", "vision", "embedding")
 
 #: the text model shape of each kind (llama)
 TEXT_SHAPES: dict[str, dict[str, Any]] = {
@@ -51,8 +72,21 @@ TEXT_SHAPES: dict[str, dict[str, Any]] = {
         num_key_value_heads=8,
         max_position_embeddings=32768,
     ),
+    # the same tokenizer and template as small (a prompt tokenizes the same); GQA and
+    # 128-wide heads as current small llamas; 65,536 positions: a 32k prompt and its template fit
+    "large": dict(
+        hidden_size=1792,
+        num_hidden_layers=16,
+        intermediate_size=7168,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=65536,
+    ),
 }
-VOCAB_SIZE = {"tiny": 512, "small": 512, "vision": 512, "embedding": 512}
+#: text kinds whose every token is whole characters (byte tokens of a partial UTF-8
+#: character are never generated): ``large``'s random greedy output began with one
+WHOLE_CHARACTERS = ("large",)
+VOCAB_SIZE = {"tiny": 512, "small": 512, "large": 512, "vision": 512, "embedding": 512}
 #: the BERT of ``embedding`` (mlx-embeddings); 128 positions keep the context check testable
 BERT_SHAPE: dict[str, Any] = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
                                   intermediate_size=128, max_position_embeddings=128)
@@ -134,7 +168,12 @@ def _train_tokenizer(vocab_size: int, *, vision: bool, tools: bool = True) -> An
     return fast
 
 
-def _random_params(model: Any, eos_id: int, embed_keys: tuple[str, ...]) -> dict[str, Any]:
+def _random_params(
+    model: Any, eos_id: int, embed_keys: tuple[str, ...], also_zero: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    """The model's random parameters in fp32, the embedding rows of ``eos_id`` and
+    ``also_zero`` zero (tied: their logit is 0, which the largest of ~500 random logits
+    almost always beats, so greedy decoding avoids them)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -143,11 +182,25 @@ def _random_params(model: Any, eos_id: int, embed_keys: tuple[str, ...]) -> dict
     for key in embed_keys:
         if key in params:
             w = params[key]
-            params[key] = mx.concatenate(
-                [w[:eos_id], mx.zeros_like(w[eos_id : eos_id + 1]), w[eos_id + 1 :]]
-            )
+            for row in sorted({eos_id, *also_zero}):
+                w = mx.concatenate([w[:row], mx.zeros_like(w[row : row + 1]), w[row + 1 :]])
+            params[key] = w
     mx.eval(params)
     return params
+
+
+def text_config(size: str, fast: Any) -> dict[str, Any]:
+    """The llama ``config.json`` of the text kind ``size`` with the tokenizer ``fast``."""
+    return dict(
+        model_type="llama",
+        rms_norm_eps=1e-5,
+        vocab_size=len(fast),
+        tie_word_embeddings=True,
+        bos_token_id=fast.convert_tokens_to_ids("<s>"),
+        eos_token_id=fast.convert_tokens_to_ids("</s>"),
+        torch_dtype="float32",
+        **TEXT_SHAPES[size],
+    )
 
 
 def _write_text(out: Path, size: str, seed: int, report: Report, *, tools: bool = True) -> int:
@@ -158,22 +211,16 @@ def _write_text(out: Path, size: str, seed: int, report: Report, *, tools: bool 
     report(f"training a {VOCAB_SIZE[size]}-token BPE tokenizer")
     fast = _train_tokenizer(VOCAB_SIZE[size], vision=False, tools=tools)
     fast.save_pretrained(str(out))
-    vocab = len(fast)
-    eos = fast.convert_tokens_to_ids("</s>")
-    cfg = dict(
-        model_type="llama",
-        rms_norm_eps=1e-5,
-        vocab_size=vocab,
-        tie_word_embeddings=True,
-        bos_token_id=fast.convert_tokens_to_ids("<s>"),
-        eos_token_id=eos,
-        torch_dtype="float32",
-        **TEXT_SHAPES[size],
-    )
+    cfg = text_config(size, fast)
+    eos = cfg["eos_token_id"]
     report(f"writing random fp32 llama weights ({size})")
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(cfg))
-    params = _random_params(model, eos, ("model.embed_tokens.weight",))
+    # a token that is part of a character streams as nothing (a server's first chunk would
+    # carry no text): large never picks one; tiny and small stay as their results were made
+    partial = (tuple(i for i in range(len(fast)) if "\ufffd" in fast.decode([i]))
+               if size in WHOLE_CHARACTERS else ())  # fmt: skip
+    params = _random_params(model, eos, ("model.embed_tokens.weight",), partial)
     mx.save_safetensors(str(out / "model.safetensors"), params)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return sum(int(v.size) for v in params.values())
