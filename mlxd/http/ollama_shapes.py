@@ -40,7 +40,10 @@ from mlxd.engines.base import ChatMessage, Constraint, GenerationRequest, Tool, 
 from mlxd.errors import InvalidRequest, ModelNotFound
 from mlxd.http.fields import Boolean, Integer, Kind, Number, Stops, Text, bad, read
 from mlxd.http.preferences import Headers, Preferences, preferences
+from mlxd.http.shapes import check
 from mlxd.http.structured import (
+    TOOL_CHOICE,
+    TOOLS,
     ToolChoice,
     chat_logprobs,
     check_schema,
@@ -168,6 +171,8 @@ def _tools(body: dict[str, Any]) -> tuple[Tool, ...]:
     raw = body.get("tools")
     if isinstance(raw, list):  # Ollama's clients may leave out "type": it can only be a function
         raw = [{"type": "function", **t} if isinstance(t, dict) and "type" not in t else t for t in raw]
+    if raw is not None:
+        check(TOOLS, raw, "tools")
     return openai_tools({"tools": raw})
 
 
@@ -175,6 +180,8 @@ def _tool_choice(body: dict[str, Any], tools: tuple[Tool, ...]) -> tuple[ToolCho
     """``options.tool_choice`` (mlxd's extension: Ollama's clients pass ``options`` through)."""
     opts = body.get("options")
     choice = opts.get("tool_choice") if isinstance(opts, dict) else None
+    if choice is not None:
+        check(TOOL_CHOICE, choice, "options.tool_choice")
     try:
         return openai_tool_choice({"tool_choice": choice}, tools)
     except InvalidRequest as e:

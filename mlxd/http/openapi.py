@@ -35,15 +35,15 @@ from mlxd.http import origins
 from mlxd.http.fields import documented, nullable
 from mlxd.http.openapi_anthropic import ERROR as ANTHROPIC_ERROR
 from mlxd.http.openapi_anthropic import anthropic_paths
-from mlxd.http.openapi_chat import STREAM_OPTIONS_NEED_STREAM, chat_request, engine_groups
+from mlxd.http.openapi_chat import chat_request, engine_groups
 from mlxd.http.openapi_clients import (
     ANY_MODEL_NAME,
     CHAT_LOGPROBS,
-    OPEN,
     RESPONSE_TOOL_CALLS,
     TEXT_LOGPROBS,
     error_responses,
     json_response,
+    with_model,
 )
 from mlxd.http.openapi_embeddings import embeddings_path
 from mlxd.http.openapi_ollama import ERROR as OLLAMA_ERROR
@@ -56,8 +56,7 @@ from mlxd.http.preferences import (
     KEEP_ALIVE_PATTERN,
     REQUIRE_RESIDENT_HEADER,
 )
-from mlxd.http.structured import COMPLETION_FIELDS
-from mlxd.http.validation import SAMPLING
+from mlxd.http.validation import COMPLETION_BODY, SAMPLING, STREAM_OPTIONS
 from mlxd.residency.plan import ACTIONS
 from mlxd.residency.policy import STRATEGIES
 from mlxd.residency.states import State
@@ -128,15 +127,17 @@ def _model_name(names: list[str]) -> dict[str, Any]:
     return ANY_MODEL_NAME  # no such model can be named right now: any other name is a 404
 
 
-def _sampling(names: list[str]) -> dict[str, Any]:
+def _named(names: list[str]) -> dict[str, Any]:
+    """The fields a generation body adds to its description: the model, ``keep_alive``."""
     return {
         "model": _model_name(names),
-        **documented(SAMPLING),
-        "stream_options": nullable(
-            {"type": "object", "properties": {"include_usage": {"type": "boolean"}}, **OPEN}
-        ),
         "keep_alive": {"anyOf": [{"type": "number"}, _KEEP_ALIVE, {"type": "null"}]},
     }
+
+
+def _sampling(names: list[str]) -> dict[str, Any]:
+    return {**_named(names), **documented(SAMPLING),
+            "stream_options": nullable(STREAM_OPTIONS.schema())}
 
 
 #: Ollama's keep_alive as a string: seconds or a Go duration ("5m"); negative: until evicted
@@ -178,33 +179,6 @@ _PLAN = {
         "eta_s": nullable({"type": "number", "minimum": 0}),
     },
 }
-
-
-#: chat fields a text completion refuses unless null (they would be silently lost otherwise)
-_CHAT_ONLY = {
-    key: {"type": "null", "description": "only for /v1/chat/completions; refused here"}
-    for key in ("tools", "tool_choice", "response_format")
-}
-
-
-def _completion_request(names: list[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": ["model", "prompt"],
-        "properties": {
-            **_sampling(names),
-            **documented(COMPLETION_FIELDS),
-            **_CHAT_ONLY,
-            "prompt": {
-                "anyOf": [
-                    {"type": "string"},
-                    {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
-                ]
-            },
-        },
-        **STREAM_OPTIONS_NEED_STREAM,
-        **OPEN,
-    }
 
 
 _USAGE = {
@@ -379,12 +353,12 @@ def _openai_paths(config: Config | None, model_id: dict[str, Any]) -> dict[str, 
         },
         "/v1/chat/completions": _generation(
             "Chat completion (whole, or SSE with stream=true)",
-            chat_request(groups, _sampling),
+            chat_request(groups, _named),
             "chat",
         ),
         "/v1/completions": _generation(
             "Text completion (whole, or SSE with stream=true)",
-            _completion_request(names),
+            with_model(COMPLETION_BODY, _named(names)),
             "completion",
         ),
     }

@@ -30,13 +30,12 @@ from mlxd.http.openapi_clients import (
     NAME,
     OBJECT_SCHEMA,
     OPEN,
-    TOP_NEEDS_LOGPROBS,
     error_responses,
     json_response,
     tool_choice,
 )
 from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
-from mlxd.http.structured import CHAT_FIELDS, MAX_TOOLS
+from mlxd.http.structured import CHAT_FIELDS, MAX_TOOLS, TOP_NEEDS_LOGPROBS
 
 if TYPE_CHECKING:
     from mlxd.config import Config
