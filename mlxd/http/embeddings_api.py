@@ -39,9 +39,12 @@ FIELDS: dict[str, Kind] = {"encoding_format": Choice(("float", "base64")),
                            "user": Text()}
 _IDS = Array(Integer(0, MAX_TOKEN_ID), min_items=1, whole=True,
              hint=f"must be a non-empty list of token ids from 0 to {MAX_TOKEN_ID}")
+#: texts to embed (also Ollama's ``/api/embed`` input)
+TEXTS = AnyOf((Text(1), Array(Text(1), 1, MAX_INPUTS)),
+              hint=f"must be a string or a list of 1 to {MAX_INPUTS} strings")
 #: an embeddings body but its model (named by :func:`parse_embeddings`)
 BODY = Obj({
-    "input": AnyOf((Text(1), Array(Text(1), 1, MAX_INPUTS), _IDS, Array(_IDS, 1, MAX_INPUTS)),
+    "input": AnyOf((*TEXTS.options, _IDS, Array(_IDS, 1, MAX_INPUTS)),
                    hint=f"must be a string, token ids, or a list of 1 to {MAX_INPUTS} strings "
                    "or token-id lists"),
     **FIELDS,

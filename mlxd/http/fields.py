@@ -107,11 +107,15 @@ class Boolean:
 class Text:
     min_length: int = 0
     max_length: int | None = None
+    #: what a refused value is told (else the bounds)
+    hint: str | None = None
 
     def complaint(self, v: object) -> str | None:
         if isinstance(v, str) and self.min_length <= len(v) and (
                 self.max_length is None or len(v) <= self.max_length):
             return None
+        if self.hint is not None:
+            return self.hint
         if self.max_length is not None:
             return f"must be a string of {self.min_length} to {self.max_length} characters"
         return "must be a non-empty string" if self.min_length else "must be a string"

@@ -47,7 +47,7 @@ from mlxd.errors import (
 )
 from mlxd.http import access_log, generation, ollama_catalog
 from mlxd.http.context import AppState, state
-from mlxd.http.embeddings_api import embed_under_lease, parse_input
+from mlxd.http.embeddings_api import TEXTS, embed_under_lease, parse_input
 from mlxd.http.fields import bad, read
 from mlxd.http.ollama_pull import pull_events, repo_of
 from mlxd.http.ollama_render import (
@@ -61,6 +61,7 @@ from mlxd.http.ollama_render import (
 from mlxd.http.ollama_shapes import EMBED, PULL, SHOW, OllamaRequest, model_name, parse, resolve
 from mlxd.http.openai_api import read_json_body, request_id, with_checked_images
 from mlxd.http.preferences import preferences
+from mlxd.http.shapes import check
 from mlxd.http.structured import is_model_name, schema_checks_off_loop
 from mlxd.residency.lease import Lease
 
@@ -241,8 +242,9 @@ async def embed() -> Any:
     body = await _body()
     name = resolve(body.get("model"), st.manager.has_model)
     raw = body.get("input")
-    if not isinstance(raw, str | list) or any(not isinstance(x, str) for x in (raw if isinstance(raw, list) else [])):
-        raise bad("input", "must be a string or a list of strings")
+    if raw is None:
+        raise bad("input", "is required")
+    check(TEXTS, raw, "input")
     inputs = parse_input(raw)
     read(body, "truncate", EMBED["truncate"], None)
     dims = read(body, "dimensions", EMBED["dimensions"], None)

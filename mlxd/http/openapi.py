@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd import __version__
 from mlxd.http import origins
-from mlxd.http.fields import documented, nullable
+from mlxd.http.fields import nullable
 from mlxd.http.openapi_anthropic import ERROR as ANTHROPIC_ERROR
 from mlxd.http.openapi_anthropic import anthropic_paths
 from mlxd.http.openapi_chat import chat_request, engine_groups
@@ -56,7 +56,7 @@ from mlxd.http.preferences import (
     KEEP_ALIVE_PATTERN,
     REQUIRE_RESIDENT_HEADER,
 )
-from mlxd.http.validation import COMPLETION_BODY, SAMPLING, STREAM_OPTIONS
+from mlxd.http.validation import COMPLETION_BODY
 from mlxd.residency.plan import ACTIONS
 from mlxd.residency.policy import STRATEGIES
 from mlxd.residency.states import State
@@ -133,11 +133,6 @@ def _named(names: list[str]) -> dict[str, Any]:
         "model": _model_name(names),
         "keep_alive": {"anyOf": [{"type": "number"}, _KEEP_ALIVE, {"type": "null"}]},
     }
-
-
-def _sampling(names: list[str]) -> dict[str, Any]:
-    return {**_named(names), **documented(SAMPLING),
-            "stream_options": nullable(STREAM_OPTIONS.schema())}
 
 
 #: Ollama's keep_alive as a string: seconds or a Go duration ("5m"); negative: until evicted
@@ -484,7 +479,7 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
         "paths": {
             **_openai_paths(config, model_id),
             **anthropic_paths(engine_groups(config)),
-            **responses_paths(responses_request(engine_groups(config), _sampling), _errors,
+            **responses_paths(responses_request(engine_groups(config), _named), _errors,
                               _PREFERENCE_HEADERS, _GUARDED),
             **embeddings_path([m.name for m in (config.models if config else ()) if m.embedding],
                               [m.name for m in (config.models if config else ()) if not m.embedding],

@@ -37,6 +37,12 @@ def chat_request(groups: dict[str, list[str]], named: Named) -> dict[str, Any]:
         body = chat_body(images=images, tools=tools, grammar=grammar, logprobs=logprobs)
         return with_model(body, named(names))
 
+    return per_group(groups, variant)
+
+
+def per_group(groups: dict[str, list[str]], variant: Callable[[list[str], str], dict[str, Any]]) -> dict[str, Any]:
+    """The request schema: ``variant(names, group)`` for each group with models (a generic text
+    one without any)."""
     variants = [variant(names, kind) for kind, names in groups.items() if names]
     if not variants:
         return variant([], "text")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mlxd.http.embeddings_api import MAX_INPUTS
+from mlxd.http.embeddings_api import TEXTS
 from mlxd.http.fields import documented, nullable
 from mlxd.http.ollama_pull import REPO_PATTERN, REPO_REFUSED
 from mlxd.http.ollama_shapes import DEFAULT_NUM_PREDICT, EMBED, GENERATE, OPTIONS, PULL, ROLES, SHOW
@@ -304,8 +304,7 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
     text = {"type": "string", "minLength": 1}
     embed_request = {"type": "object", "required": ["model", "input"], "properties": {
         "model": embed_model,
-        "input": {"anyOf": [text, {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": text}],
-                  "description": "over the model's context: 400"},
+        "input": {**TEXTS.schema(), "description": "over the model's context: 400"},
         **documented(EMBED, {"dimensions": "only the model's own"}),
         "options": nullable({"type": "object"}), "keep_alive": _KEEP_ALIVE}, **OPEN}
     embeddings_request = {"type": "object", "required": ["model", "prompt"], "properties": {

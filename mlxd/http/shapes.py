@@ -96,7 +96,7 @@ def json_type(v: object) -> str:
 def json_types(kind: Kind) -> frozenset[str]:
     """The JSON types a value of ``kind`` may have (which options of an :class:`AnyOf` fit it)."""
     match kind:
-        case Obj() | Tagged():
+        case Obj() | Tagged() | Map():
             return frozenset({"object"})
         case Array():
             return frozenset({"array"})
@@ -129,10 +129,16 @@ class Obj(Composite):
     rules: tuple[dict[str, Any], ...] = ()
     #: descriptions of some fields in the document
     notes: Mapping[str, str] = field(default_factory=dict)
+    #: a problem inside is reported at the object, with ``hint`` (a JSON Schema)
+    whole: bool = False
 
     def problem(self, v: object, param: str) -> Problem | None:
         if not isinstance(v, dict):
             return (param, self.hint)
+        found = self._inside(v, param)
+        return (param, self.hint) if found is not None and self.whole else found
+
+    def _inside(self, v: dict[str, Any], param: str) -> Problem | None:
         for key in self.required:
             if v.get(key) is None:
                 return (at(param, key), "is required")
@@ -230,31 +236,81 @@ class AnyOf(Composite):
 @dataclass(frozen=True, slots=True)
 class Tagged(Composite):
     """Objects told apart by ``tag`` (``type``, ``role``): ``variants`` by the tag's value, each
-    without the tag; ``default``: the variant of an object without it."""
+    without the tag (a variant may itself be told apart by another key)."""
 
     tag: str
-    variants: Mapping[str, Obj]
+    variants: Mapping[str, Obj | Tagged]
+    #: the variant of an object without the tag
     default: str | None = None
+    #: the variant of any other string value (tools mlxd leaves out), if any
+    others: Obj | None = None
+    #: tag values refused with their own message (``item_reference``)
+    refused: Mapping[str, str] = field(default_factory=dict)
+    #: what a value that is not an object is told
     hint: str | None = None
+    #: the values a wrong tag is told it may take (else the variants, quoted)
+    expected: str | None = None
 
     def problem(self, v: object, param: str) -> Problem | None:
         if not isinstance(v, dict):
             return (param, self.hint or f"must be an object with a '{self.tag}'")
         value = v.get(self.tag, self.default)
         variant = self.variants.get(value) if isinstance(value, str) else None
+        if variant is None and isinstance(value, str) and value not in self.refused:
+            variant = self.others
         if variant is None:
-            return (at(param, self.tag), f"must be {quoted(list(self.variants))}")
+            if isinstance(value, str) and value in self.refused:
+                return (at(param, self.tag), self.refused[value])
+            if self.others is not None:
+                return (at(param, self.tag), "must be a string")
+            got = "" if value is None else f" (got {json.dumps(value)[:60]})"
+            return (at(param, self.tag), f"must be {self.expected or quoted(list(self.variants))}{got}")
         return variant.problem(v, param)
 
     def schema(self) -> dict[str, Any]:
-        out = []
+        out: list[dict[str, Any]] = []
         for value, variant in self.variants.items():
-            shown = variant.schema()
-            shown["properties"] = {self.tag: {"const": value}, **shown["properties"]}
-            if value != self.default:
-                shown["required"] = [self.tag, *shown.get("required", [])]
-            out.append(shown)
+            out += _tagged(variant.schema(), self.tag, {"const": value}, value != self.default)
+        if self.others is not None:
+            known = {"type": "string", "not": {"enum": [*self.variants, *self.refused]}}
+            out += _tagged(self.others.schema(), self.tag, known, True)
         return out[0] if len(out) == 1 else {"anyOf": out}
+
+
+def _tagged(schema: dict[str, Any], tag: str, shown: dict[str, Any], required: bool) -> list[dict[str, Any]]:
+    """The object schemas of a variant (its own variants, if it is told apart further) with the tag."""
+    if "anyOf" in schema:
+        return [x for part in schema["anyOf"] for x in _tagged(part, tag, shown, required)]
+    out = {**schema, "properties": {tag: shown, **schema["properties"]}}
+    if required:
+        out["required"] = [tag, *schema.get("required", [])]
+    return [out]
+
+
+@dataclass(frozen=True, slots=True)
+class Map(Composite):
+    """A JSON object of any keys (at most ``max_keys``, each at most ``max_key`` characters)
+    whose values are ``value``s (``metadata``)."""
+
+    value: Kind
+    max_keys: int
+    max_key: int
+    hint: str
+
+    def problem(self, v: object, param: str) -> Problem | None:
+        if not isinstance(v, dict) or len(v) > self.max_keys:
+            return (param, self.hint)
+        for key, x in v.items():
+            if len(key) > self.max_key:
+                return (param, f"keys are at most {self.max_key} characters")
+            found = problem(self.value, x, at(param, key))
+            if found is not None:
+                return found
+        return None
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "object", "maxProperties": self.max_keys,
+                "propertyNames": {"maxLength": self.max_key}, "additionalProperties": self.value.schema()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,8 +159,8 @@ def _meta_check(schema: dict[str, Any], param: str) -> None:
 #: a function or tool name
 NAME = Pattern(NAME_PATTERN, "must be 1-64 letters, digits, '_' or '-'")
 #: a JSON Schema of type object (tool parameters); :func:`check_schema` checks its meta-schema
-OBJECT_SCHEMA = Obj({"type": Const("object"), "properties": Obj({})}, nulls=False,
-                    hint="must be a JSON Schema object")
+OBJECT_SCHEMA = Obj({"type": Const("object"), "properties": Obj({})}, nulls=False, whole=True,
+                    hint="must be a JSON Schema of type 'object'")
 _FUNCTION = Obj({"name": NAME, "description": Text(), "parameters": OBJECT_SCHEMA}, required=("name",),
                 hint="must be an object with a 'name'", notes={"parameters": "a JSON Schema of type object"})
 #: one declared tool of an OpenAI body (also Ollama's)
@@ -199,11 +199,12 @@ def response_format_kind(grammar: bool = True) -> Tagged:
 
 #: what a validator checks: everything any model may be sent
 TOOLS, TOOL_CHOICE, RESPONSE_FORMAT = tools_kind(), tool_choice_kind(), response_format_kind()
-#: a call in an assistant message of the history (``arguments``: JSON text of an object, or one)
+#: a call's arguments: JSON text of an object, or the object (:func:`arguments_text`)
+ARGUMENTS = AnyOf((Text(), Obj({})), hint="must be an object (or JSON text of one)")
+#: a call in an assistant message of the history
 TOOL_CALL = Tagged("type", {"function": Obj({
     "id": Text(1),
-    "function": Obj({"name": NAME, "arguments": AnyOf((Text(), Obj({})), hint="must be an object "
-                                                       "(or JSON text of one)")},
+    "function": Obj({"name": NAME, "arguments": ARGUMENTS},
                     required=("name", "arguments"), hint="must be an object with 'name' and 'arguments'"),
 }, required=("id", "function"))}, default="function", hint="must be an object with 'id', 'type' and 'function'")
 

@@ -39,7 +39,18 @@ from mlxd.http.fields import (
     documented,
 )
 from mlxd.http.openapi import openapi_document
-from mlxd.http.shapes import AnyOf, Array, Composite, Const, Obj, Pattern, Refused, Tagged, problem
+from mlxd.http.shapes import (
+    AnyOf,
+    Array,
+    Composite,
+    Const,
+    Map,
+    Obj,
+    Pattern,
+    Refused,
+    Tagged,
+    problem,
+)
 from mlxd.http.structured import CHAT_FIELDS, COMPLETION_FIELDS, NAME_PATTERN
 from mlxd.http.validation import CHAT_BODY, COMPLETION_BODY, SAMPLING, chat_body
 
@@ -154,6 +165,8 @@ BODIES: dict[str, Kind] = {
     "chat fake": chat_body(images=False, tools=False, grammar=False, logprobs=True),
     "completion": COMPLETION_BODY,
     "embeddings": embeddings_api.BODY,
+    "responses": responses_fields.BODY,
+    "responses vision": responses_fields.body_kind(images=True, functions=False, grammar=False),
 }
 #: a string each pattern accepts
 MATCHING = {NAME_PATTERN: "get_weather"}
@@ -171,9 +184,11 @@ def parts(kind: Kind) -> Iterator[Kind]:
         case AnyOf(options=options):
             for sub in options:
                 yield from parts(sub)
-        case Tagged(variants=variants):
-            for sub in variants.values():
+        case Tagged(variants=variants, others=others):
+            for sub in [*variants.values(), *([others] if others else [])]:
                 yield from parts(sub)
+        case Map(value=value):
+            yield from parts(value)
 
 
 COMPOSITES = [(f"{where} {i}", kind) for where, body in BODIES.items()
@@ -190,6 +205,8 @@ def sample(kind: Kind) -> object:
         case AnyOf(options=options):
             return sample(options[0])
         case Tagged(tag=tag, variants=variants):
+            if not variants:
+                return {tag: "web_search"}
             value, variant = next(iter(variants.items()))
             return {tag: value, **sample(variant)}  # type: ignore[dict-item]
         case Const(value=value):
@@ -204,6 +221,8 @@ def sample(kind: Kind) -> object:
             return values[0]
         case Stops():
             return ["s"]
+        case Map(value=value):
+            return {"k": sample(value)}
         case Boolean():
             return True
     return 0
@@ -234,6 +253,11 @@ def mutations(kind: Kind, depth: int) -> list[object]:
                 full = {tag: value, **sample(variant)}  # type: ignore[dict-item]
                 out += [full, {**full, tag: value.upper()}, {k: v for k, v in full.items() if k != tag}]
                 out += [{tag: value, **v} for v in mutations(variant, depth) if isinstance(v, dict)]
+            out += [{tag: "item_reference"}, {tag: "web_search"}, {tag: 5}]
+        case Map(value=value, max_keys=most, max_key=longest):
+            out += [{"k" * longest: sample(value)}, {"k" * (longest + 1): sample(value)},
+                    {str(i): sample(value) for i in range(most + 1)}]
+            out += [{"k": v} for v in mutations(value, depth - 1)] if depth else []
     return out
 
 
@@ -271,7 +295,7 @@ PATHS = [
     ({"messages": [TEXT], "tools": [{"type": "function", "function": {"name": "bad name"}}]},
      "tools[0].function.name", "letters, digits"),
     ({"messages": [TEXT], "tools": [{"type": "function", "function": {
-        "name": "f", "parameters": {"type": "string"}}}]}, "tools[0].function.parameters.type", "'object'"),
+        "name": "f", "parameters": {"type": "string"}}}]}, "tools[0].function.parameters", "of type 'object'"),
     ({"messages": [TEXT], "tool_choice": {"type": "function", "function": {}}},
      "tool_choice.function.name", "is required"),
     ({"messages": [TEXT], "tool_choice": "sometimes"}, "tool_choice", "'auto', 'none', 'required'"),
