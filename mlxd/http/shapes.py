@@ -21,7 +21,7 @@ its schema without its rules, value for value).
 Checking walks the body once along the description (never the other way round),
 so its cost is the body's size over the described keys; nothing is compiled per
 request. Optional fields may be ``null`` (they then take their default) unless
-the object says ``nulls=False``; unknown keys are accepted and ignored
+the object names them ``not_null``; unknown keys are accepted and ignored
 (``additionalProperties: true``), as OpenAI-compatible servers do.
 """
 
@@ -121,8 +121,9 @@ class Obj(Composite):
 
     fields: Mapping[str, Kind]
     required: tuple[str, ...] = ()
-    #: an optional field may be null (it then takes its default)
-    nulls: bool = True
+    #: optional fields that may be left out but not be null (the others may: they then take
+    #: their default)
+    not_null: tuple[str, ...] = ()
     #: what a value that is not an object is told
     hint: str = "must be an object"
     #: JSON Schema (``if``/``then``) of rules the validator's code checks: documented only
@@ -144,7 +145,7 @@ class Obj(Composite):
                 return (at(param, key), "is required")
         for key, kind in self.fields.items():
             x = v.get(key)
-            if x is None and (self.nulls or key not in v):
+            if x is None and (key not in self.not_null or key not in v):
                 continue
             found = problem(kind, x, at(param, key))
             if found is not None:
@@ -155,7 +156,8 @@ class Obj(Composite):
         props: dict[str, Any] = {}
         for key, kind in self.fields.items():
             shown = kind.schema()
-            props[key] = nullable(shown) if self.nulls and key not in self.required else shown
+            optional = key not in self.required and key not in self.not_null
+            props[key] = nullable(shown) if optional else shown
             if key in self.notes:
                 props[key] = {**props[key], "description": self.notes[key]}
         out: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": True}

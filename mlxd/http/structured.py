@@ -159,7 +159,7 @@ def _meta_check(schema: dict[str, Any], param: str) -> None:
 #: a function or tool name
 NAME = Pattern(NAME_PATTERN, "must be 1-64 letters, digits, '_' or '-'")
 #: a JSON Schema of type object (tool parameters); :func:`check_schema` checks its meta-schema
-OBJECT_SCHEMA = Obj({"type": Const("object"), "properties": Obj({})}, nulls=False, whole=True,
+OBJECT_SCHEMA = Obj({"type": Const("object"), "properties": Obj({})}, not_null=("type", "properties"), whole=True,
                     hint="must be a JSON Schema of type 'object'")
 _FUNCTION = Obj({"name": NAME, "description": Text(), "parameters": OBJECT_SCHEMA}, required=("name",),
                 hint="must be an object with a 'name'", notes={"parameters": "a JSON Schema of type object"})

@@ -114,7 +114,7 @@ def _seed(body: dict[str, Any]) -> int | None:
     return None if seed is None else int(seed) % (2**32)
 
 
-STREAM_OPTIONS = Obj({"include_usage": Boolean()}, nulls=False)
+STREAM_OPTIONS = Obj({"include_usage": Boolean()}, not_null=("include_usage",))
 #: ``stream_options`` with any option in it is only allowed when ``stream`` is true (:func:`_stream`)
 STREAM_OPTIONS_NEED_STREAM = {
     "if": {

@@ -167,6 +167,9 @@ BODIES: dict[str, Kind] = {
     "embeddings": embeddings_api.BODY,
     "responses": responses_fields.BODY,
     "responses vision": responses_fields.body_kind(images=True, functions=False, grammar=False),
+    "messages": anthropic_shapes.BODY,
+    "messages fake": anthropic_shapes.body_kind(tools=False),
+    "count_tokens": anthropic_shapes.COUNTING_BODY,
 }
 #: a string each pattern accepts
 MATCHING = {NAME_PATTERN: "get_weather"}
