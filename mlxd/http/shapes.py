@@ -318,10 +318,12 @@ class Map(Composite):
 @dataclass(frozen=True, slots=True)
 class Const:
     value: str | int | bool
+    #: what another value is told (else the value)
+    hint: str | None = None
 
     def complaint(self, v: object) -> str | None:
         same = v == self.value and isinstance(v, bool) == isinstance(self.value, bool)
-        return None if same else f"must be {quoted([self.value])}"
+        return None if same else self.hint or f"must be {quoted([self.value])}"
 
     def schema(self) -> dict[str, Any]:
         return {"const": self.value}

@@ -170,6 +170,9 @@ BODIES: dict[str, Kind] = {
     "messages": anthropic_shapes.BODY,
     "messages fake": anthropic_shapes.body_kind(tools=False),
     "count_tokens": anthropic_shapes.COUNTING_BODY,
+    **{f"ollama {kind}": body for kind, body in ollama_shapes.BODIES.items()},
+    "ollama chat fake": ollama_shapes.body_kind("chat", images=False, tools=False, thinking=False),
+    "ollama generate vision": ollama_shapes.body_kind("generate", tools=False, thinking=False),
 }
 #: a string each pattern accepts
 MATCHING = {NAME_PATTERN: "get_weather"}
