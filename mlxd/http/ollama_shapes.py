@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 from mlxd.engines.base import ChatMessage, Constraint, GenerationRequest, Tool, ToolCall
 from mlxd.errors import InvalidRequest, ModelNotFound
+from mlxd.http.embeddings_api import TEXTS
 from mlxd.http.fields import (
     Boolean,
     Choice,
@@ -133,6 +134,12 @@ GENERATE: dict[str, Kind] = {"stream": Boolean(), "prompt": Text(), "system": Te
 #: the other routes' scalar fields (``/api/embed``, ``/api/pull``, ``/api/show``)
 EMBED: dict[str, Kind] = {"truncate": Boolean(),
                           "dimensions": Integer(1, hint="must be a positive integer")}
+#: ``/api/embed`` and the older ``/api/embeddings`` bodies but their model and ``keep_alive``
+EMBED_BODY = Obj({"input": TEXTS, **EMBED, "options": Obj({})}, required=("input",),
+                 hint="the request body must be a JSON object",
+                 notes={"input": "over the model's context: 400", "dimensions": "only the model's own"})
+EMBEDDINGS_BODY = Obj({"prompt": Text(1), "options": Obj({})}, required=("prompt",),
+                      hint="the request body must be a JSON object")
 PULL: dict[str, Kind] = {"insecure": Boolean(), "stream": Boolean()}
 SHOW: dict[str, Kind] = {"verbose": Boolean()}
 

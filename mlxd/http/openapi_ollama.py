@@ -21,10 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from mlxd.http.embeddings_api import TEXTS
 from mlxd.http.fields import documented, nullable
 from mlxd.http.ollama_pull import REPO_PATTERN, REPO_REFUSED
-from mlxd.http.ollama_shapes import EMBED, PULL, SHOW, body_kind
+from mlxd.http.ollama_shapes import EMBED_BODY, EMBEDDINGS_BODY, PULL, SHOW, body_kind
 from mlxd.http.openapi_chat import engine_groups
 from mlxd.http.openapi_clients import (
     ANY_MODEL_NAME,
@@ -186,15 +185,8 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
     groups = engine_groups(config)
     every = [m.name for m in models]
     embed_model = _model(embedding, generators)
-    text = {"type": "string", "minLength": 1}
-    embed_request = {"type": "object", "required": ["model", "input"], "properties": {
-        "model": embed_model,
-        "input": {**TEXTS.schema(), "description": "over the model's context: 400"},
-        **documented(EMBED, {"dimensions": "only the model's own"}),
-        "options": nullable({"type": "object"}), "keep_alive": _KEEP_ALIVE}, **OPEN}
-    embeddings_request = {"type": "object", "required": ["model", "prompt"], "properties": {
-        "model": embed_model, "prompt": text, "options": nullable({"type": "object"}),
-        "keep_alive": _KEEP_ALIVE}, **OPEN}
+    embed_request = with_model(EMBED_BODY, {"model": embed_model, "keep_alive": _KEEP_ALIVE})
+    embeddings_request = with_model(EMBEDDINGS_BODY, {"model": embed_model, "keep_alive": _KEEP_ALIVE})
     vectors = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
     repo = {"type": "string", "pattern": REPO_PATTERN, "not": {"pattern": REPO_REFUSED},
             "description": "a Hugging Face repo id (org/name)"}

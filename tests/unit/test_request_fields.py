@@ -173,6 +173,8 @@ BODIES: dict[str, Kind] = {
     **{f"ollama {kind}": body for kind, body in ollama_shapes.BODIES.items()},
     "ollama chat fake": ollama_shapes.body_kind("chat", images=False, tools=False, thinking=False),
     "ollama generate vision": ollama_shapes.body_kind("generate", tools=False, thinking=False),
+    "ollama embed": ollama_shapes.EMBED_BODY,
+    "ollama embeddings": ollama_shapes.EMBEDDINGS_BODY,
 }
 #: a string each pattern accepts
 MATCHING = {NAME_PATTERN: "get_weather"}
