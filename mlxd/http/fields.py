@@ -11,9 +11,9 @@ its table.
 
 The kinds follow JSON Schema's rules where Python's differ: booleans are never
 numbers, an integer may be written ``16.0``, and numbers are finite. Fields
-whose shape is more than a scalar (messages, tools, formats) are read by their
-own code in the route's fields module and described beside it in the route's
-OpenAPI module.
+whose shape is more than a scalar (messages, tools, formats) are described by
+the composite kinds of :mod:`mlxd.http.shapes` built from these, which check a
+whole body and give the document its request schema.
 """
 
 from __future__ import annotations

@@ -3,20 +3,27 @@
 The document describes exactly what the daemon accepts and answers, so tools
 (and the schemathesis test) can generate meaningful requests from it:
 
-- Request bodies follow the validators rule for rule. Their scalar fields
-  (numbers, integers, booleans, strings, choices, stop strings) are built
-  from the tables the validators read them with (:mod:`mlxd.http.fields`):
-  ``SAMPLING`` and ``CHAT_FIELDS`` here, ``FIELDS`` of the Responses,
-  Anthropic and embeddings modules, ``OPTIONS`` and the other tables of
-  :mod:`mlxd.http.ollama_shapes`. The shapes around them (messages, parts,
-  tools, formats) are written beside each route's validator, and
-  ``tests/unit/test_documented_reads.py`` checks that the keys each
-  validator reads, at every depth, are the properties documented there.
-  Every optional field may be ``null``; integers may be written ``16.0``; unknown
-  fields are accepted and ignored (``additionalProperties: true``, stated
-  explicitly), as OpenAI-compatible servers do; ``stream_options`` needs
-  ``stream: true`` unless it is empty; an assistant message may omit
-  ``content``; image parts are only for ``mllm`` models.
+- Request bodies are generated from the descriptions the validators check them
+  with, so the two cannot drift: scalar fields from the kinds of
+  :mod:`mlxd.http.fields` (``SAMPLING``, ``CHAT_FIELDS``, the ``FIELDS`` and
+  ``OPTIONS`` tables), and every nested shape (messages, parts and blocks,
+  tools, tool_choice, formats, Responses items, Ollama's messages and options,
+  embeddings input) from the composite kinds of :mod:`mlxd.http.shapes`: each
+  route's body is one description (``validation.chat_body`` and
+  ``COMPLETION_BODY``, ``embeddings_api.BODY``, ``responses_fields.body_kind``,
+  ``anthropic_shapes.body_kind``, ``ollama_shapes.body_kind`` and its embed
+  bodies) whose ``schema()`` is the request schema, one variant per engine
+  group where models take different things (images, tools, grammars). The
+  document adds only what depends on the config (the model ``enum``) and
+  ``keep_alive``. Rules that are not structure (a tool message needs
+  ``tool_call_id``, image parts only for ``mllm`` models, ``stream_options``
+  needs ``stream: true``, ``required`` needs tools) are the validators' code,
+  stated beside it as JSON Schema ``if``/``then`` in the description's
+  ``rules``. Every optional field may be ``null``; integers may be written
+  ``16.0``; unknown fields are accepted and ignored (``additionalProperties:
+  true``, stated explicitly), as OpenAI-compatible servers do.
+  ``tests/unit/test_request_fields.py`` checks every kind's check against its
+  schema, value for value.
 - When the document is built for a config, model ids are an ``enum`` of the
   configured names (the document is rendered per request, so it follows
   ``/admin/reload``); any other id is a 404 ``model_not_found``.

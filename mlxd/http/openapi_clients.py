@@ -1,12 +1,10 @@
-"""OpenAPI pieces shared by the routes' modules (error and JSON responses, names), and the
-real-client fields: tools, response_format, logprobs (``/v1/chat/completions``).
+"""OpenAPI pieces shared by the routes' modules: error and JSON responses, names, a body's
+schema with its model (:func:`with_model`), and the response shapes of the OpenAI routes.
 
-Kept beside :mod:`mlxd.http.openapi`, which assembles the document. What a
-model accepts depends on its engine: mlx-lm text models take tools (when
-their template has tool support, else 400 ``tools_not_supported``),
-grammar-constrained ``response_format`` and logprobs; vision models take
-none of these; fake engines take logprobs only. The document gives each
-group its own request variant, so generated "valid" requests are valid.
+Kept beside :mod:`mlxd.http.openapi`, which assembles the document. Request
+schemas are not written here: they are the validators' own descriptions
+(:mod:`mlxd.http.shapes`), one variant per engine group where models take
+different things (:mod:`mlxd.http.openapi_chat`).
 """
 
 from __future__ import annotations

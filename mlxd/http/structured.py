@@ -1,7 +1,11 @@
 """Request fields of the real clients: tools, tool_choice, response_format, logprobs, tool history.
 
-Shared by the OpenAI routes (:mod:`mlxd.http.validation`) and the Anthropic
-route (:mod:`mlxd.http.anthropic_api`). Every problem raises
+Shared by the OpenAI, Responses, Anthropic and Ollama routes. Their shapes are
+described here once (:data:`TOOL`, :func:`tools_kind`, :func:`tool_choice_kind`,
+:func:`response_format_kind`, :data:`TOOL_CALL`, :data:`NAME`,
+:data:`OBJECT_SCHEMA`, with :mod:`mlxd.http.shapes`): a route checks its body
+against them, then the readers here convert it and check what is not structure
+(a name declared twice, a named tool that is not declared). Every problem raises
 :class:`~mlxd.errors.InvalidRequest` whose ``param`` names the field. A JSON
 Schema (tool parameters, ``response_format.json_schema.schema``) is checked
 against its meta-schema with the ``jsonschema`` library; whether the grammar
@@ -36,7 +40,6 @@ from mlxd.http.shapes import AnyOf, Array, Const, Obj, Pattern, Tagged
 
 #: OpenAI's rule for function names
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-_NAME = re.compile(NAME_PATTERN)
 MAX_TOOLS = 128
 #: chat ``top_logprobs`` (OpenAI's bound) and completions ``logprobs`` (the legacy bound)
 MAX_TOP_LOGPROBS = 20
@@ -117,7 +120,7 @@ async def schema_checks_off_loop(
     return result
 
 
-def check_schema(schema: object, param: str, *, object_only: bool = False) -> dict[str, Any]:
+def check_schema(schema: object, param: str) -> dict[str, Any]:
     """A valid JSON Schema (a JSON object), or a 400 naming ``param``; the meta-schema check
     is left for :func:`schema_checks_off_loop` when a route reads its body in one."""
     if not isinstance(schema, dict):
@@ -130,8 +133,6 @@ def check_schema(schema: object, param: str, *, object_only: bool = False) -> di
     if used + values > MAX_SCHEMA_VALUES:
         raise bad(param, f"the request's schemas hold more than {MAX_SCHEMA_VALUES:,} JSON values "
                          "together; send smaller schemas or fewer tools")
-    if object_only and schema.get("type", "object") != "object":
-        raise bad(param, f"must be a JSON Schema of type 'object' (got type {schema.get('type')!r})")
     if checks is None:
         _meta_check(schema, param)
     else:
@@ -209,23 +210,15 @@ TOOL_CALL = Tagged("type", {"function": Obj({
 }, required=("id", "function"))}, default="function", hint="must be an object with 'id', 'type' and 'function'")
 
 
-def function_name(v: object, param: str) -> str:
-    if not isinstance(v, str) or not _NAME.match(v):
-        raise bad(param, "must be 1-64 letters, digits, '_' or '-'")
-    return v
-
-
 def make_tool(
-    name: str, description: object, parameters: object, param: str, *, key: str = "parameters"
+    name: str, description: str | None, parameters: object, param: str, *, key: str = "parameters"
 ) -> Tool:
-    """One declared function; ``param`` is where its fields sit (``tools[2].function``),
-    ``key`` the name of its schema field there."""
-    if description is not None and not isinstance(description, str):
-        raise bad(f"{param}.description", "must be a string")
+    """One declared function (its shape checked against :data:`OBJECT_SCHEMA` and the like by
+    the caller); ``param`` is where its fields sit (``tools[2].function``), ``key`` the name of
+    its schema field there."""
     if parameters is None:
         parameters = {"type": "object", "properties": {}}
-    params = check_schema(parameters, f"{param}.{key}", object_only=True)
-    return Tool(name, description, params)
+    return Tool(name, description, check_schema(parameters, f"{param}.{key}"))
 
 
 def openai_tools(body: dict[str, Any]) -> tuple[Tool, ...]:

@@ -16,10 +16,12 @@ greedy (temperature 0), whatever its ``temperature``.
 
 Every optional field may be ``null`` (it then takes its default). Integer
 fields accept a number with no fractional part (``16.0``), as JSON Schema's
-``integer`` does; booleans are never numbers. The scalar fields are read
-through :data:`SAMPLING` (:mod:`mlxd.http.fields`), the table
-:mod:`mlxd.http.openapi` documents them from, so generated requests and this
-module agree.
+``integer`` does; booleans are never numbers. A body's structure is checked
+against its description (:func:`chat_body`, :data:`COMPLETION_BODY`, built with
+:mod:`mlxd.http.shapes` from :data:`SAMPLING` and the client fields of
+:mod:`mlxd.http.structured`), the one :mod:`mlxd.http.openapi` documents, so
+generated requests and this module agree; the code here then converts it and
+checks the rules that are not structure.
 """
 
 from __future__ import annotations
