@@ -31,7 +31,6 @@ from mlxd.http.fields import Choice, Integer, Kind, bad
 from mlxd.http.shapes import Array, Obj, Tagged
 from mlxd.http.structured import check_schema
 
-THINKING_TYPES = ("enabled", "adaptive", "disabled")
 EFFORTS = ("low", "medium", "high", "max")
 SERVICE_TIERS = ("auto", "standard_only")
 SYSTEM_ROLES = ("system", "developer")
@@ -50,7 +49,7 @@ THINKING = Tagged("type", {"enabled": Obj({"budget_tokens": Integer(0, hint="mus
 #: ``output_config.format`` and the earlier ``output_format``: any JSON Schema object
 FORMAT = Tagged("type", {"json_schema": Obj({"schema": Obj({}, hint="must be a JSON Schema object")},
                                             required=("schema",))})
-#: the fields accepted and not used (:func:`check_accepted`)
+#: the fields accepted, checked for shape and not used (module docstring)
 ACCEPTED: dict[str, Kind] = {
     "metadata": Obj({}),
     "context_management": Obj({"edits": Array(Obj({}), hint="must be a list of objects", whole=True)}),

@@ -47,7 +47,6 @@ LEFT_OUT = frozenset({
     "custom_tool_call", "custom_tool_call_output", "tool_search_call", "tool_search_output",
     "compaction",
 })
-ITEM_TYPES = ("message", "function_call", "function_call_output", *sorted(LEFT_OUT))
 TEXT_PARTS = ("input_text", "output_text")
 
 
@@ -96,11 +95,9 @@ def input_kind(*, images: bool = True, calls: bool = True) -> AnyOf:
                  hint=f"must be a string or a list of at most {MAX_ITEMS:,} input items")
 
 
-INPUT = input_kind()
-
-
 def input_items(v: str | list[dict[str, Any]], *, allow_images: bool, param: str = "input") -> list[dict[str, Any]]:
-    """The request's ``input`` (checked against :data:`INPUT`), canonical (a string is one user message)."""
+    """The request's ``input`` (checked against :func:`input_kind`), canonical (a string is one
+    user message)."""
     if isinstance(v, str):
         return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": v}]}]
     out: list[dict[str, Any]] = []
