@@ -253,6 +253,10 @@ class FakeEngine:
         limits = prompt_limits.PromptLimits(context=None, max_prompt_tokens=cap)
         prompt_limits.check_prompt_chars(self.name, request, limits)
         prompt_limits.fit_prompt_tokens(self.name, request, _count_words(request), limits)
+        self._refuse_unsupported(request)
+        return request
+
+    def _refuse_unsupported(self, request: GenerationRequest) -> None:
         if uses_tools(request):
             raise ToolsNotSupported(f"model '{self.name}' (a fake engine) takes no tools", param="tools")
         if request.constraint is not None:
@@ -260,10 +264,10 @@ class FakeEngine:
                 f"response_format: model '{self.name}' (a fake engine) only writes its canned text",
                 param="response_format",
             )
-        return request
 
     async def count_tokens(self, request: GenerationRequest) -> int:
-        """The fake's "tokens" are words."""
+        """The fake's "tokens" are words; like its generations, it takes no tools and no grammar."""
+        self._refuse_unsupported(request)
         return _count_words(request)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:

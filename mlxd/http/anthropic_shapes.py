@@ -31,13 +31,17 @@ from mlxd.engines.base import (
 )
 from mlxd.errors import InvalidRequest, MlxdError
 from mlxd.http import anthropic_fields, sse
-from mlxd.http.fields import Boolean, Integer, Kind, Number, Stops, bad, read
+from mlxd.http.fields import Boolean, Integer, Kind, Number, Stops, Text, bad, read
 from mlxd.http.generation import Collected
+from mlxd.http.shapes import AnyOf, Array, Const, Obj, Tagged, check
 from mlxd.http.structured import (
+    ARGUMENTS,
+    MAX_TOOLS,
+    NAME,
+    OBJECT_SCHEMA,
     ToolChoice,
     arguments_text,
     constraint,
-    function_name,
     is_model_name,
     make_tool,
     named_tool,
@@ -47,7 +51,6 @@ from mlxd.http.validation import MAX_TOKENS_LIMIT
 
 MAX_STOP_SEQUENCES = 16
 ROLES = ("user", "assistant")
-BLOCKS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 
 #: HTTP status -> Anthropic error type
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -83,96 +86,105 @@ FIELDS: dict[str, Kind] = {
 }
 
 
-def _text_blocks(v: object, param: str) -> str:
-    """A string, or a list of text blocks joined."""
-    if isinstance(v, str):
-        return v
-    if not isinstance(v, list):
-        raise bad(param, "must be a string or a list of text blocks")
-    out = []
-    for i, b in enumerate(v):
-        if not isinstance(b, dict) or b.get("type") != "text":
-            got = json.dumps(b.get("type") if isinstance(b, dict) else b)[:40]
-            raise bad(f"{param}[{i}].type", f"must be 'text' (got {got})")
-        if not isinstance(b.get("text"), str):
-            raise bad(f"{param}[{i}].text", "must be a string")
-        out.append(b["text"])
-    return "".join(out)
+_TEXT = Obj({"text": Text()}, required=("text",))
+#: ``system``, a system message's content, a tool result: a string or text blocks
+TEXT_BLOCKS = AnyOf((Text(), Array(Tagged("type", {"text": _TEXT}))),
+                    hint="must be a string or a list of text blocks")
+_BLOCKS: dict[str, Obj | Tagged] = {
+    "text": _TEXT,
+    "tool_use": Obj({"id": Text(1), "name": NAME, "input": ARGUMENTS}, required=("id", "name", "input")),
+    "thinking": Obj({"thinking": Text(), "signature": Text()}, required=("thinking",),
+                    not_null=("signature",)),
+    "redacted_thinking": Obj({"data": Text()}, not_null=("data",)),
+    "tool_result": Obj({"tool_use_id": Text(1), "content": TEXT_BLOCKS, "is_error": Boolean()},
+                       required=("tool_use_id",), not_null=("content",)),
+}
+#: the blocks of each role's turns; without tools (the document's variant), no tool blocks
+_ROLE_BLOCKS = {"user": ("text", "tool_result"),
+                "assistant": ("text", "tool_use", "thinking", "redacted_thinking")}
+#: at least one user or assistant message (:func:`parse_messages`)
+A_TURN = {"properties": {"messages": {"contains": {"properties": {"role": {"enum": list(ROLES)}}}}}}
+#: 'any' and 'tool' need tools (:func:`_tool_choice`)
+FORCING_NEEDS_TOOLS = {
+    "if": {"required": ["tool_choice"],
+           "properties": {"tool_choice": {"properties": {"type": {"enum": ["any", "tool"]}}}}},
+    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+}
 
 
-def _message(m: object, p: str) -> list[ChatMessage]:
-    if not isinstance(m, dict):
-        raise bad(p, "must be an object with 'role' and 'content'")
-    role = m.get("role")
-    if role not in ROLES:
-        raise bad(f"{p}.role", "must be 'user', 'assistant', 'system' or 'developer'")
-    content = m.get("content")
+def _turn(role: str, tools: bool) -> Obj:
+    blocks = {b: _BLOCKS[b] for b in _ROLE_BLOCKS[role] if tools or not b.startswith("tool_")}
+    other = "assistant" if role == "user" else "user"
+    theirs = ", ".join(b for b in _ROLE_BLOCKS[other] if b not in blocks)
+    kind = Tagged("type", blocks, expected=f"one of {', '.join(blocks)} in a {role} message "
+                  f"({theirs} blocks belong in {other} messages)")
+    return Obj({"content": AnyOf((Text(), Array(kind, min_items=1)),
+                                 hint="must be a string or a non-empty list of content blocks")},
+               required=("content",))
+
+
+def body_kind(*, tools: bool = True, counting: bool = False) -> Obj:
+    """A Messages body but its model (``counting``: a count_tokens body, no ``max_tokens``); the
+    validator checks the variant with tools, the document shows one without for fake engines."""
+    system = Obj({"content": TEXT_BLOCKS}, required=("content",))
+    messages = Tagged("role", {"user": _turn("user", tools), "assistant": _turn("assistant", tools),
+                               **dict.fromkeys(anthropic_fields.SYSTEM_ROLES, system)},
+                      hint="must be an object with 'role' and 'content'",
+                      expected="'user', 'assistant', 'system' or 'developer'")
+    tool = Obj({"type": Const("custom"), "name": NAME, "description": Text(), "input_schema": OBJECT_SCHEMA},
+               required=("name", "input_schema"), notes={"type": "only custom tools are served here"})
+    choices = {"auto": Obj({}), "none": Obj({})}
+    if tools:
+        choices |= {"any": Obj({}), "tool": Obj({"name": NAME}, required=("name",))}
+    return Obj({
+        **({} if counting else {"max_tokens": MAX_TOKENS}),
+        "messages": Array(messages, min_items=1, hint="must be a non-empty list"),
+        "system": TEXT_BLOCKS,
+        **FIELDS,
+        **anthropic_fields.fields_kinds(grammar=tools),
+        "tools": Array(tool, max_items=MAX_TOOLS if tools else 0,
+                       hint=f'must be a list of at most {MAX_TOOLS} {{"name", "input_schema"}}'),
+        "tool_choice": Tagged("type", choices),
+    }, required=("messages",) if counting else ("max_tokens", "messages"),
+        hint="the request body must be a JSON object", rules=(A_TURN, FORCING_NEEDS_TOOLS),
+        notes={"messages": "system and developer messages join the system prompt, in order",
+               "tool_choice": "'any' and 'tool' need tools; a named tool must be declared"})
+
+
+BODY, COUNTING_BODY = body_kind(), body_kind(counting=True)
+
+
+def _text_blocks(v: str | list[dict[str, Any]]) -> str:
+    """A string, or text blocks joined (checked against :data:`TEXT_BLOCKS`)."""
+    return v if isinstance(v, str) else "".join(b["text"] for b in v)
+
+
+def _message(m: dict[str, Any], p: str) -> list[ChatMessage]:
+    role, content = m["role"], m["content"]
     if isinstance(content, str):
         return [ChatMessage(role, content)]
-    if not isinstance(content, list) or not content:
-        raise bad(f"{p}.content", "must be a string or a non-empty list of content blocks")
     text: list[str] = []
     calls: list[ToolCall] = []
     results: list[ChatMessage] = []
     for j, b in enumerate(content):
-        q = f"{p}.content[{j}]"
-        if not isinstance(b, dict):
-            raise bad(q, "must be an object with a 'type'")
-        kind = b.get("type")
-        if kind not in BLOCKS:
-            raise bad(f"{q}.type", f"must be one of {', '.join(BLOCKS)} (got {json.dumps(kind)[:40]})")
-        if kind == "text":
-            if not isinstance(b.get("text"), str):
-                raise bad(f"{q}.text", "must be a string")
+        if b["type"] == "text":
             text.append(b["text"])
-        elif kind in ("thinking", "redacted_thinking"):
-            if role != "assistant":
-                raise bad(f"{q}.type", f"{kind} blocks belong in assistant messages")
-            for key in ("thinking", "signature") if kind == "thinking" else ("data",):
-                if (key in b or key == "thinking") and not isinstance(b.get(key), str):
-                    raise bad(f"{q}.{key}", "must be a string")
-        elif kind == "tool_use":
-            if role != "assistant":
-                raise bad(f"{q}.type", "tool_use blocks belong in assistant messages")
-            cid = b.get("id")
-            if not isinstance(cid, str) or not cid:
-                raise bad(f"{q}.id", "must be a non-empty string")
-            name = function_name(b.get("name"), f"{q}.name")
-            calls.append(ToolCall(cid, name, arguments_text(b.get("input"), f"{q}.input")))
-        else:
-            if role != "user":
-                raise bad(f"{q}.type", "tool_result blocks belong in user messages")
-            tid = b.get("tool_use_id")
-            if not isinstance(tid, str) or not tid:
-                raise bad(f"{q}.tool_use_id", "must be a non-empty string")
-            if b.get("is_error") is not None and not isinstance(b["is_error"], bool):
-                raise bad(f"{q}.is_error", "must be a boolean")
-            body = _text_blocks(b.get("content", ""), f"{q}.content")
-            results.append(ChatMessage("tool", body, tool_call_id=tid))
+        elif b["type"] == "tool_use":
+            calls.append(ToolCall(b["id"], b["name"], arguments_text(b["input"], f"{p}.content[{j}].input")))
+        elif b["type"] == "tool_result":
+            results.append(ChatMessage("tool", _text_blocks(b.get("content", "")), tool_call_id=b["tool_use_id"]))
     # a turn of thinking blocks only is still a turn (empty); tool results alone are not
     own = [ChatMessage(role, "".join(text), tuple(calls))] if text or calls or not results else []
     return [*results, *own]
 
 
 def _tools(body: dict[str, Any]) -> tuple[Any, ...]:
-    raw = body.get("tools")
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise bad("tools", "must be a list of {\"name\", \"input_schema\"}")
     tools: list[Any] = []
-    for i, t in enumerate(raw):
-        p = f"tools[{i}]"
-        if not isinstance(t, dict):
-            raise bad(p, "must be an object")
-        if t.get("type") not in (None, "custom"):
-            raise bad(f"{p}.type", "only custom tools (name, input_schema) are served here")
-        name = function_name(t.get("name"), f"{p}.name")
-        if any(x.name == name for x in tools):
-            raise bad(f"{p}.name", f"'{name}' is declared twice")
-        if "input_schema" not in t:
-            raise bad(f"{p}.input_schema", "is required")
-        tools.append(make_tool(name, t.get("description"), t["input_schema"], p, key="input_schema"))
+    for i, t in enumerate(body.get("tools") or ()):
+        if any(x.name == t["name"] for x in tools):
+            raise bad(f"tools[{i}].name", f"'{t['name']}' is declared twice")
+        tools.append(make_tool(t["name"], t.get("description"), t["input_schema"], f"tools[{i}]",
+                               key="input_schema"))
     return tuple(tools)
 
 
@@ -180,13 +192,11 @@ def _tool_choice(body: dict[str, Any], tools: tuple[Any, ...]) -> tuple[ToolChoi
     v = body.get("tool_choice")
     if v is None:
         return "auto", None
-    if not isinstance(v, dict) or v.get("type") not in ("auto", "any", "tool", "none"):
-        raise bad("tool_choice", "must be {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}")
     kind = v["type"]
     if kind in ("any", "tool") and not tools:
         raise bad("tool_choice", f"'{kind}' needs at least one tool in tools")
     if kind == "tool":
-        return "function", named_tool(v.get("name"), tools, "tool_choice.name")
+        return "function", named_tool(v["name"], tools, "tool_choice.name")
     return {"auto": "auto", "any": "required", "none": "none"}[kind], None  # type: ignore[return-value]
 
 
@@ -197,34 +207,26 @@ def parse_messages(body: object, *, request_id: str, counting: bool = False) -> 
     model = body.get("model")
     if not is_model_name(model):
         raise bad("model", "is required: a non-empty string")
-    max_tokens: Any = 1  # counting ignores max_tokens
-    if not counting:
-        max_tokens = read(body, "max_tokens", MAX_TOKENS, None)
-        if max_tokens is None:
-            raise bad("max_tokens", "is required")
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise bad("messages", "must be a non-empty list")
+    check(COUNTING_BODY if counting else BODY, body)
     messages: list[ChatMessage] = []
-    system = [] if body.get("system") is None else [_text_blocks(body["system"], "system")]
-    for i, m in enumerate(msgs):
-        if isinstance(m, dict) and anthropic_fields.is_system_role(m.get("role")):
-            system.append(_text_blocks(m.get("content"), f"messages[{i}].content"))
-        else:
-            messages.extend(_message(m, f"messages[{i}]"))
+    system = [] if body.get("system") is None else [_text_blocks(body["system"])]
+    for i, m in enumerate(body["messages"]):
+        if anthropic_fields.is_system_role(m["role"]):
+            system.append(_text_blocks(m["content"]))
+            continue
+        messages.extend(_message(m, f"messages[{i}]"))
     if not messages:
         raise bad("messages", "must hold at least one user or assistant message")
     if system:
         messages.insert(0, ChatMessage("system", "\n\n".join(system)))
     given = {key: read(body, key, kind, None) for key, kind in FIELDS.items()}
-    anthropic_fields.check_accepted(body)
     tools = _tools(body)
     choice, name = _tool_choice(body, tools)
     fmt = anthropic_fields.output_format(body)
     gen = GenerationRequest(
         kind="chat",
         messages=tuple(messages),
-        max_tokens=int(max_tokens),
+        max_tokens=1 if counting else read(body, "max_tokens", MAX_TOKENS, 1),  # counting ignores it
         temperature=1.0 if given["temperature"] is None else given["temperature"],
         top_p=1.0 if given["top_p"] is None else given["top_p"],
         stop=given["stop_sequences"] or (),

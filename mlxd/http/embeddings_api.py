@@ -24,6 +24,7 @@ from mlxd.http.context import state
 from mlxd.http.fields import Choice, Integer, Kind, Text, bad, is_int, read
 from mlxd.http.openai_api import read_json_body, request_id
 from mlxd.http.preferences import Preferences, preferences
+from mlxd.http.shapes import AnyOf, Array, Obj, check
 from mlxd.http.structured import is_model_name
 
 bp = Blueprint("embeddings", __name__)
@@ -32,35 +33,32 @@ MAX_INPUTS = 2048
 MAX_TOKEN_ID = 2**31 - 1
 
 
-def parse_input(v: object) -> list[str] | list[list[int]]:
-    """The inputs as texts or as token-id lists; a 400 naming ``input`` (or ``input[i]``)."""
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not v:
-        raise bad("input", "must be a string, a list of strings, or token ids")
-    if len(v) > MAX_INPUTS:
-        raise bad("input", f"at most {MAX_INPUTS} inputs per request")
-    if all(isinstance(x, str) for x in v):
-        for i, x in enumerate(v):
-            if not x:
-                raise bad(f"input[{i}]", "must not be empty")
-        return list(v)
-    if all(is_int(x) for x in v):
-        v = [v]
-    out: list[list[int]] = []
-    for i, seq in enumerate(v):
-        if not isinstance(seq, list) or not seq or not all(is_int(t) for t in seq):
-            raise bad(f"input[{i}]", "must be a non-empty list of token ids (or all inputs strings)")
-        if not all(0 <= t <= MAX_TOKEN_ID for t in seq):
-            raise bad(f"input[{i}]", "token ids must not be negative")
-        out.append([int(t) for t in seq])
-    return out
-
-
 #: the scalar fields of an embeddings body (read here, documented from this table)
 FIELDS: dict[str, Kind] = {"encoding_format": Choice(("float", "base64")),
                            "dimensions": Integer(1, hint="must be a positive integer"),
                            "user": Text()}
+_IDS = Array(Integer(0, MAX_TOKEN_ID), min_items=1, whole=True,
+             hint=f"must be a non-empty list of token ids from 0 to {MAX_TOKEN_ID}")
+#: texts to embed (also Ollama's ``/api/embed`` input)
+TEXTS = AnyOf((Text(1), Array(Text(1), 1, MAX_INPUTS)),
+              hint=f"must be a string or a list of 1 to {MAX_INPUTS} strings")
+#: an embeddings body but its model (named by :func:`parse_embeddings`)
+BODY = Obj({
+    "input": AnyOf((*TEXTS.options, _IDS, Array(_IDS, 1, MAX_INPUTS)),
+                   hint=f"must be a string, token ids, or a list of 1 to {MAX_INPUTS} strings "
+                   "or token-id lists"),
+    **FIELDS,
+}, required=("input",), hint="the request body must be a JSON object", notes={
+    "input": "over the model's context: 400 naming input[i]", "dimensions": "only the model's own size"})
+
+
+def parse_input(v: str | list[Any]) -> list[str] | list[list[int]]:
+    """The inputs (checked against :data:`BODY`) as texts or as token-id lists."""
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v[0], str):
+        return list(v)
+    return [[int(t) for t in seq] for seq in ([v] if is_int(v[0]) else v)]
 
 
 def parse_embeddings(body: object) -> tuple[str, list[str] | list[list[int]], str, int | None]:
@@ -70,10 +68,10 @@ def parse_embeddings(body: object) -> tuple[str, list[str] | list[list[int]], st
     model = body.get("model")
     if not is_model_name(model):
         raise bad("model", "is required: a non-empty string")
-    inputs = parse_input(body.get("input"))
+    check(BODY, body)
+    inputs = parse_input(body["input"])
     fmt = read(body, "encoding_format", FIELDS["encoding_format"], "float")
     dims = read(body, "dimensions", FIELDS["dimensions"], None)
-    read(body, "user", FIELDS["user"], None)
     return model, inputs, fmt, dims
 
 

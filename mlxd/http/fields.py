@@ -11,9 +11,9 @@ its table.
 
 The kinds follow JSON Schema's rules where Python's differ: booleans are never
 numbers, an integer may be written ``16.0``, and numbers are finite. Fields
-whose shape is more than a scalar (messages, tools, formats) are read by their
-own code in the route's fields module and described beside it in the route's
-OpenAPI module.
+whose shape is more than a scalar (messages, tools, formats) are described by
+the composite kinds of :mod:`mlxd.http.shapes` built from these, which check a
+whole body and give the document its request schema.
 """
 
 from __future__ import annotations
@@ -107,11 +107,15 @@ class Boolean:
 class Text:
     min_length: int = 0
     max_length: int | None = None
+    #: what a refused value is told (else the bounds)
+    hint: str | None = None
 
     def complaint(self, v: object) -> str | None:
         if isinstance(v, str) and self.min_length <= len(v) and (
                 self.max_length is None or len(v) <= self.max_length):
             return None
+        if self.hint is not None:
+            return self.hint
         if self.max_length is not None:
             return f"must be a string of {self.min_length} to {self.max_length} characters"
         return "must be a non-empty string" if self.min_length else "must be a string"

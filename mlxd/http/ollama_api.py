@@ -58,9 +58,20 @@ from mlxd.http.ollama_render import (
     ndjson_response,
     ns,
 )
-from mlxd.http.ollama_shapes import EMBED, PULL, SHOW, OllamaRequest, model_name, parse, resolve
+from mlxd.http.ollama_shapes import (
+    EMBED,
+    EMBED_BODY,
+    EMBEDDINGS_BODY,
+    PULL,
+    SHOW,
+    OllamaRequest,
+    model_name,
+    parse,
+    resolve,
+)
 from mlxd.http.openai_api import read_json_body, request_id, with_checked_images
 from mlxd.http.preferences import preferences
+from mlxd.http.shapes import check
 from mlxd.http.structured import is_model_name, schema_checks_off_loop
 from mlxd.residency.lease import Lease
 
@@ -225,8 +236,6 @@ async def _embed(inputs: list[str], name: str | None, body: dict[str, Any],
                  t0: float, dims: int | None = None) -> tuple[str, list[Any], dict[str, Any]]:
     """The vectors of ``inputs`` under a lease on the model ``name`` resolved to (None: a 404,
     once the body's other fields are checked)."""
-    if body.get("options") is not None and not isinstance(body["options"], dict):
-        raise bad("options", "must be an object")
     prefs = preferences(body, request.headers)
     model = _found(name, body)
     vectors, tokens, lease_at = await embed_under_lease(model, inputs, prefs, dims)
@@ -240,11 +249,8 @@ async def embed() -> Any:
     t0 = _arrived()
     body = await _body()
     name = resolve(body.get("model"), st.manager.has_model)
-    raw = body.get("input")
-    if not isinstance(raw, str | list) or any(not isinstance(x, str) for x in (raw if isinstance(raw, list) else [])):
-        raise bad("input", "must be a string or a list of strings")
-    inputs = parse_input(raw)
-    read(body, "truncate", EMBED["truncate"], None)
+    check(EMBED_BODY, body)
+    inputs = parse_input(body["input"])
     dims = read(body, "dimensions", EMBED["dimensions"], None)
     model, vectors, counters = await _embed(inputs, name, body, t0, dims)  # type: ignore[arg-type]
     return {"model": model, "embeddings": vectors, **counters}
@@ -257,10 +263,8 @@ async def embeddings() -> Any:
     t0 = _arrived()
     body = await _body()
     name = resolve(body.get("model"), st.manager.has_model)
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise bad("prompt", "is required: a non-empty string")
-    _, vectors, _ = await _embed([prompt], name, body, t0)
+    check(EMBEDDINGS_BODY, body)
+    _, vectors, _ = await _embed([body["prompt"]], name, body, t0)
     return {"embedding": vectors[0]}
 
 

@@ -38,17 +38,36 @@ from typing import Any, Literal
 
 from mlxd.engines.base import ChatMessage, Constraint, GenerationRequest, Tool, ToolCall
 from mlxd.errors import InvalidRequest, ModelNotFound
-from mlxd.http.fields import Boolean, Integer, Kind, Number, Stops, Text, bad, read
+from mlxd.http.embeddings_api import TEXTS
+from mlxd.http.fields import (
+    Boolean,
+    Choice,
+    Integer,
+    Kind,
+    Number,
+    Stops,
+    Text,
+    bad,
+    nullable,
+    read,
+)
 from mlxd.http.preferences import Headers, Preferences, preferences
+from mlxd.http.shapes import AnyOf, Anything, Array, Const, Obj, Tagged, check
 from mlxd.http.structured import (
+    CHAT_FIELDS,
+    MAX_TOOLS,
+    NAME,
+    TOOL,
+    TOOLS,
+    TOP_NEEDS_LOGPROBS,
     ToolChoice,
     chat_logprobs,
     check_schema,
     constraint,
-    function_name,
     is_model_name,
     openai_tool_choice,
     openai_tools,
+    tool_choice_kind,
 )
 from mlxd.http.validation import MAX_TOKENS_LIMIT
 
@@ -115,6 +134,12 @@ GENERATE: dict[str, Kind] = {"stream": Boolean(), "prompt": Text(), "system": Te
 #: the other routes' scalar fields (``/api/embed``, ``/api/pull``, ``/api/show``)
 EMBED: dict[str, Kind] = {"truncate": Boolean(),
                           "dimensions": Integer(1, hint="must be a positive integer")}
+#: ``/api/embed`` and the older ``/api/embeddings`` bodies but their model and ``keep_alive``
+EMBED_BODY = Obj({"input": TEXTS, **EMBED, "options": Obj({})}, required=("input",),
+                 hint="the request body must be a JSON object",
+                 notes={"input": "over the model's context: 400", "dimensions": "only the model's own"})
+EMBEDDINGS_BODY = Obj({"prompt": Text(1), "options": Obj({})}, required=("prompt",),
+                      hint="the request body must be a JSON object")
 PULL: dict[str, Kind] = {"insecure": Boolean(), "stream": Boolean()}
 SHOW: dict[str, Kind] = {"verbose": Boolean()}
 
@@ -131,13 +156,10 @@ class Options:
 
 
 def options(body: dict[str, Any]) -> Options:
-    """``options`` mapped onto mlxd's sampling (see the module doc)."""
-    opts = body.get("options")
-    if opts is None:
-        opts = {}
-    if not isinstance(opts, dict):
-        raise bad("options", "must be an object")
-    given = {key: read(opts, key, kind, None, prefix="options.") for key, kind in OPTIONS.items()}
+    """``options`` (checked against the body's description) mapped onto mlxd's sampling (see
+    the module doc)."""
+    opts = body.get("options") or {}
+    given = {key: read(opts, key, kind, None) for key, kind in OPTIONS.items()}
     temperature, top_p, top_k = given["temperature"], given["top_p"], given["top_k"]
     if top_p == 0.0 or top_k == 1:
         temperature = 0.0  # only the most likely token remains: greedy
@@ -153,110 +175,133 @@ def options(body: dict[str, Any]) -> Options:
     )
 
 
-def response_format(v: object) -> Constraint | None:
+def response_format(v: str | dict[str, Any] | None) -> Constraint | None:
     """``format``: ``"json"`` (any JSON object) or a JSON Schema; ``""`` or null: free text."""
     if v is None or v == "":
         return None
     if v == "json":
         return Constraint("json_object", param="format")
-    if not isinstance(v, dict):
-        raise bad("format", 'must be "json" or a JSON Schema object')
     return Constraint("json_schema", json.dumps(check_schema(v, "format")), param="format")
 
 
 def _tools(body: dict[str, Any]) -> tuple[Tool, ...]:
-    raw = body.get("tools")
-    if isinstance(raw, list):  # Ollama's clients may leave out "type": it can only be a function
-        raw = [{"type": "function", **t} if isinstance(t, dict) and "type" not in t else t for t in raw]
-    return openai_tools({"tools": raw})
+    return openai_tools({"tools": body.get("tools")})
 
 
 def _tool_choice(body: dict[str, Any], tools: tuple[Tool, ...]) -> tuple[ToolChoice, str | None]:
     """``options.tool_choice`` (mlxd's extension: Ollama's clients pass ``options`` through)."""
-    opts = body.get("options")
-    choice = opts.get("tool_choice") if isinstance(opts, dict) else None
+    choice = (body.get("options") or {}).get("tool_choice")
     try:
         return openai_tool_choice({"tool_choice": choice}, tools)
     except InvalidRequest as e:
         raise bad("options.tool_choice", e.message.removeprefix("tool_choice: ")) from None
 
 
-def think(v: object) -> bool:
-    if v is None or isinstance(v, bool):
-        return bool(v)
-    if isinstance(v, str) and v in THINK_LEVELS:
-        return True
-    raise bad("think", f"must be a boolean or one of {', '.join(THINK_LEVELS)}")
+_IMAGES = Array(Text(1, hint="must be a base64-encoded image"), hint="must be a list of base64-encoded images")
+_NO_IMAGES = Array(Anything(), max_items=0)
+#: a call in an assistant message of the history: arguments as an object, the id optional
+_CALL = Obj({"id": Text(), "function": Obj({"name": NAME, "arguments": Obj({})}, required=("name",),
+                                           not_null=("arguments",))},
+            required=("function",), hint="must be an object with 'function': {'name', 'arguments'}")
+#: Ollama's clients may leave out a tool's "type": it can only be a function
+_TOOL = Tagged("type", TOOL.variants, default="function")
+#: only an assistant message carries tool calls (:func:`messages`)
+_CALLS_RULE = {"if": {"properties": {"role": {"not": {"const": "assistant"}}}},
+               "then": {"properties": {"tool_calls": nullable(_NO_IMAGES.schema())}}}
+#: a forced call (``options.tool_choice``) needs tools, and takes no format (:func:`parse`)
+_FORCED_RULE = {"if": {"properties": {"options": {"type": "object", "required": ["tool_choice"],
+                                                  "properties": {"tool_choice": {"anyOf": [
+                                                      {"const": "required"}, {"type": "object"}]}}}},
+                       "required": ["options"]},
+                "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1},
+                                                               "format": nullable({"const": ""})}}}
+#: raw: true takes no system prompt and no images (:func:`_generate_prompt`)
+_RAW_RULE = {"if": {"required": ["raw"], "properties": {"raw": {"const": True}}},
+             "then": {"properties": {"system": nullable({"const": ""}),
+                                     "images": nullable(_NO_IMAGES.schema())}}}
+_OPTION_NOTES = {"top_k": "0: no limit; 1: greedy", "num_predict": f"0 or negative: {DEFAULT_NUM_PREDICT}",
+                 "num_ctx": "a prompt of more tokens is a 400"}
 
 
-def image_part(v: object, param: str) -> dict[str, Any]:
+def body_kind(kind: Literal["chat", "generate"], *, images: bool = True, tools: bool = True,
+              thinking: bool = True) -> Obj:
+    """A chat or generate body but ``model`` and ``keep_alive``. The validator checks the variant
+    with everything; the document shows one per group of models (images; tools and format) and
+    ``think: false`` only (the demo models have no thinking markers)."""
+    common: dict[str, Kind] = {
+        "stream": GENERATE["stream"],
+        "format": AnyOf((Const(""), Const("json"), Obj({})) if tools else (Const(""),),
+                        hint='must be "json" or a JSON Schema object'),
+        "think": AnyOf((Boolean(), Choice(THINK_LEVELS)), hint=f"must be a boolean or one of "
+                       f"{', '.join(THINK_LEVELS)}") if thinking else Const(False),
+        "logprobs": CHAT_FIELDS["logprobs"], "top_logprobs": CHAT_FIELDS["top_logprobs"],
+    }
+    notes = {"stream": "default true (NDJSON)", "options": "other options are ignored, as Ollama does",
+             "think": "true or a level: models with thinking"}
+    if kind == "chat":
+        message = Obj({"role": Choice(ROLES), "content": Text(), "images": _IMAGES if images else _NO_IMAGES,
+                       "thinking": Text(),
+                       "tool_calls": Array(_CALL, hint="must be a list of tool calls") if tools else _NO_IMAGES,
+                       "tool_name": Text(), "tool_call_id": Text()},
+                      required=("role",), hint="must be an object with 'role' and 'content'", rules=(_CALLS_RULE,))
+        return Obj({
+            **common,
+            "options": Obj({**OPTIONS, "tool_choice": tool_choice_kind(tools)}, notes=_OPTION_NOTES),
+            "messages": Array(message, hint="must be a list of messages"),
+            "tools": Array(_TOOL, max_items=MAX_TOOLS if tools else 0, hint=TOOLS.hint),
+        }, hint="the request body must be a JSON object", rules=(_FORCED_RULE, TOP_NEEDS_LOGPROBS),
+            notes={**notes, "messages": "empty: the load call"})
+    return Obj({
+        **common,
+        "options": Obj(OPTIONS, notes=_OPTION_NOTES),
+        **GENERATE,
+        "images": _IMAGES if images else _NO_IMAGES,
+        "template": Const("", hint="mlxd applies the model's own chat template; send no template"),
+        "suffix": Const("", hint="fill-in-the-middle is not supported"),
+        "context": Array(Anything(), max_items=0,
+                         hint="mlxd does not take token contexts; send the history to /api/chat"),
+    }, hint="the request body must be a JSON object", rules=(TOP_NEEDS_LOGPROBS, _RAW_RULE),
+        notes={**notes, "prompt": "empty: the load call", "template": "refused: mlxd uses the model's own "
+               "template", "suffix": "refused: no fill-in-the-middle",
+               "context": "refused: send the history to /api/chat"})
+
+
+BODIES = {"chat": body_kind("chat"), "generate": body_kind("generate")}
+
+
+def image_part(v: str) -> dict[str, Any]:
     """An Ollama image (base64 text, or a data URL) as an OpenAI ``image_url`` content part."""
-    if not isinstance(v, str) or not v:
-        raise bad(param, "must be a base64-encoded image")
     if not v.startswith("data:"):
         media = next((m for prefix, m in _IMAGE_MAGIC if v.startswith(prefix)), "image/png")
         v = f"data:{media};base64,{v}"
     return {"type": "image_url", "image_url": {"url": v}}
 
 
-def _content(text: str, images: object, param: str, allow_images: bool) -> str | list[dict[str, Any]]:
-    if images is None or images == []:
+def _content(text: str, images: list[str] | None, param: str, allow_images: bool) -> str | list[dict[str, Any]]:
+    if not images:
         return text
-    if not isinstance(images, list):
-        raise bad(param, "must be a list of base64-encoded images")
     if not allow_images:
         raise bad(param, "images are only accepted by vision (mllm) models")
-    parts = [image_part(x, f"{param}[{i}]") for i, x in enumerate(images)]
+    parts = [image_part(x) for x in images]
     return [{"type": "text", "text": text}, *parts] if text else parts
 
 
-def _calls(v: object, p: str, i: int) -> tuple[ToolCall, ...]:
-    if v is None:
-        return ()
-    if not isinstance(v, list):
-        raise bad(p, "must be a list of tool calls")
-    out = []
-    for j, c in enumerate(v):
-        q = f"{p}[{j}]"
-        fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict):
-            raise bad(q, "must be an object with 'function': {'name', 'arguments'}")
-        cid = c.get("id")
-        if cid is not None and not isinstance(cid, str):
-            raise bad(f"{q}.id", "must be a string")
-        name = function_name(fn.get("name"), f"{q}.function.name")
-        args = fn.get("arguments", {})
-        if not isinstance(args, dict):
-            raise bad(f"{q}.function.arguments", "must be an object")
-        args = json.dumps(args)
-        out.append(ToolCall(cid or f"call_{i}_{j}", name, args))
-    return tuple(out)
+def _calls(v: list[dict[str, Any]] | None, i: int) -> tuple[ToolCall, ...]:
+    return tuple(ToolCall(c.get("id") or f"call_{i}_{j}", c["function"]["name"],
+                          json.dumps(c["function"].get("arguments", {})))
+                 for j, c in enumerate(v or ()))
 
 
-def messages(raw: object, *, allow_images: bool) -> tuple[ChatMessage, ...]:
-    """``messages`` into chat messages (an empty list is allowed: the load call)."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise bad("messages", "must be a list of messages")
+def messages(raw: list[dict[str, Any]] | None, *, allow_images: bool) -> tuple[ChatMessage, ...]:
+    """``messages`` (checked against the body's description) into chat messages (an empty list
+    is allowed: the load call)."""
     out: list[ChatMessage] = []
     pending: list[ToolCall] = []  # calls of the latest assistant message not answered yet
-    for i, m in enumerate(raw):
+    for i, m in enumerate(raw or ()):
         p = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad(p, "must be an object with 'role' and 'content'")
-        role = m.get("role")
-        if role not in ROLES:
-            raise bad(f"{p}.role", f"must be one of {', '.join(ROLES)}")
-        text = m.get("content")
-        if text is None:
-            text = ""
-        if not isinstance(text, str):
-            raise bad(f"{p}.content", "must be a string")
-        if m.get("thinking") is not None and not isinstance(m["thinking"], str):
-            raise bad(f"{p}.thinking", "must be a string")
-        content = _content(text, m.get("images"), f"{p}.images", allow_images)
-        calls = _calls(m.get("tool_calls"), f"{p}.tool_calls", i)
+        role = m["role"]
+        content = _content(m.get("content") or "", m.get("images"), f"{p}.images", allow_images)
+        calls = _calls(m.get("tool_calls"), i)
         if calls and role != "assistant":
             raise bad(f"{p}.tool_calls", "only assistant messages carry tool calls")
         if role == "assistant":
@@ -264,12 +309,7 @@ def messages(raw: object, *, allow_images: bool) -> tuple[ChatMessage, ...]:
         if role != "tool":
             out.append(ChatMessage(role, content, calls))
             continue
-        name = m.get("tool_name")
-        if name is not None and not isinstance(name, str):
-            raise bad(f"{p}.tool_name", "must be a string")
-        call_id = m.get("tool_call_id")
-        if call_id is not None and not isinstance(call_id, str):
-            raise bad(f"{p}.tool_call_id", "must be a string")
+        name, call_id = m.get("tool_name"), m.get("tool_call_id")
         answered = next((c for c in pending if c.id == call_id or (call_id is None and c.name == name)),
                         pending[0] if pending and call_id is None else None)
         if answered is not None:
@@ -281,16 +321,6 @@ def messages(raw: object, *, allow_images: bool) -> tuple[ChatMessage, ...]:
 
 def _stream(body: dict[str, Any]) -> bool:
     return read(body, "stream", GENERATE["stream"], True)  # Ollama streams unless told not to
-
-
-def _refused(body: dict[str, Any]) -> None:
-    """Generate fields mlxd cannot honour: a 400 naming them, never silently ignored."""
-    for key, why in (("template", "mlxd applies the model's own chat template; send no template"),
-                     ("suffix", "fill-in-the-middle is not supported")):
-        if body.get(key) is not None and body[key] != "":
-            raise bad(key, why)
-    if body.get("context") is not None and body["context"] != []:
-        raise bad("context", "mlxd does not take token contexts; send the history to /api/chat")
 
 
 def parse(
@@ -307,9 +337,10 @@ def parse(
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     name = resolve(body.get("model"), known)  # every field is checked before an unknown model's 404
+    check(BODIES[kind], body)
     stream = _stream(body)
     prefs = preferences(body, headers)
-    wants_thinking = think(body.get("think"))
+    wants_thinking = body.get("think") not in (None, False)
     opts = options(body)
     images_ok = name is not None and allow_images(name)
     if kind == "chat":
@@ -317,7 +348,6 @@ def parse(
         prompt: str | None = None
         empty = not msgs
     else:
-        _refused(body)
         prompt, msgs, empty = _generate_prompt(body, images_ok)
     tools = _tools(body) if kind == "chat" else ()
     choice, tool = _tool_choice(body, tools) if kind == "chat" else ("auto", None)

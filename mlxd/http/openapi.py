@@ -3,20 +3,27 @@
 The document describes exactly what the daemon accepts and answers, so tools
 (and the schemathesis test) can generate meaningful requests from it:
 
-- Request bodies follow the validators rule for rule. Their scalar fields
-  (numbers, integers, booleans, strings, choices, stop strings) are built
-  from the tables the validators read them with (:mod:`mlxd.http.fields`):
-  ``SAMPLING`` and ``CHAT_FIELDS`` here, ``FIELDS`` of the Responses,
-  Anthropic and embeddings modules, ``OPTIONS`` and the other tables of
-  :mod:`mlxd.http.ollama_shapes`. The shapes around them (messages, parts,
-  tools, formats) are written beside each route's validator, and
-  ``tests/unit/test_documented_reads.py`` checks that the keys each
-  validator reads, at every depth, are the properties documented there.
-  Every optional field may be ``null``; integers may be written ``16.0``; unknown
-  fields are accepted and ignored (``additionalProperties: true``, stated
-  explicitly), as OpenAI-compatible servers do; ``stream_options`` needs
-  ``stream: true`` unless it is empty; an assistant message may omit
-  ``content``; image parts are only for ``mllm`` models.
+- Request bodies are generated from the descriptions the validators check them
+  with, so the two cannot drift: scalar fields from the kinds of
+  :mod:`mlxd.http.fields` (``SAMPLING``, ``CHAT_FIELDS``, the ``FIELDS`` and
+  ``OPTIONS`` tables), and every nested shape (messages, parts and blocks,
+  tools, tool_choice, formats, Responses items, Ollama's messages and options,
+  embeddings input) from the composite kinds of :mod:`mlxd.http.shapes`: each
+  route's body is one description (``validation.chat_body`` and
+  ``COMPLETION_BODY``, ``embeddings_api.BODY``, ``responses_fields.body_kind``,
+  ``anthropic_shapes.body_kind``, ``ollama_shapes.body_kind`` and its embed
+  bodies) whose ``schema()`` is the request schema, one variant per engine
+  group where models take different things (images, tools, grammars). The
+  document adds only what depends on the config (the model ``enum``) and
+  ``keep_alive``. Rules that are not structure (a tool message needs
+  ``tool_call_id``, image parts only for ``mllm`` models, ``stream_options``
+  needs ``stream: true``, ``required`` needs tools) are the validators' code,
+  stated beside it as JSON Schema ``if``/``then`` in the description's
+  ``rules``. Every optional field may be ``null``; integers may be written
+  ``16.0``; unknown fields are accepted and ignored (``additionalProperties:
+  true``, stated explicitly), as OpenAI-compatible servers do.
+  ``tests/unit/test_request_fields.py`` checks every kind's check against its
+  schema, value for value.
 - When the document is built for a config, model ids are an ``enum`` of the
   configured names (the document is rendered per request, so it follows
   ``/admin/reload``); any other id is a 404 ``model_not_found``.
@@ -32,18 +39,18 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd import __version__
 from mlxd.http import origins
-from mlxd.http.fields import documented, nullable
+from mlxd.http.fields import nullable
 from mlxd.http.openapi_anthropic import ERROR as ANTHROPIC_ERROR
 from mlxd.http.openapi_anthropic import anthropic_paths
-from mlxd.http.openapi_chat import STREAM_OPTIONS_NEED_STREAM, chat_request, engine_groups
+from mlxd.http.openapi_chat import chat_request, engine_groups
 from mlxd.http.openapi_clients import (
     ANY_MODEL_NAME,
     CHAT_LOGPROBS,
-    OPEN,
     RESPONSE_TOOL_CALLS,
     TEXT_LOGPROBS,
     error_responses,
     json_response,
+    with_model,
 )
 from mlxd.http.openapi_embeddings import embeddings_path
 from mlxd.http.openapi_ollama import ERROR as OLLAMA_ERROR
@@ -56,8 +63,7 @@ from mlxd.http.preferences import (
     KEEP_ALIVE_PATTERN,
     REQUIRE_RESIDENT_HEADER,
 )
-from mlxd.http.structured import COMPLETION_FIELDS
-from mlxd.http.validation import SAMPLING
+from mlxd.http.validation import COMPLETION_BODY
 from mlxd.residency.plan import ACTIONS
 from mlxd.residency.policy import STRATEGIES
 from mlxd.residency.states import State
@@ -128,13 +134,10 @@ def _model_name(names: list[str]) -> dict[str, Any]:
     return ANY_MODEL_NAME  # no such model can be named right now: any other name is a 404
 
 
-def _sampling(names: list[str]) -> dict[str, Any]:
+def _named(names: list[str]) -> dict[str, Any]:
+    """The fields a generation body adds to its description: the model, ``keep_alive``."""
     return {
         "model": _model_name(names),
-        **documented(SAMPLING),
-        "stream_options": nullable(
-            {"type": "object", "properties": {"include_usage": {"type": "boolean"}}, **OPEN}
-        ),
         "keep_alive": {"anyOf": [{"type": "number"}, _KEEP_ALIVE, {"type": "null"}]},
     }
 
@@ -178,33 +181,6 @@ _PLAN = {
         "eta_s": nullable({"type": "number", "minimum": 0}),
     },
 }
-
-
-#: chat fields a text completion refuses unless null (they would be silently lost otherwise)
-_CHAT_ONLY = {
-    key: {"type": "null", "description": "only for /v1/chat/completions; refused here"}
-    for key in ("tools", "tool_choice", "response_format")
-}
-
-
-def _completion_request(names: list[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": ["model", "prompt"],
-        "properties": {
-            **_sampling(names),
-            **documented(COMPLETION_FIELDS),
-            **_CHAT_ONLY,
-            "prompt": {
-                "anyOf": [
-                    {"type": "string"},
-                    {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
-                ]
-            },
-        },
-        **STREAM_OPTIONS_NEED_STREAM,
-        **OPEN,
-    }
 
 
 _USAGE = {
@@ -379,12 +355,12 @@ def _openai_paths(config: Config | None, model_id: dict[str, Any]) -> dict[str, 
         },
         "/v1/chat/completions": _generation(
             "Chat completion (whole, or SSE with stream=true)",
-            chat_request(groups, _sampling),
+            chat_request(groups, _named),
             "chat",
         ),
         "/v1/completions": _generation(
             "Text completion (whole, or SSE with stream=true)",
-            _completion_request(names),
+            with_model(COMPLETION_BODY, _named(names)),
             "completion",
         ),
     }
@@ -510,7 +486,7 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
         "paths": {
             **_openai_paths(config, model_id),
             **anthropic_paths(engine_groups(config)),
-            **responses_paths(responses_request(engine_groups(config), _sampling), _errors,
+            **responses_paths(responses_request(engine_groups(config), _named), _errors,
                               _PREFERENCE_HEADERS, _GUARDED),
             **embeddings_path([m.name for m in (config.models if config else ()) if m.embedding],
                               [m.name for m in (config.models if config else ()) if not m.embedding],

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxd.http.embeddings_api import FIELDS, MAX_INPUTS, MAX_TOKEN_ID
-from mlxd.http.fields import documented
-from mlxd.http.openapi_clients import ANY_MODEL_NAME
-
-_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}}
+from mlxd.http.embeddings_api import BODY
+from mlxd.http.openapi_clients import ANY_MODEL_NAME, with_model
 
 
 def embeddings_path(
@@ -23,22 +20,7 @@ def embeddings_path(
         {"type": "string", "enum": embedding_models} if embedding_models
         else {**ANY_MODEL_NAME, "not": {"enum": other_models},
               "description": "an embedding: true model"})
-    request = {
-        "type": "object",
-        "required": ["model", "input"],
-        "properties": {
-            "model": model,
-            "input": {"anyOf": [
-                {"type": "string", "minLength": 1},
-                {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS,
-                 "items": {"type": "string", "minLength": 1}},
-                _IDS,
-                {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": _IDS},
-            ], "description": "over the model's context: 400 naming input[i]"},
-            **documented(FIELDS, {"dimensions": "only the model's own size"}),
-        },
-        "additionalProperties": True,
-    }
+    request = with_model(BODY, {"model": model})
     response = {
         "type": "object",
         "required": ["object", "data", "model", "usage"],

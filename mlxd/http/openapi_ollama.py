@@ -1,6 +1,7 @@
 """OpenAPI pieces of Ollama's API (``/api/*``), assembled by :mod:`mlxd.http.openapi`.
 
-The request schemas follow :mod:`mlxd.http.ollama_shapes` rule for rule, per
+The request schemas are the validator's own descriptions
+(:func:`mlxd.http.ollama_shapes.body_kind`), per
 engine group as the OpenAI chat variants do (:mod:`mlxd.http.openapi_chat`):
 mlx-lm text models take tools (``options.tool_choice``) and ``format``;
 vision models take ``images``; fake engines take neither. ``think: true``
@@ -18,25 +19,21 @@ does not serve (``/api/delete``, ``/api/copy``, ``/api/create``,
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from mlxd.http.embeddings_api import MAX_INPUTS
 from mlxd.http.fields import documented, nullable
 from mlxd.http.ollama_pull import REPO_PATTERN, REPO_REFUSED
-from mlxd.http.ollama_shapes import DEFAULT_NUM_PREDICT, EMBED, GENERATE, OPTIONS, PULL, ROLES, SHOW
+from mlxd.http.ollama_shapes import EMBED_BODY, EMBEDDINGS_BODY, PULL, SHOW, body_kind
 from mlxd.http.openapi_chat import engine_groups
 from mlxd.http.openapi_clients import (
     ANY_MODEL_NAME,
     NAME,
-    OBJECT_SCHEMA,
     OPEN,
-    TOP_NEEDS_LOGPROBS,
     error_responses,
     json_response,
-    tool_choice,
+    with_model,
 )
 from mlxd.http.preferences import CONTENTION_HEADER, KEEP_ALIVE_HEADER, KEEP_ALIVE_PATTERN
-from mlxd.http.structured import CHAT_FIELDS, MAX_TOOLS
 
 if TYPE_CHECKING:
     from mlxd.config import Config
@@ -81,139 +78,25 @@ def _model(names: list[str], others: list[str]) -> dict[str, Any]:
     return {**ANY_MODEL_NAME, "not": {"enum": refused}} if refused else ANY_MODEL_NAME
 
 
-def _tool_choice(tools: bool) -> dict[str, Any]:
-    return tool_choice(tools, "mlxd's extension: 'required' or a named function forces a call "
-                              "(needs tools; the name must be declared)")
-
-
-def _options(choice_schema: dict[str, Any] | None) -> dict[str, Any]:
-    """``options``; ``choice_schema``: its ``tool_choice`` (None: not read, as on /api/generate)."""
-    choice = {} if choice_schema is None else {"tool_choice": choice_schema}
-    return nullable({
-        "type": "object",
-        "properties": {
-            **documented(OPTIONS, {"top_k": "0: no limit; 1: greedy",
-                                   "num_predict": f"0 or negative: {DEFAULT_NUM_PREDICT}",
-                                   "num_ctx": "a prompt of more tokens is a 400"}),
-            **choice,
-        },
-        "description": "other options are ignored, as Ollama does",
-        **OPEN,
-    })
-
-
-_NO_LIST = nullable({"type": "array", "maxItems": 0})
-_IMAGES = nullable({"type": "array", "items": {"type": "string", "minLength": 1,
-                                               "description": "a base64-encoded image"}})
+#: a tool call of a reply
 _TOOL_CALL = {"type": "object", "required": ["function"],
               "properties": {"id": {"type": "string"},
                              "function": {"type": "object", "required": ["name"],
                                           "properties": {"name": NAME, "arguments": {"type": "object"}},
                                           **OPEN}},
               **OPEN}
-_TOOL = {"type": "object", "required": ["function"],
-         "properties": {"type": {"const": "function"},
-                        "function": {"type": "object", "required": ["name"],
-                                     "properties": {"name": NAME, "description": {"type": "string"},
-                                                    "parameters": nullable(OBJECT_SCHEMA)}, **OPEN}},
-         **OPEN}
-
-
-def _messages(*, images: bool) -> dict[str, Any]:
-    message = {
-        "type": "object",
-        "required": ["role"],
-        "properties": {
-            "role": {"enum": list(ROLES)},
-            "content": nullable({"type": "string"}),
-            "images": _IMAGES if images else _NO_LIST,
-            "thinking": nullable({"type": "string"}),
-            "tool_calls": nullable({"type": "array", "items": _TOOL_CALL}),
-            "tool_name": nullable({"type": "string"}),
-            "tool_call_id": nullable({"type": "string"}),
-        },
-        # only an assistant message carries tool calls
-        "if": {"properties": {"role": {"not": {"const": "assistant"}}}},
-        "then": {"properties": {"tool_calls": _NO_LIST}},
-        **OPEN,
-    }
-    return nullable({"type": "array", "items": message, "description": "empty: the load call"})
-
-
 #: the groups' capabilities: (images, tools and format)
 _GROUPS = {"text": (False, True), "vision": (True, False), "fake": (False, False)}
-_FORCED = {"properties": {"options": {"type": "object", "required": ["tool_choice"],
-                                      "properties": {"tool_choice": {"anyOf": [
-                                          {"const": "required"}, {"type": "object"}]}}}},
-           "required": ["options"]}
-#: a forced call needs tools, and takes no format
-_FORCED_RULE = {"if": _FORCED, "then": {
-    "required": ["tools"],
-    "properties": {"tools": {"type": "array", "minItems": 1}, "format": nullable({"const": ""})}}}
 
 
-def _common(names: list[str], others: list[str]) -> dict[str, Any]:
-    return {
-        "model": _model(names, others),
-        **documented({"stream": GENERATE["stream"]}, {"stream": "default true (NDJSON)"}),
-        "keep_alive": _KEEP_ALIVE,
-        "format": {"anyOf": [{"const": ""}, {"type": "null"}, {"const": "json"},
-                             {"type": "object", "description": "a JSON Schema"}]},
-        "think": nullable({"const": False, "description": "true or a level: models with thinking"}),
-        **documented({key: CHAT_FIELDS[key] for key in ("logprobs", "top_logprobs")}),
-    }
-
-
-#: what an engine without tools or grammar (fake, vision) refuses, also on the load call
-_NO_GRAMMAR = {"format": nullable({"const": ""})}
-_NO_TOOLS = {**_NO_GRAMMAR, "tools": _NO_LIST,
-             "options": {"properties": {"tool_choice": _tool_choice(False)}},
-             "messages": {"items": {"properties": {"tool_calls": _NO_LIST}}}}
-
-
-def _chat(names: list[str], others: list[str], kind: str) -> dict[str, Any]:
-    images, tools = _GROUPS[kind]
-    rules: list[dict[str, Any]] = [_FORCED_RULE, TOP_NEEDS_LOGPROBS]
-    if not tools:
-        rules.append({"properties": _NO_TOOLS})
-    return {
-        "type": "object",
-        "required": ["model"],
-        "properties": {
-            **_common(names, others),
-            "options": _options(_tool_choice(True)),
-            "messages": _messages(images=images),
-            "tools": nullable({"type": "array", "items": _TOOL, "maxItems": MAX_TOOLS}),
-        },
-        "allOf": rules,
-        **OPEN,
-    }
-
-
-def _generate(names: list[str], others: list[str], kind: str) -> dict[str, Any]:
-    images, grammar = _GROUPS[kind]
-    empty = nullable({"const": ""})
-    rules: list[dict[str, Any]] = [
-        TOP_NEEDS_LOGPROBS,
-        {"if": {"required": ["raw"], "properties": {"raw": {"const": True}}},
-         "then": {"properties": {"system": empty, "images": _NO_LIST}}}]
-    if not grammar:
-        rules.append({"properties": _NO_GRAMMAR})
-    return {
-        "type": "object",
-        "required": ["model"],
-        "properties": {
-            **_common(names, others),
-            "options": _options(None),
-            **documented(GENERATE, {"prompt": "empty: the load call", "stream": "default true (NDJSON)"}),
-            "images": _IMAGES if images else _NO_LIST,
-            "template": {**empty, "description": "refused: mlxd uses the model's own template"},
-            "suffix": {**empty, "description": "refused: no fill-in-the-middle"},
-            "context": {**_NO_LIST, "description": "refused: send the history to /api/chat"},
-        },
-        "allOf": rules,
-        **OPEN,
-    }
+def _request(kind: Literal["chat", "generate"]) -> Callable[[list[str], list[str], str], dict[str, Any]]:
+    """The request schema of ``kind`` for a group: the validator's description
+    (:func:`mlxd.http.ollama_shapes.body_kind`) for what the group's engine takes."""
+    def build(names: list[str], others: list[str], group: str) -> dict[str, Any]:
+        images, tools = _GROUPS[group]
+        body = body_kind(kind, images=images, tools=tools, thinking=False)
+        return with_model(body, {"model": _model(names, others), "keep_alive": _KEEP_ALIVE})
+    return build
 
 
 def _variants(build: Callable[[list[str], list[str], str], dict[str, Any]], groups: dict[str, list[str]], others: list[str]) -> dict[str, Any]:
@@ -302,16 +185,8 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
     groups = engine_groups(config)
     every = [m.name for m in models]
     embed_model = _model(embedding, generators)
-    text = {"type": "string", "minLength": 1}
-    embed_request = {"type": "object", "required": ["model", "input"], "properties": {
-        "model": embed_model,
-        "input": {"anyOf": [text, {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": text}],
-                  "description": "over the model's context: 400"},
-        **documented(EMBED, {"dimensions": "only the model's own"}),
-        "options": nullable({"type": "object"}), "keep_alive": _KEEP_ALIVE}, **OPEN}
-    embeddings_request = {"type": "object", "required": ["model", "prompt"], "properties": {
-        "model": embed_model, "prompt": text, "options": nullable({"type": "object"}),
-        "keep_alive": _KEEP_ALIVE}, **OPEN}
+    embed_request = with_model(EMBED_BODY, {"model": embed_model, "keep_alive": _KEEP_ALIVE})
+    embeddings_request = with_model(EMBEDDINGS_BODY, {"model": embed_model, "keep_alive": _KEEP_ALIVE})
     vectors = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
     repo = {"type": "string", "pattern": REPO_PATTERN, "not": {"pattern": REPO_REFUSED},
             "description": "a Hugging Face repo id (org/name)"}
@@ -339,9 +214,9 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
                                       "completion", "tools", "vision", "embedding", "thinking"]}}}}),
                            *_BODY_ERRORS, headers=False),
         "/api/chat": _post("Chat (NDJSON stream by default; stream: false for one reply)",
-                           _variants(_chat, groups, embedding), json_response(_REPLY), 502, *_BODY_ERRORS, streamed=True),
+                           _variants(_request("chat"), groups, embedding), json_response(_REPLY), 502, *_BODY_ERRORS, streamed=True),
         "/api/generate": _post("Generate from a prompt (NDJSON stream by default)",
-                               _variants(_generate, groups, embedding), json_response(_REPLY), 502, *_BODY_ERRORS,
+                               _variants(_request("generate"), groups, embedding), json_response(_REPLY), 502, *_BODY_ERRORS,
                                streamed=True),
         "/api/embed": _post("Embeddings of texts (embedding: true models)", embed_request,
                             json_response({"type": "object", "required": ["model", "embeddings"],

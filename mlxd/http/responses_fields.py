@@ -30,14 +30,16 @@ from mlxd.engines.base import Constraint, Tool
 from mlxd.errors import InvalidRequest
 from mlxd.http.fields import Boolean, Choice, Integer, Kind, Text, bad, read
 from mlxd.http.preferences import Headers, Preferences, preferences
-from mlxd.http.responses_items import input_items
+from mlxd.http.responses_items import input_items, input_kind
+from mlxd.http.shapes import AnyOf, Array, Const, Map, Obj, Refused, Tagged, check
 from mlxd.http.structured import (
     MAX_TOOLS,
     MAX_TOP_LOGPROBS,
+    NAME,
+    OBJECT_SCHEMA,
     ToolChoice,
     check_schema,
     constraint,
-    function_name,
     is_model_name,
     make_tool,
     named_tool,
@@ -101,108 +103,121 @@ REASONING: dict[str, Kind] = {"effort": Choice(EFFORTS), "summary": Choice(SUMMA
 VERBOSITY = Choice(("low", "medium", "high"))
 
 
+_FUNCTION = Obj({"name": NAME, "description": Text(), "parameters": OBJECT_SCHEMA, "strict": Boolean()},
+                required=("name",))
+#: a tool mlxd does not run (a built-in, custom or namespace tool): left out of the prompt
+_OTHER = Obj({})
+_NAMED = Obj({"name": NAME}, required=("name",))
+
+
+def body_kind(*, images: bool = True, functions: bool = True, grammar: bool = True) -> Obj:
+    """A Responses body but ``model`` and ``keep_alive``; the validator checks the variant with
+    everything, the document shows one per group of models (:mod:`mlxd.http.openapi_responses`)."""
+    # for models without function tools (the document's variant), a function is no tool at all
+    no_function = {} if functions else {"function": "needs a model that takes function tools"}
+    tool = Tagged("type", {"function": _FUNCTION} if functions else {}, others=_OTHER, refused=no_function)
+    listed = Tagged("type", {"function": _NAMED} if functions else {}, others=_OTHER, refused=no_function)
+    allowed = Obj({"mode": Choice(("auto", "required") if functions else ("auto",)),
+                   "tools": Array(listed, hint='must be a list of {"type": "function", "name"}')},
+                  required=("mode", "tools"))
+    choices = {"function": _NAMED, "allowed_tools": allowed} if functions else {"allowed_tools": allowed}
+    formats: dict[str, Obj | Tagged] = {"text": Obj({})}
+    if grammar:
+        formats |= {"json_object": Obj({}), "json_schema": Obj({
+            "name": NAME, "schema": Obj({}, hint="must be a JSON Schema object"), "strict": Boolean(),
+            "description": Text()}, required=("name", "schema"))}
+    return Obj({
+        **FIELDS,
+        "input": input_kind(images=images, calls=functions),
+        "tools": Array(tool, max_items=MAX_TOOLS,
+                       hint=f"must be a list of at most {MAX_TOOLS} tools ({{\"type\": \"function\", "
+                       "\"name\", \"parameters\"}})"),
+        "tool_choice": AnyOf((Choice(("auto", "none", "required") if functions else ("auto", "none")),
+                              Tagged("type", choices)),
+                             hint="must be 'auto', 'none', 'required' or an object with a 'type'"),
+        "text": Obj({"format": Tagged("type", formats), "verbosity": VERBOSITY}),
+        "include": Array(Text(), hint="must be a list of strings", whole=True),
+        "metadata": Map(Text(0, MAX_METADATA_VALUE), MAX_METADATA_KEYS, MAX_METADATA_KEY,
+                        hint=f"must be an object of at most {MAX_METADATA_KEYS} string values"),
+        "reasoning": Obj(REASONING),
+        "stream_options": Obj({}),
+        "background": Const(False),
+        "prompt": Refused("stored prompts are not supported"),
+        "conversation": Refused("conversations are not supported: use previous_response_id"),
+    }, required=("input",), hint="the request body must be a JSON object",
+        rules=(TOP_NEEDS_INCLUDE, REQUIRED_NEEDS_FUNCTION),
+        notes={"tool_choice": "'required' needs a function tool; a named function must be declared; "
+               "forcing a tool of another type is a 400 naming it",
+               "background": "background responses are not supported"})
+
+
+#: top_logprobs only with include: ["message.output_text.logprobs"] (:func:`parse_responses`)
+TOP_NEEDS_INCLUDE = {
+    "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+    "then": {"required": ["include"],
+             "properties": {"include": {"type": "array", "contains": {"const": LOGPROBS_INCLUDE}}}},
+}
+#: 'required' needs a function tool (:func:`_tool_choice`)
+REQUIRED_NEEDS_FUNCTION = {
+    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"const": "required"}}},
+    "then": {"required": ["tools"], "properties": {"tools": {
+        "type": "array", "contains": {"type": "object", "properties": {"type": {"const": "function"}}}}}},
+}
+
+BODY = body_kind()
+
+
 def _field(body: dict[str, Any], key: str, default: Any = None) -> Any:
     return read(body, key, FIELDS[key], default)
 
 
-def _metadata(body: dict[str, Any]) -> dict[str, str]:
-    v = body.get("metadata")
-    if v is None:
-        return {}
-    if not isinstance(v, dict) or len(v) > MAX_METADATA_KEYS:
-        raise bad("metadata", f"must be an object of at most {MAX_METADATA_KEYS} string values")
-    for k, value in v.items():
-        if len(k) > MAX_METADATA_KEY:
-            raise bad("metadata", f"keys are at most {MAX_METADATA_KEY} characters")
-        if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE:
-            raise bad(f"metadata.{k[:MAX_METADATA_KEY]}", f"must be a string of at most {MAX_METADATA_VALUE} characters")
-    return dict(v)
-
-
 def _reasoning(body: dict[str, Any]) -> dict[str, Any]:
-    v = body.get("reasoning")
-    if v is None:
-        return {"effort": None, "summary": None}
-    if not isinstance(v, dict):
-        raise bad("reasoning", "must be an object")
-    given = {key: read(v, key, kind, None, prefix="reasoning.") for key, kind in REASONING.items()}
-    return {"effort": given["effort"], "summary": given["summary"]}
-
-
-def _include(body: dict[str, Any]) -> list[str]:
-    v = body.get("include")
-    if v is None:
-        return []
-    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise bad("include", "must be a list of strings")
-    return list(v)
+    v = body.get("reasoning") or {}
+    return {"effort": v.get("effort"), "summary": v.get("summary")}
 
 
 def _text(body: dict[str, Any]) -> tuple[Constraint | None, dict[str, Any]]:
     """``text.format`` as a grammar constraint, and the ``text`` the response echoes."""
-    v = body.get("text")
-    if v is None:
-        return None, {"format": {"type": "text"}}
-    if not isinstance(v, dict):
-        raise bad("text", "must be an object")
-    verbosity = read(v, "verbosity", VERBOSITY, None, prefix="text.")
+    v = body.get("text") or {}
     echo: dict[str, Any] = {"format": {"type": "text"}}
-    if verbosity is not None:
-        echo["verbosity"] = verbosity
-    fmt = v.get("format")
-    if fmt is None:
+    if v.get("verbosity") is not None:
+        echo["verbosity"] = v["verbosity"]
+    fmt = v.get("format") or {"type": "text"}
+    if fmt["type"] == "text":
         return None, echo
-    if not isinstance(fmt, dict):
-        raise bad("text.format", "must be an object with a 'type'")
-    kind = fmt.get("type")
-    if kind == "text":
-        return None, echo
-    if kind == "json_object":
+    if fmt["type"] == "json_object":
         echo["format"] = {"type": "json_object"}
         return Constraint("json_object", param="text.format"), echo
-    if kind != "json_schema":
-        raise bad("text.format.type", "must be 'text', 'json_object' or 'json_schema'")
-    name = function_name(fmt.get("name"), "text.format.name")
-    strict = fmt.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise bad("text.format.strict", "must be a boolean")
-    description = fmt.get("description")
-    if description is not None and not isinstance(description, str):
-        raise bad("text.format.description", "must be a string")
-    if "schema" not in fmt:
-        raise bad("text.format.schema", "is required")
     schema = check_schema(fmt["schema"], "text.format.schema")
-    echo["format"] = {"type": "json_schema", "name": name, "schema": schema, "strict": strict,
-                      "description": description}
+    echo["format"] = {"type": "json_schema", "name": fmt["name"], "schema": schema,
+                      "strict": fmt.get("strict"), "description": fmt.get("description")}
     return Constraint("json_schema", json.dumps(schema), param="text.format.schema"), echo
 
 
 def _tools(body: dict[str, Any]) -> tuple[tuple[Tool, ...], list[Any]]:
     """The function tools (the rest are left out), and the ``tools`` the response echoes."""
-    raw = body.get("tools")
-    if raw is None:
-        return (), []
-    if not isinstance(raw, list):
-        raise bad("tools", "must be a list of tools ({\"type\": \"function\", \"name\", \"parameters\"})")
-    if len(raw) > MAX_TOOLS:
-        raise bad("tools", f"at most {MAX_TOOLS} tools")
     tools: list[Tool] = []
-    for i, t in enumerate(raw):
-        p = f"tools[{i}]"
-        if not isinstance(t, dict) or not isinstance(t.get("type"), str):
-            raise bad(p, "must be an object with a 'type'")
-        if t["type"] != "function":
-            continue  # a built-in or custom tool mlxd does not run: left out of the prompt
-        name = function_name(t.get("name"), f"{p}.name")
-        if any(x.name == name for x in tools):
-            raise bad(f"{p}.name", f"'{name}' is declared twice")
-        if t.get("strict") is not None and not isinstance(t["strict"], bool):
-            raise bad(f"{p}.strict", "must be a boolean")
-        tools.append(make_tool(name, t.get("description"), t.get("parameters"), p))
-    echo = [{"type": "function", "name": t.name, "description": t.description,
-             "parameters": t.parameters, "strict": raw_t.get("strict")}
-            for t, raw_t in zip(tools, (x for x in raw if x["type"] == "function"), strict=True)]
+    functions = [(i, t) for i, t in enumerate(body.get("tools") or ()) if t["type"] == "function"]
+    for i, t in functions:
+        if any(x.name == t["name"] for x in tools):
+            raise bad(f"tools[{i}].name", f"'{t['name']}' is declared twice")
+        tools.append(make_tool(t["name"], t.get("description"), t.get("parameters"), f"tools[{i}]"))
+    echo = [{"type": "function", "name": tool.name, "description": tool.description,
+             "parameters": tool.parameters, "strict": t.get("strict")}
+            for tool, (_, t) in zip(tools, functions, strict=True)]
     return tuple(tools), echo
+
+
+def _forced_other(body: dict[str, Any]) -> None:
+    """A ``tool_choice`` forcing a tool mlxd does not run is refused, naming it (before the
+    body's structure is checked, which would only say the type is not a function)."""
+    v = body.get("tool_choice")
+    if isinstance(v, dict) and isinstance(v.get("type"), str) and v["type"] not in (
+            "function", "allowed_tools"):
+        kind = v["type"]
+        forced = v.get("name") or v.get("server_label") or kind
+        raise bad("tool_choice", f"forces the tool {json.dumps(forced)[:80]} (type {json.dumps(kind)[:40]}), "
+                  "which mlxd does not run: only function tools are offered to a local model")
 
 
 def _tool_choice(body: dict[str, Any], tools: tuple[Tool, ...]) -> tuple[ToolChoice, str | None, tuple[Tool, ...], Any]:
@@ -211,55 +226,21 @@ def _tool_choice(body: dict[str, Any], tools: tuple[Tool, ...]) -> tuple[ToolCho
     if v is None:
         return "auto", None, tools, "auto"
     if isinstance(v, str):
-        if v not in ("auto", "none", "required"):
-            raise bad("tool_choice", "must be 'auto', 'none', 'required' or an object")
         if v == "required" and not tools:
             raise bad("tool_choice", "'required' needs at least one function tool "
                       "(mlxd runs no built-in tools)")
         return v, None, tools, v  # type: ignore[return-value]
-    if not isinstance(v, dict) or not isinstance(v.get("type"), str):
-        raise bad("tool_choice", "must be 'auto', 'none', 'required' or an object with a 'type'")
-    kind = v["type"]
-    if kind == "function":
-        name = named_tool(v.get("name"), tools, "tool_choice.name")
+    if v["type"] == "function":
+        name = named_tool(v["name"], tools, "tool_choice.name")
         return "function", name, tools, {"type": "function", "name": name}
-    if kind == "allowed_tools":
-        return _allowed_tools(v, tools)
-    forced = v.get("name") or v.get("server_label") or kind
-    raise bad("tool_choice", f"forces the tool {json.dumps(forced)[:80]} (type {json.dumps(kind)[:40]}), "
-              "which mlxd does not run: only function tools are offered to a local model")
-
-
-def _allowed_tools(v: dict[str, Any], tools: tuple[Tool, ...]) -> tuple[ToolChoice, str | None, tuple[Tool, ...], Any]:
-    mode = v.get("mode")
-    if mode not in ("auto", "required"):
-        raise bad("tool_choice.mode", "must be 'auto' or 'required'")
-    listed = v.get("tools")
-    if not isinstance(listed, list):
-        raise bad("tool_choice.tools", "must be a list of {\"type\": \"function\", \"name\"}")
-    names: list[str] = []
-    for i, t in enumerate(listed):
-        if not isinstance(t, dict) or not isinstance(t.get("type"), str):
-            raise bad(f"tool_choice.tools[{i}]", "must be an object with a 'type'")
-        if t["type"] == "function":
-            names.append(named_tool(t.get("name"), tools, f"tool_choice.tools[{i}].name"))
+    mode = v["mode"]
+    names = [named_tool(t["name"], tools, f"tool_choice.tools[{i}].name")
+             for i, t in enumerate(v["tools"]) if t["type"] == "function"]
     allowed = tuple(t for t in tools if t.name in names)
     if mode == "required" and not allowed:
         raise bad("tool_choice.tools", "mode 'required' needs at least one declared function tool")
     echoed = [{"type": "function", "name": name} for name in names]  # never the client's raw objects
     return mode, None, allowed, {"type": "allowed_tools", "mode": mode, "tools": echoed}
-
-
-def _refused(body: dict[str, Any]) -> None:
-    background = body.get("background")
-    if background is True:
-        raise bad("background", "background responses are not supported: stream, or wait for the answer")
-    if background is not None and background is not False:
-        raise bad("background", "must be a boolean")
-    for key, what in (("prompt", "stored prompts are not supported"),
-                      ("conversation", "conversations are not supported: use previous_response_id")):
-        if body.get(key) is not None:
-            raise bad(key, what)
 
 
 def parse_responses(
@@ -271,10 +252,11 @@ def parse_responses(
     model = body.get("model")
     if not is_model_name(model):
         raise bad("model", "is required: a non-empty string")
-    _refused(body)
+    if body.get("background") is True:
+        raise bad("background", "background responses are not supported: stream, or wait for the answer")
+    _forced_other(body)
+    check(BODY, body)
     previous = _field(body, "previous_response_id")
-    if "input" not in body or body["input"] is None:
-        raise bad("input", "is required: a string or a list of input items")
     items = input_items(body["input"], allow_images=allow_images)
     instructions = _field(body, "instructions")
     top_p = _field(body, "top_p", 1.0)
@@ -286,20 +268,16 @@ def parse_responses(
     tools, tools_echo = _tools(body)
     choice, name, offered, choice_echo = _tool_choice(body, tools)
     response_format, text_echo = _text(body)
-    include = _include(body)
+    include = body.get("include") or []
     top = _field(body, "top_logprobs")
     if top is not None and LOGPROBS_INCLUDE not in include:
         raise bad("top_logprobs", f"needs include: [\"{LOGPROBS_INCLUDE}\"]")
     stream = _field(body, "stream", False)
-    opts = body.get("stream_options")
-    if opts is not None and not isinstance(opts, dict):
-        raise bad("stream_options", "must be an object")
     truncation = _field(body, "truncation")
-    _field(body, "max_tool_calls")
     echo: dict[str, Any] = {
         "instructions": instructions,
         "max_output_tokens": max_output,
-        "metadata": _metadata(body),
+        "metadata": dict(body.get("metadata") or {}),
         "parallel_tool_calls": _field(body, "parallel_tool_calls", True),
         "previous_response_id": previous,
         "reasoning": _reasoning(body),
@@ -336,3 +314,4 @@ def parse_responses(
         echo=echo,
         preferences=preferences(body, headers or {}),
     )
+

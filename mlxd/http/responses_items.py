@@ -31,8 +31,9 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.engines.base import ChatMessage, ToolCall
-from mlxd.http.fields import bad
-from mlxd.http.structured import arguments_text, function_name
+from mlxd.http.fields import Text, bad
+from mlxd.http.shapes import AnyOf, Array, Obj, Tagged
+from mlxd.http.structured import ARGUMENTS, NAME, arguments_text
 
 #: items in one request's input, and in a whole conversation (previous responses included)
 MAX_ITEMS = 10_000
@@ -46,107 +47,88 @@ LEFT_OUT = frozenset({
     "custom_tool_call", "custom_tool_call_output", "tool_search_call", "tool_search_output",
     "compaction",
 })
-ITEM_TYPES = ("message", "function_call", "function_call_output", *sorted(LEFT_OUT))
 TEXT_PARTS = ("input_text", "output_text")
 
 
-def input_items(v: object, *, allow_images: bool, param: str = "input") -> list[dict[str, Any]]:
-    """The request's ``input``, canonical (a string is one user message)."""
+_TEXT = Obj({"text": Text()}, required=("text",))
+_IMAGE = Obj({"image_url": Text(1, hint="must be a data URL or a file name in the model's image_dir "
+                                       "(file_id is not supported)")},
+             required=("image_url",), notes={"image_url": "a data URL, or a file in the model's image_dir"})
+
+
+def _message(role: str, parts: dict[str, Obj]) -> Obj:
+    kind = Tagged("type", parts, expected=f"one of {', '.join(parts)} in a {role} message")
+    return Obj({"content": AnyOf((Text(), Array(kind)), hint="must be a string or a list of content parts")},
+               required=("content",))
+
+
+def item_kind(*, images: bool = True, calls: bool = True) -> Tagged:
+    """One input item; the document's variants for models without images or function tools
+    leave them out."""
+    text = dict.fromkeys(TEXT_PARTS, _TEXT)
+    user = {**text, "input_image": _IMAGE} if images else text
+    roles = {"user": _message("user", user),
+             "assistant": _message("assistant", {**text, "refusal": Obj({"refusal": Text()},
+                                                                      required=("refusal",))}),
+             **{role: _message(role, text) for role in ("system", "developer")}}
+    outputs = Array(Tagged("type", text, expected="input_text (a local model reads text results only)"))
+    items: dict[str, Obj | Tagged] = {
+        "message": Tagged("role", roles, expected=f"one of {', '.join(ROLES)}"),
+        "function_call_output": Obj({"call_id": Text(1), "output": AnyOf(
+            (Text(), outputs), hint="must be a string or a list of input_text parts")},
+            required=("call_id", "output")),
+    }
+    if calls:
+        items["function_call"] = Obj({"call_id": Text(1), "name": NAME, "arguments": ARGUMENTS},
+                                     required=("call_id", "name", "arguments"))
+    return Tagged("type", {**items, **dict.fromkeys(sorted(LEFT_OUT), Obj({}))}, default="message",
+                  hint="must be an object (an input item with a 'type')",
+                  expected="one of message, function_call, function_call_output, reasoning or a "
+                  "built-in tool's call",
+                  refused={"item_reference": "item_reference is not supported: send the item itself "
+                           "(or continue a stored response with previous_response_id)"})
+
+
+def input_kind(*, images: bool = True, calls: bool = True) -> AnyOf:
+    """A request's ``input``: a string (one user message) or items."""
+    return AnyOf((Text(), Array(item_kind(images=images, calls=calls), max_items=MAX_ITEMS)),
+                 hint=f"must be a string or a list of at most {MAX_ITEMS:,} input items")
+
+
+def input_items(v: str | list[dict[str, Any]], *, allow_images: bool, param: str = "input") -> list[dict[str, Any]]:
+    """The request's ``input`` (checked against :func:`input_kind`), canonical (a string is one
+    user message)."""
     if isinstance(v, str):
         return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": v}]}]
-    if not isinstance(v, list):
-        raise bad(param, "must be a string or a list of input items")
-    if len(v) > MAX_ITEMS:
-        raise bad(param, f"has {len(v):,} items; at most {MAX_ITEMS:,}")
     out: list[dict[str, Any]] = []
     for i, item in enumerate(v):
-        canonical = _item(item, f"{param}[{i}]", allow_images=allow_images)
-        if canonical is not None:
-            out.append(canonical)
+        kind = item.get("type", "message")
+        if kind == "message":
+            out.append(_canonical_message(item, f"{param}[{i}]", allow_images=allow_images))
+        elif kind == "function_call":
+            out.append({"type": "function_call", "call_id": item["call_id"], "name": item["name"],
+                        "arguments": arguments_text(item["arguments"], f"{param}[{i}].arguments")})
+        elif kind == "function_call_output":
+            output = item["output"]
+            out.append({"type": "function_call_output", "call_id": item["call_id"],
+                        "output": output if isinstance(output, str) else "".join(p["text"] for p in output)})
     return out
 
 
-def _item(v: object, p: str, *, allow_images: bool) -> dict[str, Any] | None:
-    if not isinstance(v, dict):
-        raise bad(p, "must be an object (an input item with a 'type')")
-    kind = v.get("type", "message" if "role" in v else None)
-    if kind == "message":
-        return _message(v, p, allow_images=allow_images)
-    if kind == "function_call":
-        call_id = _id(v.get("call_id"), f"{p}.call_id")
-        name = function_name(v.get("name"), f"{p}.name")
-        return {"type": "function_call", "call_id": call_id, "name": name,
-                "arguments": arguments_text(v.get("arguments"), f"{p}.arguments")}
-    if kind == "function_call_output":
-        return {"type": "function_call_output", "call_id": _id(v.get("call_id"), f"{p}.call_id"),
-                "output": _output_text(v.get("output"), f"{p}.output")}
-    if isinstance(kind, str) and kind in LEFT_OUT:
-        return None
-    if kind == "item_reference":
-        raise bad(f"{p}.type", "item_reference is not supported: send the item itself "
-                  "(or continue a stored response with previous_response_id)")
-    shown = repr(kind)[:60] if kind is not None else "none"
-    raise bad(f"{p}.type", f"must be one of message, function_call, function_call_output, "
-              f"reasoning or a built-in tool's call (got {shown})")
-
-
-def _id(v: object, p: str) -> str:
-    if not isinstance(v, str) or not v:
-        raise bad(p, "must be a non-empty string")
-    return v
-
-
-def _message(v: dict[str, Any], p: str, *, allow_images: bool) -> dict[str, Any]:
-    role = v.get("role")
-    if not isinstance(role, str) or role not in ROLES:
-        raise bad(f"{p}.role", f"must be one of {', '.join(ROLES)}")
+def _canonical_message(v: dict[str, Any], p: str, *, allow_images: bool) -> dict[str, Any]:
+    role, content = v["role"], v["content"]
     text_type = "output_text" if role == "assistant" else "input_text"
-    content = v.get("content")
     if isinstance(content, str):
         return {"type": "message", "role": role, "content": [{"type": text_type, "text": content}]}
-    if not isinstance(content, list):
-        raise bad(f"{p}.content", "must be a string or a list of content parts")
     parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
-        q = f"{p}.content[{j}]"
-        if not isinstance(part, dict):
-            raise bad(q, "must be an object with a 'type'")
-        kind = part.get("type")
-        if kind in TEXT_PARTS or (kind == "refusal" and role == "assistant"):
-            key = "refusal" if kind == "refusal" else "text"
-            if not isinstance(part.get(key), str):
-                raise bad(f"{q}.{key}", "must be a string")
-            parts.append({"type": text_type, "text": part[key]})
-        elif kind == "input_image" and role == "user":
-            if not allow_images:
-                raise bad(q, "image parts are only accepted by vision (mllm) models")
-            url = part.get("image_url")
-            if not isinstance(url, str) or not url:
-                raise bad(f"{q}.image_url", "must be a data URL or a file name in the model's "
-                          "image_dir (file_id is not supported)")
-            parts.append({"type": "input_image", "image_url": url})
+        if part["type"] != "input_image":
+            parts.append({"type": text_type, "text": part["refusal" if part["type"] == "refusal" else "text"]})
+        elif not allow_images:
+            raise bad(f"{p}.content[{j}]", "image parts are only accepted by vision (mllm) models")
         else:
-            allowed = "input_text, output_text, refusal" if role == "assistant" else (
-                "input_text, output_text, input_image" if role == "user" else "input_text, output_text")
-            raise bad(f"{q}.type", f"must be one of {allowed} in a {role} message "
-                      f"(got {repr(kind)[:60]})")
+            parts.append({"type": "input_image", "image_url": part["image_url"]})
     return {"type": "message", "role": role, "content": parts}
-
-
-def _output_text(v: object, p: str) -> str:
-    """A function_call_output's ``output``: a string, or text parts joined."""
-    if isinstance(v, str):
-        return v
-    if not isinstance(v, list):
-        raise bad(p, "must be a string or a list of input_text parts")
-    out: list[str] = []
-    for j, part in enumerate(v):
-        if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS:
-            raise bad(f"{p}[{j}].type", "must be input_text (a local model reads text results only)")
-        if not isinstance(part.get("text"), str):
-            raise bad(f"{p}[{j}].text", "must be a string")
-        out.append(part["text"])
-    return "".join(out)
 
 
 def message_text(item: dict[str, Any]) -> str:

@@ -1,7 +1,11 @@
 """Request fields of the real clients: tools, tool_choice, response_format, logprobs, tool history.
 
-Shared by the OpenAI routes (:mod:`mlxd.http.validation`) and the Anthropic
-route (:mod:`mlxd.http.anthropic_api`). Every problem raises
+Shared by the OpenAI, Responses, Anthropic and Ollama routes. Their shapes are
+described here once (:data:`TOOL`, :func:`tools_kind`, :func:`tool_choice_kind`,
+:func:`response_format_kind`, :data:`TOOL_CALL`, :data:`NAME`,
+:data:`OBJECT_SCHEMA`, with :mod:`mlxd.http.shapes`): a route checks its body
+against them, then the readers here convert it and check what is not structure
+(a name declared twice, a named tool that is not declared). Every problem raises
 :class:`~mlxd.errors.InvalidRequest` whose ``param`` names the field. A JSON
 Schema (tool parameters, ``response_format.json_schema.schema``) is checked
 against its meta-schema with the ``jsonschema`` library; whether the grammar
@@ -31,11 +35,11 @@ import trio
 
 from mlxd.engines.base import Constraint, Tool, ToolCall
 from mlxd.errors import quote
-from mlxd.http.fields import Boolean, Integer, Kind, bad, read
+from mlxd.http.fields import Boolean, Choice, Integer, Kind, Text, bad, read
+from mlxd.http.shapes import AnyOf, Array, Const, Obj, Pattern, Tagged
 
 #: OpenAI's rule for function names
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-_NAME = re.compile(NAME_PATTERN)
 MAX_TOOLS = 128
 #: chat ``top_logprobs`` (OpenAI's bound) and completions ``logprobs`` (the legacy bound)
 MAX_TOP_LOGPROBS = 20
@@ -116,7 +120,7 @@ async def schema_checks_off_loop(
     return result
 
 
-def check_schema(schema: object, param: str, *, object_only: bool = False) -> dict[str, Any]:
+def check_schema(schema: object, param: str) -> dict[str, Any]:
     """A valid JSON Schema (a JSON object), or a 400 naming ``param``; the meta-schema check
     is left for :func:`schema_checks_off_loop` when a route reads its body in one."""
     if not isinstance(schema, dict):
@@ -129,8 +133,6 @@ def check_schema(schema: object, param: str, *, object_only: bool = False) -> di
     if used + values > MAX_SCHEMA_VALUES:
         raise bad(param, f"the request's schemas hold more than {MAX_SCHEMA_VALUES:,} JSON values "
                          "together; send smaller schemas or fewer tools")
-    if object_only and schema.get("type", "object") != "object":
-        raise bad(param, f"must be a JSON Schema of type 'object' (got type {schema.get('type')!r})")
     if checks is None:
         _meta_check(schema, param)
     else:
@@ -155,64 +157,92 @@ def _meta_check(schema: dict[str, Any], param: str) -> None:
         raise bad(param, "is nested too deeply") from None
 
 
-def function_name(v: object, param: str) -> str:
-    if not isinstance(v, str) or not _NAME.match(v):
-        raise bad(param, "must be 1-64 letters, digits, '_' or '-'")
-    return v
+#: a function or tool name
+NAME = Pattern(NAME_PATTERN, "must be 1-64 letters, digits, '_' or '-'")
+#: a JSON Schema of type object (tool parameters); :func:`check_schema` checks its meta-schema
+OBJECT_SCHEMA = Obj({"type": Const("object"), "properties": Obj({})}, not_null=("type", "properties"), whole=True,
+                    hint="must be a JSON Schema of type 'object'")
+_FUNCTION = Obj({"name": NAME, "description": Text(), "parameters": OBJECT_SCHEMA}, required=("name",),
+                hint="must be an object with a 'name'", notes={"parameters": "a JSON Schema of type object"})
+#: one declared tool of an OpenAI body (also Ollama's)
+TOOL = Tagged("type", {"function": Obj({"function": _FUNCTION}, required=("function",))})
+_TOOLS_HINT = f'must be a list of at most {MAX_TOOLS} {{"type": "function", "function": {{...}}}}'
+
+
+def tools_kind(tools: bool = True) -> Array:
+    """``tools``; for models that take none (the document's variant), an empty list."""
+    return Array(TOOL, max_items=MAX_TOOLS, hint=_TOOLS_HINT) if tools else Array(TOOL, max_items=0)
+
+
+def tool_choice_kind(tools: bool = True) -> Kind:
+    """OpenAI's ``tool_choice`` (also Ollama's ``options.tool_choice``); without tools, only
+    ``auto`` and ``none``."""
+    if not tools:
+        return Choice(("auto", "none"))
+    named = Tagged("type", {"function": Obj({"function": Obj({"name": NAME}, required=("name",))},
+                                            required=("function",))})
+    return AnyOf((Choice(("auto", "none", "required")), named),
+                 hint="must be 'auto', 'none', 'required' or "
+                      '{"type": "function", "function": {"name": ...}}')
+
+
+def response_format_kind(grammar: bool = True) -> Tagged:
+    """``response_format``; for models without grammars (the document's variant), only text."""
+    json_schema = Obj({"name": NAME, "schema": Obj({}, hint="must be a JSON Schema object"),
+                       "strict": Boolean()}, required=("name",),
+                      hint="must be an object with 'name' and 'schema'")
+    formats = {"text": Obj({})}
+    if grammar:
+        formats |= {"json_object": Obj({}),
+                    "json_schema": Obj({"json_schema": json_schema}, required=("json_schema",))}
+    return Tagged("type", formats)
+
+
+#: what a validator checks: everything any model may be sent
+TOOLS, TOOL_CHOICE, RESPONSE_FORMAT = tools_kind(), tool_choice_kind(), response_format_kind()
+#: a call's arguments: JSON text of an object, or the object (:func:`arguments_text`)
+ARGUMENTS = AnyOf((Text(), Obj({})), hint="must be an object (or JSON text of one)")
+#: a call in an assistant message of the history
+TOOL_CALL = Tagged("type", {"function": Obj({
+    "id": Text(1),
+    "function": Obj({"name": NAME, "arguments": ARGUMENTS},
+                    required=("name", "arguments"), hint="must be an object with 'name' and 'arguments'"),
+}, required=("id", "function"))}, default="function", hint="must be an object with 'id', 'type' and 'function'")
 
 
 def make_tool(
-    name: str, description: object, parameters: object, param: str, *, key: str = "parameters"
+    name: str, description: str | None, parameters: object, param: str, *, key: str = "parameters"
 ) -> Tool:
-    """One declared function; ``param`` is where its fields sit (``tools[2].function``),
-    ``key`` the name of its schema field there."""
-    if description is not None and not isinstance(description, str):
-        raise bad(f"{param}.description", "must be a string")
+    """One declared function (its shape checked against :data:`OBJECT_SCHEMA` and the like by
+    the caller); ``param`` is where its fields sit (``tools[2].function``), ``key`` the name of
+    its schema field there."""
     if parameters is None:
         parameters = {"type": "object", "properties": {}}
-    params = check_schema(parameters, f"{param}.{key}", object_only=True)
-    return Tool(name, description, params)
+    return Tool(name, description, check_schema(parameters, f"{param}.{key}"))
 
 
 def openai_tools(body: dict[str, Any]) -> tuple[Tool, ...]:
-    raw = body.get("tools")
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise bad("tools", "must be a list of {\"type\": \"function\", \"function\": {...}}")
-    if len(raw) > MAX_TOOLS:
-        raise bad("tools", f"at most {MAX_TOOLS} tools")
+    """``tools`` of a body checked against :data:`TOOLS` (by the caller)."""
     tools: list[Tool] = []
-    for i, item in enumerate(raw):
-        p = f"tools[{i}]"
-        if not isinstance(item, dict):
-            raise bad(p, "must be an object")
-        if item.get("type") != "function":
-            raise bad(f"{p}.type", "must be 'function'")
-        fn = item.get("function")
-        if not isinstance(fn, dict):
-            raise bad(f"{p}.function", "must be an object with a 'name'")
-        name = function_name(fn.get("name"), f"{p}.function.name")
+    for i, item in enumerate(body.get("tools") or ()):
+        fn = item["function"]
+        name = fn["name"]
         if any(t.name == name for t in tools):
-            raise bad(f"{p}.function.name", f"'{name}' is declared twice")
-        tools.append(make_tool(name, fn.get("description"), fn.get("parameters"), f"{p}.function"))
+            raise bad(f"tools[{i}].function.name", f"'{name}' is declared twice")
+        tools.append(make_tool(name, fn.get("description"), fn.get("parameters"), f"tools[{i}].function"))
     return tuple(tools)
 
 
 def openai_tool_choice(body: dict[str, Any], tools: tuple[Tool, ...]) -> tuple[ToolChoice, str | None]:
+    """``tool_choice`` of a body checked against :func:`tool_choice_kind` (by the caller)."""
     v = body.get("tool_choice")
     if v is None:
         return "auto", None
     if isinstance(v, str):
-        if v not in ("auto", "none", "required"):
-            raise bad("tool_choice", "must be 'auto', 'none', 'required' or {\"type\": \"function\", ...}")
         if v == "required" and not tools:
             raise bad("tool_choice", "'required' needs at least one tool in tools")
         return v, None  # type: ignore[return-value]
-    if not isinstance(v, dict) or v.get("type") != "function" or not isinstance(v.get("function"), dict):
-        raise bad("tool_choice", "must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}")
-    name = v["function"].get("name")
-    return "function", named_tool(name, tools, "tool_choice.function.name")
+    return "function", named_tool(v["function"]["name"], tools, "tool_choice.function.name")
 
 
 def named_tool(name: object, tools: tuple[Tool, ...], param: str) -> str:
@@ -234,25 +264,13 @@ def constraint(
 
 
 def response_format(body: dict[str, Any]) -> Constraint | None:
+    """``response_format`` of a body checked against :func:`response_format_kind` (by the caller)."""
     v = body.get("response_format")
-    if v is None:
+    if v is None or v["type"] == "text":
         return None
-    if not isinstance(v, dict):
-        raise bad("response_format", "must be an object with a 'type'")
-    kind = v.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
+    if v["type"] == "json_object":
         return Constraint("json_object")
-    if kind != "json_schema":
-        raise bad("response_format.type", "must be 'text', 'json_object' or 'json_schema'")
-    js = v.get("json_schema")
-    if not isinstance(js, dict):
-        raise bad("response_format.json_schema", "must be an object with 'name' and 'schema'")
-    function_name(js.get("name"), "response_format.json_schema.name")
-    if js.get("strict") is not None and not isinstance(js["strict"], bool):
-        raise bad("response_format.json_schema.strict", "must be a boolean")
-    schema = check_schema(js.get("schema", {}), "response_format.json_schema.schema")
+    schema = check_schema(v["json_schema"].get("schema", {}), "response_format.json_schema.schema")
     return Constraint("json_schema", json.dumps(schema))
 
 
@@ -264,6 +282,19 @@ CHAT_FIELDS: dict[str, Kind] = {
 }
 #: a text completion's ``logprobs``: how many alternatives per token
 COMPLETION_FIELDS: dict[str, Kind] = {"logprobs": Integer(0, MAX_COMPLETION_LOGPROBS)}
+
+
+#: top_logprobs only with logprobs: true (:func:`chat_logprobs`)
+TOP_NEEDS_LOGPROBS = {
+    "if": {"required": ["top_logprobs"],
+           "properties": {"top_logprobs": {"type": "integer"}}},
+    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+}
+#: 'required' needs tools (:func:`openai_tool_choice`)
+REQUIRED_NEEDS_TOOLS = {
+    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"const": "required"}}},
+    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+}
 
 
 def chat_logprobs(body: dict[str, Any]) -> int | None:
@@ -291,28 +322,11 @@ def is_model_name(v: object) -> TypeGuard[str]:
         and re.search(MODEL_NAME_PATTERN, v) is not None
 
 
-def assistant_tool_calls(v: object, param: str) -> tuple[ToolCall, ...]:
-    """An assistant message's ``tool_calls`` in the history."""
-    if v is None:
-        return ()
-    if not isinstance(v, list):
-        raise bad(param, "must be a list of tool calls")
-    calls: list[ToolCall] = []
-    for i, c in enumerate(v):
-        p = f"{param}[{i}]"
-        if not isinstance(c, dict):
-            raise bad(p, "must be an object with 'id', 'type' and 'function'")
-        cid = c.get("id")
-        if not isinstance(cid, str) or not cid:
-            raise bad(f"{p}.id", "must be a non-empty string")
-        if c.get("type", "function") != "function":
-            raise bad(f"{p}.type", "must be 'function'")
-        fn = c.get("function")
-        if not isinstance(fn, dict):
-            raise bad(f"{p}.function", "must be an object with 'name' and 'arguments'")
-        name = function_name(fn.get("name"), f"{p}.function.name")
-        calls.append(ToolCall(cid, name, arguments_text(fn.get("arguments"), f"{p}.function.arguments")))
-    return tuple(calls)
+def assistant_tool_calls(v: list[dict[str, Any]] | None, param: str) -> tuple[ToolCall, ...]:
+    """An assistant message's ``tool_calls`` in the history, checked against :data:`TOOL_CALL`."""
+    return tuple(ToolCall(c["id"], c["function"]["name"],
+                          arguments_text(c["function"].get("arguments"), f"{param}[{i}].function.arguments"))
+                 for i, c in enumerate(v or ()))
 
 
 def arguments_text(v: object, param: str) -> str:
@@ -341,13 +355,10 @@ class ClientFields:
 
 
 def openai_fields(body: dict[str, Any], *, chat: bool) -> ClientFields:
+    """The client fields of a body checked against its description (by the caller)."""
     if not chat:
-        for key in ("tools", "tool_choice", "response_format"):
-            if body.get(key) is not None:
-                raise bad(key, "is only for /v1/chat/completions")
         return ClientFields((), "auto", None, None, completion_logprobs(body))
     tools = openai_tools(body)
     choice, name = openai_tool_choice(body, tools)
-    read(body, "parallel_tool_calls", CHAT_FIELDS["parallel_tool_calls"], None)
     c = constraint(choice, tools, response_format(body), format_param="response_format")
     return ClientFields(tools, choice, name, c, chat_logprobs(body))

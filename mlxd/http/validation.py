@@ -16,10 +16,12 @@ greedy (temperature 0), whatever its ``temperature``.
 
 Every optional field may be ``null`` (it then takes its default). Integer
 fields accept a number with no fractional part (``16.0``), as JSON Schema's
-``integer`` does; booleans are never numbers. The scalar fields are read
-through :data:`SAMPLING` (:mod:`mlxd.http.fields`), the table
-:mod:`mlxd.http.openapi` documents them from, so generated requests and this
-module agree.
+``integer`` does; booleans are never numbers. A body's structure is checked
+against its description (:func:`chat_body`, :data:`COMPLETION_BODY`, built with
+:mod:`mlxd.http.shapes` from :data:`SAMPLING` and the client fields of
+:mod:`mlxd.http.structured`), the one :mod:`mlxd.http.openapi` documents, so
+generated requests and this module agree; the code here then converts it and
+checks the rules that are not structure.
 """
 
 from __future__ import annotations
@@ -30,13 +32,33 @@ from typing import Any
 
 from mlxd.engines.base import ChatMessage, GenerationRequest
 from mlxd.errors import InvalidRequest
-from mlxd.http.fields import Boolean, Integer, Kind, Number, Stops, bad, read
+from mlxd.http.fields import (
+    Boolean,
+    Choice,
+    Integer,
+    Kind,
+    Number,
+    Stops,
+    Text,
+    bad,
+    nullable,
+    read,
+)
 from mlxd.http.preferences import Headers, Preferences, preferences
+from mlxd.http.shapes import AnyOf, Array, Const, Obj, Refused, Tagged, check
 from mlxd.http.structured import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
     MAX_MODEL_NAME,
     MODEL_NAME_PATTERN,
+    REQUIRED_NEEDS_TOOLS,
+    TOOL_CALL,
+    TOP_NEEDS_LOGPROBS,
     assistant_tool_calls,
     openai_fields,
+    response_format_kind,
+    tool_choice_kind,
+    tools_kind,
 )
 
 #: upper bound on max_tokens; a larger value is a 400, not a silent clamp
@@ -44,6 +66,7 @@ MAX_TOKENS_LIMIT = 131_072
 DEFAULT_MAX_TOKENS = 512
 ROLES = {"system", "user", "assistant", "developer", "tool"}
 MAX_STOP = 4
+BODY = "the request body must be a JSON object"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,94 +116,131 @@ def _seed(body: dict[str, Any]) -> int | None:
     return None if seed is None else int(seed) % (2**32)
 
 
+STREAM_OPTIONS = Obj({"include_usage": Boolean()}, not_null=("include_usage",))
+#: ``stream_options`` with any option in it is only allowed when ``stream`` is true (:func:`_stream`)
+STREAM_OPTIONS_NEED_STREAM = {
+    "if": {
+        "required": ["stream_options"],
+        "properties": {"stream_options": {"type": "object", "minProperties": 1}},
+    },
+    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+}
+
+
 def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
     stream = read(body, "stream", SAMPLING["stream"], False)
-    opts = body.get("stream_options")
-    include_usage = False
-    if opts is not None:
-        if not isinstance(opts, dict):
-            raise bad("stream_options", "must be an object")
-        iu = opts.get("include_usage", False)
-        if not isinstance(iu, bool):
-            raise bad("stream_options.include_usage", "must be a boolean")
-        if not stream and opts:
-            raise bad("stream_options", "is only allowed when stream is true")
-        include_usage = iu
-    return stream, include_usage
+    opts = body.get("stream_options") or {}
+    if opts and not stream:
+        raise bad("stream_options", "is only allowed when stream is true")
+    return stream, opts.get("include_usage", False)
 
 
-def _content(v: object, param: str, *, allow_images: bool) -> str | list[dict[str, Any]]:
+_URL = Text(1)
+_IMAGE = AnyOf((Obj({"url": _URL}, required=("url",)), _URL), hint='must be a string URL (or {"url": ...})')
+_PARTS = {
+    "text": Obj({"text": Text()}, required=("text",)),
+    "image_url": Obj({"image_url": _IMAGE}, required=("image_url",), notes={
+        "image_url": "a data:image/...;base64 URL or a file inside the model's image_dir"}),
+}
+_NO_CALLS = nullable(Array(TOOL_CALL, max_items=0).schema())
+#: the rules of :func:`_messages` about roles, for the document
+_ROLE_RULES = (
+    {"if": {"properties": {"role": {"const": "tool"}}},
+     "then": {"required": ["tool_call_id"],
+              "properties": {"tool_call_id": {"type": "string", "minLength": 1}}}},
+    {"if": {"properties": {"role": {"not": {"const": "assistant"}}}},
+     "then": {"properties": {"tool_calls": _NO_CALLS}}},
+)
+
+
+def message_kind(*, images: bool = True, tools: bool = True) -> Obj:
+    """A chat message; the document's variants for models without images or tools leave them out."""
+    content = AnyOf((Text(), Array(Tagged("type", _PARTS if images else {"text": _PARTS["text"]}),
+                                   min_items=1)),
+                    hint="must be a string or a non-empty list of content parts")
+    # only an assistant message may leave its content out (or null)
+    content_rule = {"if": {"properties": {"role": {"const": "assistant"}}},
+                    "else": {"required": ["content"], "properties": {"content": content.schema()}}}
+    return Obj({
+        "role": Choice(tuple(sorted(ROLES))),
+        "content": content,
+        "tool_calls": Array(TOOL_CALL, hint="must be a list of tool calls") if tools
+        else Array(TOOL_CALL, max_items=0),
+        "tool_call_id": Text(),
+        "name": Text(),
+    }, required=("role",), hint="must be an object with 'role' and 'content'",
+        rules=(content_rule, *_ROLE_RULES))
+
+
+def chat_body(*, images: bool = True, tools: bool = True, grammar: bool = True,
+              logprobs: bool = True) -> Obj:
+    """A chat body but ``model`` and ``keep_alive``; the validator checks the variant with
+    everything, the document shows one per group of models (:mod:`mlxd.http.openapi_chat`)."""
+    fields: dict[str, Kind] = {
+        **SAMPLING,
+        "stream_options": STREAM_OPTIONS,
+        "messages": Array(message_kind(images=images, tools=tools), min_items=1,
+                          hint="must be a non-empty list"),
+        **CHAT_FIELDS,
+        "tools": tools_kind(tools),
+        "tool_choice": tool_choice_kind(tools),
+        "response_format": response_format_kind(grammar),
+    }
+    if not logprobs:  # the engine has none to give: only "off" is valid
+        fields |= {"logprobs": Const(False), "top_logprobs": Refused("needs a model that gives logprobs")}
+    return Obj(fields, required=("messages",), hint=BODY,
+               rules=(STREAM_OPTIONS_NEED_STREAM, TOP_NEEDS_LOGPROBS, REQUIRED_NEEDS_TOOLS))
+
+
+#: a text completion body but ``model`` and ``keep_alive``
+COMPLETION_BODY = Obj({
+    **SAMPLING,
+    "stream_options": STREAM_OPTIONS,
+    **COMPLETION_FIELDS,
+    # chat fields are refused (they would be silently lost otherwise)
+    **dict.fromkeys(("tools", "tool_choice", "response_format"),
+                    Refused("is only for /v1/chat/completions")),
+    "prompt": AnyOf((Text(), Array(Text(), 1, 1)),
+                    hint="must be a string (or a list of exactly one string)"),
+}, required=("prompt",), hint=BODY, rules=(STREAM_OPTIONS_NEED_STREAM,))
+CHAT_BODY = chat_body()
+
+
+def _content(v: str | list[dict[str, Any]], param: str, *, allow_images: bool) -> str | list[dict[str, Any]]:
     if isinstance(v, str):
         return v
-    if not isinstance(v, list) or not v:
-        raise bad(param, "must be a string or a non-empty list of content parts")
     parts: list[dict[str, Any]] = []
     for i, part in enumerate(v):
-        p = f"{param}[{i}]"
-        if not isinstance(part, dict):
-            raise bad(p, "must be an object with a 'type'")
-        kind = part.get("type")
-        if kind == "text":
-            if not isinstance(part.get("text"), str):
-                raise bad(f"{p}.text", "must be a string")
+        if part["type"] == "text":
             parts.append({"type": "text", "text": part["text"]})
-        elif kind == "image_url":
-            if not allow_images:
-                raise bad(p, "image parts are only accepted by vision (mllm) models")
-            iu = part.get("image_url")
-            url = iu.get("url") if isinstance(iu, dict) else iu
-            if not isinstance(url, str) or not url:
-                raise bad(f"{p}.image_url.url", "must be a string URL")
-            parts.append({"type": "image_url", "image_url": {"url": url}})
-        else:
-            raise bad(f"{p}.type", "must be 'text' or 'image_url'")
+            continue
+        if not allow_images:
+            raise bad(f"{param}[{i}]", "image parts are only accepted by vision (mllm) models")
+        url = part["image_url"]
+        parts.append({"type": "image_url", "image_url": {"url": url if isinstance(url, str) else url["url"]}})
     return parts
 
 
 def _messages(body: dict[str, Any], *, allow_images: bool) -> tuple[ChatMessage, ...]:
-    msgs = body.get("messages")
-    if msgs is None:
-        raise bad("messages", "is required")
-    if not isinstance(msgs, list) or not msgs:
-        raise bad("messages", "must be a non-empty list")
     out: list[ChatMessage] = []
-    for i, m in enumerate(msgs):
+    for i, m in enumerate(body["messages"]):
         p = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad(p, "must be an object with 'role' and 'content'")
-        role = m.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise bad(f"{p}.role", f"must be one of {', '.join(sorted(ROLES))}")
-        content = m.get("content")
-        if content is None and role == "assistant":
-            content = ""
-        parsed = _content(content, f"{p}.content", allow_images=allow_images)
+        role, content, call_id = m["role"], m.get("content"), m.get("tool_call_id")
+        if content is None and role != "assistant":
+            raise bad(f"{p}.content", "must be a string or a non-empty list of content parts")
+        parsed = _content(content or "", f"{p}.content", allow_images=allow_images)
         calls = assistant_tool_calls(m.get("tool_calls"), f"{p}.tool_calls")
         if calls and role != "assistant":
             raise bad(f"{p}.tool_calls", "only assistant messages carry tool calls")
-        call_id = m.get("tool_call_id")
-        if call_id is not None and not isinstance(call_id, str):
-            raise bad(f"{p}.tool_call_id", "must be a string")
         if role == "tool" and not call_id:
             raise bad(f"{p}.tool_call_id", "is required in a tool message (the id of the call it answers)")
-        name = m.get("name")
-        if name is not None and not isinstance(name, str):
-            raise bad(f"{p}.name", "must be a string")
-        out.append(ChatMessage(role, parsed, calls, call_id if role == "tool" else None, name))
+        out.append(ChatMessage(role, parsed, calls, call_id if role == "tool" else None, m.get("name")))
     return tuple(out)
 
 
 def _prompt(body: dict[str, Any]) -> str:
-    v = body.get("prompt")
-    if v is None:
-        raise bad("prompt", "is required")
-    if isinstance(v, list):
-        if len(v) != 1 or not isinstance(v[0], str):
-            raise bad("prompt", "must be a string (or a list of exactly one string)")
-        v = v[0]
-    if not isinstance(v, str):
-        raise bad("prompt", "must be a string")
-    return v
+    v = body["prompt"]
+    return v[0] if isinstance(v, list) else v  # type: ignore[no-any-return]
 
 
 def parse_request(
@@ -197,11 +257,11 @@ def parse_request(
     (:mod:`mlxd.http.preferences`).
     """
     if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
+        raise InvalidRequest(BODY)
     model = _model(body)
-    read(body, "n", SAMPLING["n"], 1)
-    stream, include_usage = _stream(body)
     chat = kind == "chat"
+    check(CHAT_BODY if chat else COMPLETION_BODY, body)
+    stream, include_usage = _stream(body)
     top_p = read(body, "top_p", SAMPLING["top_p"], 1.0)
     temperature = read(body, "temperature", SAMPLING["temperature"], 1.0)
     if top_p == 0.0:
