@@ -14,19 +14,22 @@ from typing import Any
 
 from mlxd.http.anthropic_fields import EFFORT, SERVICE_TIER, SYSTEM_ROLES
 from mlxd.http.anthropic_shapes import FIELDS, MAX_TOKENS
+from mlxd.http.bodies_anthropic import (
+    AnthropicError,
+    AnthropicMessage,
+    ContentBlockDelta,
+    ContentBlockStart,
+    ContentBlockStop,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    Ping,
+    TokenCount,
+)
+from mlxd.http.body_schemas import event_data, ref
 from mlxd.http.fields import documented, nullable
 from mlxd.http.openapi_clients import ANY_MODEL_NAME, NAME, OBJECT_SCHEMA, OPEN, error_responses
 from mlxd.http.structured import MAX_TOOLS
-
-ERROR = {
-    "type": "object",
-    "required": ["type", "error"],
-    "properties": {
-        "type": {"const": "error"},
-        "error": {"type": "object", "required": ["type", "message"],
-                  "properties": {"type": {"type": "string"}, "message": {"type": "string"}}},
-    },
-}
 
 _TEXT = {"type": "object", "required": ["type", "text"],
          "properties": {"type": {"const": "text"}, "text": {"type": "string"}}, **OPEN}
@@ -136,32 +139,16 @@ def _variants(groups: dict[str, list[str]], *, counting: bool) -> dict[str, Any]
     return parts[0] if len(parts) == 1 else {"anyOf": parts}
 
 
-_MESSAGE = {
-    "type": "object",
-    "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
-    "properties": {
-        "id": {"type": "string"}, "type": {"const": "message"}, "role": {"const": "assistant"},
-        "model": {"type": "string"},
-        "content": {"type": "array", "items": {"anyOf": [_TEXT, _TOOL_USE, _THINKING]}},
-        "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]},
-        "stop_sequence": {"type": ["string", "null"]},
-        "usage": {"type": "object", "required": ["input_tokens", "output_tokens"],
-                  "properties": {"input_tokens": {"type": "integer", "minimum": 0},
-                                 "output_tokens": {"type": "integer", "minimum": 0},
-                                 "cache_read_input_tokens": {"type": "integer", "minimum": 0},
-                                 "cache_creation_input_tokens": {"type": "integer", "minimum": 0},
-                                 "service_tier": {"type": "string"},
-                                 "mlxd_cached_tokens": {
-                                     "$ref": "#/components/schemas/CachedTokens"}}},
-    },
-}
+#: one SSE event of a streamed message: its name is its data's type
 _EVENT = {
     "type": "object",
     "required": ["event", "data"],
     "properties": {
         "event": {"enum": ["message_start", "ping", "content_block_start", "content_block_delta",
                            "content_block_stop", "message_delta", "message_stop", "error"]},
-        "data": {"type": "string", "pattern": r"^\{[\s\S]*\}$", "contentMediaType": "application/json"},
+        "data": {"type": "string", "pattern": r"^\{[\s\S]*\}$",
+                 **event_data(MessageStart, Ping, ContentBlockStart, ContentBlockDelta,
+                              ContentBlockStop, MessageDelta, MessageStop, AnthropicError)},
     },
 }
 _DESCRIPTIONS = {
@@ -189,7 +176,7 @@ def anthropic_paths(groups: dict[str, list[str]]) -> dict[str, Any]:
             "summary": "Anthropic Messages (whole, or an event stream with stream=true)",
             "requestBody": body(_variants(groups, counting=False)),
             "responses": {"200": {"description": "the message, or its event stream",
-                                  "content": {"application/json": {"schema": _MESSAGE},
+                                  "content": {"application/json": {"schema": ref(AnthropicMessage)},
                                               "text/event-stream": {"schema": _EVENT}}},
                           **statuses},
         }},
@@ -197,8 +184,7 @@ def anthropic_paths(groups: dict[str, list[str]]) -> dict[str, Any]:
             "summary": "The prompt's tokens under the model's template (loads the model)",
             "requestBody": body(_variants(groups, counting=True)),
             "responses": {"200": {"description": "the count", "content": {"application/json": {
-                "schema": {"type": "object", "required": ["input_tokens"],
-                           "properties": {"input_tokens": {"type": "integer", "minimum": 0}}}}}},
+                "schema": ref(TokenCount)}}},
                           **statuses},
         }},
     }

@@ -36,6 +36,18 @@ from typing import Any
 from mlxd.engines.base import Finished, TextDelta, TokenLogprob, ToolCall, ToolCallDelta
 from mlxd.errors import MlxdError
 from mlxd.http import sse
+from mlxd.http.bodies_responses import (
+    FunctionCallItem,
+    ItemStatus,
+    OutputItem,
+    OutputMessage,
+    OutputText,
+    ResponseError,
+    ResponseObject,
+    ResponsesLogprob,
+    ResponsesUsage,
+    Status,
+)
 from mlxd.http.generation import Collected
 from mlxd.http.responses_fields import ParsedResponses
 
@@ -44,13 +56,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def _logprob(e: TokenLogprob) -> dict[str, Any]:
+def _logprob(e: TokenLogprob) -> ResponsesLogprob:
     return {"token": e.token, "bytes": list(e.bytes), "logprob": e.logprob,
             "top_logprobs": [{"token": t.token, "bytes": list(t.bytes), "logprob": t.logprob}
                              for t in e.top]}
 
 
-def usage(fin: Finished) -> dict[str, Any]:
+def usage(fin: Finished) -> ResponsesUsage:
     return {
         "input_tokens": fin.prompt_tokens,
         # prompt tokens whose KV came from the model's prompt cache
@@ -61,7 +73,7 @@ def usage(fin: Finished) -> dict[str, Any]:
     }
 
 
-def _call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
+def _call_item(item_id: str, call: ToolCall, status: ItemStatus) -> FunctionCallItem:
     arguments = call.arguments if status == "completed" else ""
     return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id,
             "name": call.name, "arguments": arguments}
@@ -71,7 +83,7 @@ class ResponsesRenderer:
     """One response's object and events (see the module docstring)."""
 
     def __init__(
-        self, parsed: ParsedResponses, on_done: Callable[[dict[str, Any]], None] | None = None
+        self, parsed: ParsedResponses, on_done: Callable[[ResponseObject], None] | None = None
     ) -> None:
         self.model = parsed.model
         self.id = new_id("resp")
@@ -81,20 +93,20 @@ class ResponsesRenderer:
         self.on_done = on_done
         self._seq = 0
         #: output items finished so far, in order
-        self._items: list[dict[str, Any]] = []
+        self._items: list[OutputItem] = []
         #: the message being streamed: its id, text and logprobs so far
-        self._open: tuple[str, list[str], list[dict[str, Any]]] | None = None
+        self._open: tuple[str, list[str], list[ResponsesLogprob]] | None = None
 
     # ---- the response object -----------------------------------------------------------------
 
     def response(
         self,
-        status: str,
-        output: list[dict[str, Any]],
+        status: Status,
+        output: list[OutputItem],
         *,
         fin: Finished | None = None,
-        error: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        error: ResponseError | None = None,
+    ) -> ResponseObject:
         done = status in ("completed", "incomplete")
         return {
             "id": self.id,
@@ -110,8 +122,8 @@ class ResponsesRenderer:
             **self._echo,
         }
 
-    def _finished(self, fin: Finished, output: list[dict[str, Any]]) -> dict[str, Any]:
-        status = "incomplete" if fin.finish_reason == "length" else "completed"
+    def _finished(self, fin: Finished, output: list[OutputItem]) -> ResponseObject:
+        status: Status = "incomplete" if fin.finish_reason == "length" else "completed"
         response = self.response(status, output, fin=fin)
         if self.on_done is not None:
             self.on_done(response)
@@ -133,26 +145,27 @@ class ResponsesRenderer:
         item_id = new_id("msg")
         self._open = (item_id, [], [])
         index = len(self._items)
-        item = {"id": item_id, "type": "message", "status": "in_progress", "role": "assistant",
-                "content": []}
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        item: OutputMessage = {"id": item_id, "type": "message", "status": "in_progress",
+                               "role": "assistant", "content": []}
+        part: OutputText = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         return [self._event("response.output_item.added", output_index=index, item=item),
                 self._event("response.content_part.added", item_id=item_id, output_index=index,
                             content_index=0, part=part)]
 
-    def _take_message(self, status: str) -> dict[str, Any] | None:
+    def _take_message(self, status: ItemStatus) -> OutputMessage | None:
         """The message being streamed, finished with ``status`` and added to the output."""
         if self._open is None:
             return None
         item_id, text, logprobs = self._open
         self._open = None
-        part = {"type": "output_text", "text": "".join(text), "annotations": [], "logprobs": logprobs}
-        item = {"id": item_id, "type": "message", "status": status, "role": "assistant",
-                "content": [part]}
+        part: OutputText = {"type": "output_text", "text": "".join(text), "annotations": [],
+                            "logprobs": logprobs}
+        item: OutputMessage = {"id": item_id, "type": "message", "status": status,
+                               "role": "assistant", "content": [part]}
         self._items.append(item)
         return item
 
-    def _close_message(self, status: str = "completed") -> list[bytes]:
+    def _close_message(self, status: ItemStatus = "completed") -> list[bytes]:
         item = self._take_message(status)
         if item is None:
             return []
@@ -192,7 +205,7 @@ class ResponsesRenderer:
                 self._event("response.output_item.done", output_index=index, item=done)]
 
     def finish(self, fin: Finished) -> list[bytes]:
-        status = "incomplete" if fin.finish_reason == "length" else "completed"
+        status: ItemStatus = "incomplete" if fin.finish_reason == "length" else "completed"
         out = [] if self._open is not None or self._items else self._open_message()
         out += self._close_message(status)
         response = self._finished(fin, list(self._items))
@@ -206,13 +219,13 @@ class ResponsesRenderer:
 
     # ---- whole ----------------------------------------------------------------------------------
 
-    def whole(self, out: Collected, fin: Finished) -> dict[str, Any]:
+    def whole(self, out: Collected, fin: Finished) -> ResponseObject:
         text = "".join(out.text)
-        output: list[dict[str, Any]] = []
+        output: list[OutputItem] = []
         if text or not out.calls:
-            status = "incomplete" if fin.finish_reason == "length" else "completed"
-            part = {"type": "output_text", "text": text, "annotations": [],
-                    "logprobs": [_logprob(e) for e in out.logprobs]}
+            status: ItemStatus = "incomplete" if fin.finish_reason == "length" else "completed"
+            part: OutputText = {"type": "output_text", "text": text, "annotations": [],
+                                "logprobs": [_logprob(e) for e in out.logprobs]}
             output.append({"id": new_id("msg"), "type": "message", "status": status,
                            "role": "assistant", "content": [part]})
         output += [_call_item(new_id("fc"), c.call, "completed") for c in out.calls]

@@ -28,6 +28,7 @@ from typing import Any
 
 from mlxd.engines.base import Constraint, Tool
 from mlxd.errors import InvalidRequest
+from mlxd.http.bodies_responses import ResponseEcho
 from mlxd.http.fields import Boolean, Choice, Integer, Kind, Text, bad, read
 from mlxd.http.preferences import Headers, Preferences, preferences
 from mlxd.http.responses_items import input_items
@@ -76,7 +77,7 @@ class ParsedResponses:
     store: bool
     previous_response_id: str | None
     #: the request's fields as the response object shows them (tools, tool_choice, text, ...)
-    echo: dict[str, Any] = field(default_factory=dict)
+    echo: ResponseEcho
     preferences: Preferences = field(default_factory=Preferences)
 
 
@@ -296,7 +297,7 @@ def parse_responses(
         raise bad("stream_options", "must be an object")
     truncation = _field(body, "truncation")
     _field(body, "max_tool_calls")
-    echo: dict[str, Any] = {
+    echo: ResponseEcho = {
         "instructions": instructions,
         "max_output_tokens": max_output,
         "metadata": _metadata(body),
