@@ -135,10 +135,10 @@ def _generation_event(chunk: type) -> dict[str, Any]:
         "properties": {
             "event": {"const": "message"},
             "data": {
-                "type": "string",
                 "description": "a chunk object, an error envelope, or the final [DONE]",
-                "pattern": r"^(\[DONE\]|\{[\s\S]*\})$",
-                **event_data(chunk, ErrorEnvelope),
+                "anyOf": [{"const": "[DONE]"},
+                          {"type": "string", "pattern": r"^\{[\s\S]*\}$",
+                           **event_data(chunk, ErrorEnvelope)}],
             },
         },
     }
