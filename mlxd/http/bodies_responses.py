@@ -136,5 +136,83 @@ class DeletedResponse(TypedDict):
     deleted: Literal[True]
 
 
+# ---- the stream's events (each one SSE event named by its type, numbered from 0) ------------
+
+Lifecycle = Literal["response.created", "response.in_progress", "response.completed",
+                    "response.incomplete", "response.failed"]
+ItemEventKind = Literal["response.output_item.added", "response.output_item.done"]
+PartEventKind = Literal["response.content_part.added", "response.content_part.done"]
+
+
+class ResponseLifecycle(TypedDict):
+    """The response as it stands: ``created`` and ``in_progress`` first, then ``completed``,
+    ``incomplete`` or ``failed`` last."""
+
+    type: Lifecycle
+    response: ResponseObject
+    sequence_number: NonNegative
+
+
+class OutputItemEvent(TypedDict):
+    type: ItemEventKind
+    output_index: NonNegative
+    item: OutputItem
+    sequence_number: NonNegative
+
+
+class ContentPartEvent(TypedDict):
+    type: PartEventKind
+    item_id: str
+    output_index: NonNegative
+    content_index: NonNegative
+    part: OutputText
+    sequence_number: NonNegative
+
+
+class OutputTextDelta(TypedDict):
+    type: Literal["response.output_text.delta"]
+    item_id: str
+    output_index: NonNegative
+    content_index: NonNegative
+    delta: str
+    logprobs: list[ResponsesLogprob]
+    sequence_number: NonNegative
+
+
+class OutputTextDone(TypedDict):
+    type: Literal["response.output_text.done"]
+    item_id: str
+    output_index: NonNegative
+    content_index: NonNegative
+    text: str
+    logprobs: list[ResponsesLogprob]
+    sequence_number: NonNegative
+
+
+class ArgumentsDelta(TypedDict):
+    """A call's arguments (whole: the engine parses a call once it is complete)."""
+
+    type: Literal["response.function_call_arguments.delta"]
+    item_id: str
+    output_index: NonNegative
+    delta: str
+    sequence_number: NonNegative
+
+
+class ArgumentsDone(TypedDict):
+    type: Literal["response.function_call_arguments.done"]
+    item_id: str
+    output_index: NonNegative
+    name: str
+    arguments: str
+    sequence_number: NonNegative
+
+
+#: one event of a streamed response, in its ``data:`` (its ``event:`` is its ``type``)
+ResponseEvent = (ResponseLifecycle | OutputItemEvent | ContentPartEvent | OutputTextDelta
+                 | OutputTextDone | ArgumentsDelta | ArgumentsDone)
+EVENTS: tuple[Any, ...] = (ResponseLifecycle, OutputItemEvent, ContentPartEvent, OutputTextDelta,
+                           OutputTextDone, ArgumentsDelta, ArgumentsDone)
+
 #: the bodies the routes answer with (their schemas become components)
-BODIES: tuple[Any, ...] = (ResponseObject, DeletedResponse)
+BODIES: tuple[Any, ...] = (ResponseObject, DeletedResponse, *EVENTS)

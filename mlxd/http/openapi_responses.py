@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlxd.http.bodies_responses import DeletedResponse, ResponseObject
-from mlxd.http.body_schemas import ref
+from mlxd.http.bodies_responses import EVENTS, DeletedResponse, ResponseObject
+from mlxd.http.body_schemas import event_data, ref
 from mlxd.http.fields import documented, nullable
 from mlxd.http.openapi_clients import NAME, OBJECT_SCHEMA, OPEN
 from mlxd.http.responses_fields import (
@@ -188,7 +188,7 @@ def responses_request(groups: dict[str, list[str]], sampling: Sampling) -> dict[
 #: one SSE event of a streamed response (Open API 3.1: the stream's ``schema`` is one event)
 _EVENT = {"type": "object", "required": ["event", "data"], "properties": {
     "event": {"type": "string", "pattern": r"^response\.[a-z_.]+$"},
-    "data": {"type": "string", "pattern": r"^\{[\s\S]*\}$", "contentMediaType": "application/json"},
+    "data": {"type": "string", "pattern": r"^\{[\s\S]*\}$", **event_data(*EVENTS)},
 }}
 _RESPONSE_ID = {"name": "response_id", "in": "path", "required": True,
                 "schema": {"type": "string", "minLength": 1}}

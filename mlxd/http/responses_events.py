@@ -31,18 +31,21 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 from mlxd.engines.base import Finished, TextDelta, TokenLogprob, ToolCall, ToolCallDelta
 from mlxd.errors import MlxdError
 from mlxd.http import sse
 from mlxd.http.bodies_responses import (
     FunctionCallItem,
+    ItemEventKind,
     ItemStatus,
+    Lifecycle,
     OutputItem,
     OutputMessage,
     OutputText,
+    PartEventKind,
     ResponseError,
+    ResponseEvent,
     ResponseObject,
     ResponsesLogprob,
     ResponsesUsage,
@@ -131,15 +134,29 @@ class ResponsesRenderer:
 
     # ---- events ---------------------------------------------------------------------------------
 
-    def _event(self, kind: str, **fields: Any) -> bytes:
-        frame = sse.event({"type": kind, **fields, "sequence_number": self._seq}, name=kind)
+    def _next(self) -> int:
+        """The next event's ``sequence_number``."""
         self._seq += 1
-        return frame
+        return self._seq - 1
+
+    def _event(self, event: ResponseEvent) -> bytes:
+        return sse.event(event, name=event["type"])
+
+    def _lifecycle(self, kind: Lifecycle, response: ResponseObject) -> bytes:
+        return self._event({"type": kind, "response": response, "sequence_number": self._next()})
+
+    def _item(self, kind: ItemEventKind, index: int, item: OutputItem) -> bytes:
+        return self._event({"type": kind, "output_index": index, "item": item,
+                            "sequence_number": self._next()})
+
+    def _part(self, kind: PartEventKind, item_id: str, index: int, part: OutputText) -> bytes:
+        return self._event({"type": kind, "item_id": item_id, "output_index": index,
+                            "content_index": 0, "part": part, "sequence_number": self._next()})
 
     def first(self) -> bytes:
         snapshot = self.response("in_progress", [])
-        return (self._event("response.created", response=snapshot)
-                + self._event("response.in_progress", response=snapshot))
+        return (self._lifecycle("response.created", snapshot)
+                + self._lifecycle("response.in_progress", snapshot))
 
     def _open_message(self) -> list[bytes]:
         item_id = new_id("msg")
@@ -148,9 +165,8 @@ class ResponsesRenderer:
         item: OutputMessage = {"id": item_id, "type": "message", "status": "in_progress",
                                "role": "assistant", "content": []}
         part: OutputText = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        return [self._event("response.output_item.added", output_index=index, item=item),
-                self._event("response.content_part.added", item_id=item_id, output_index=index,
-                            content_index=0, part=part)]
+        return [self._item("response.output_item.added", index, item),
+                self._part("response.content_part.added", item_id, index, part)]
 
     def _take_message(self, status: ItemStatus) -> OutputMessage | None:
         """The message being streamed, finished with ``status`` and added to the output."""
@@ -170,11 +186,11 @@ class ResponsesRenderer:
         if item is None:
             return []
         part, index = item["content"][0], len(self._items) - 1
-        logprobs = part["logprobs"]
-        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        return [self._event("response.output_text.done", **where, text=part["text"], logprobs=logprobs),
-                self._event("response.content_part.done", **where, part=part),
-                self._event("response.output_item.done", output_index=index, item=item)]
+        return [self._event({"type": "response.output_text.done", "item_id": item["id"],
+                             "output_index": index, "content_index": 0, "text": part["text"],
+                             "logprobs": part["logprobs"], "sequence_number": self._next()}),
+                self._part("response.content_part.done", item["id"], index, part),
+                self._item("response.output_item.done", index, item)]
 
     def text(self, ev: TextDelta) -> list[bytes]:
         if not ev.text and not ev.logprobs:
@@ -185,9 +201,9 @@ class ResponsesRenderer:
         lp = [_logprob(e) for e in ev.logprobs]
         text.append(ev.text)
         logprobs.extend(lp)
-        out.append(self._event("response.output_text.delta", item_id=item_id,
-                               output_index=len(self._items), content_index=0, delta=ev.text,
-                               logprobs=lp))
+        out.append(self._event({"type": "response.output_text.delta", "item_id": item_id,
+                                "output_index": len(self._items), "content_index": 0,
+                                "delta": ev.text, "logprobs": lp, "sequence_number": self._next()}))
         return out
 
     def call(self, ev: ToolCallDelta) -> list[bytes]:
@@ -195,27 +211,31 @@ class ResponsesRenderer:
         item_id, index = new_id("fc"), len(self._items)
         done = _call_item(item_id, ev.call, "completed")
         self._items.append(done)
-        where = {"item_id": item_id, "output_index": index}
         return [*out,
-                self._event("response.output_item.added", output_index=index,
-                            item=_call_item(item_id, ev.call, "in_progress")),
-                self._event("response.function_call_arguments.delta", **where, delta=ev.call.arguments),
-                self._event("response.function_call_arguments.done", **where, name=ev.call.name,
-                            arguments=ev.call.arguments),
-                self._event("response.output_item.done", output_index=index, item=done)]
+                self._item("response.output_item.added", index,
+                           _call_item(item_id, ev.call, "in_progress")),
+                self._event({"type": "response.function_call_arguments.delta", "item_id": item_id,
+                             "output_index": index, "delta": ev.call.arguments,
+                             "sequence_number": self._next()}),
+                self._event({"type": "response.function_call_arguments.done", "item_id": item_id,
+                             "output_index": index, "name": ev.call.name,
+                             "arguments": ev.call.arguments, "sequence_number": self._next()}),
+                self._item("response.output_item.done", index, done)]
 
     def finish(self, fin: Finished) -> list[bytes]:
         status: ItemStatus = "incomplete" if fin.finish_reason == "length" else "completed"
         out = [] if self._open is not None or self._items else self._open_message()
         out += self._close_message(status)
         response = self._finished(fin, list(self._items))
-        return [*out, self._event(f"response.{response['status']}", response=response)]
+        last: Lifecycle = ("response.incomplete" if response["status"] == "incomplete"
+                           else "response.completed")
+        return [*out, self._lifecycle(last, response)]
 
     def error(self, err: MlxdError) -> bytes:
         self._take_message("incomplete")  # in the failed response's output, with no events of its own
         failed = self.response("failed", list(self._items),
                                error={"code": err.code, "message": err.message})
-        return self._event("response.failed", response=failed)
+        return self._lifecycle("response.failed", failed)
 
     # ---- whole ----------------------------------------------------------------------------------
 
