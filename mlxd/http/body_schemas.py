@@ -89,8 +89,8 @@ def generate(bodies: Iterable[Any]) -> dict[str, dict[str, Any]]:
     return defs
 
 
-@functools.cache
-def _components() -> dict[str, dict[str, Any]]:
+def bodies() -> tuple[Any, ...]:
+    """Every response body: each family's ``BODIES``."""
     from mlxd.http import (
         bodies_admin,
         bodies_anthropic,
@@ -99,8 +99,13 @@ def _components() -> dict[str, dict[str, Any]]:
         bodies_responses,
     )
 
-    return generate([*bodies_openai.BODIES, *bodies_admin.BODIES, *bodies_anthropic.BODIES,
-                     *bodies_ollama.BODIES, *bodies_responses.BODIES])
+    return (*bodies_openai.BODIES, *bodies_admin.BODIES, *bodies_anthropic.BODIES,
+            *bodies_ollama.BODIES, *bodies_responses.BODIES)
+
+
+@functools.cache
+def _components() -> dict[str, dict[str, Any]]:
+    return generate(bodies())
 
 
 def components() -> dict[str, dict[str, Any]]:

@@ -20,8 +20,18 @@ The document describes exactly what the daemon accepts and answers, so tools
 - When the document is built for a config, model ids are an ``enum`` of the
   configured names (the document is rendered per request, so it follows
   ``/admin/reload``); any other id is a 404 ``model_not_found``.
+- Response bodies are not written here: each JSON body is a ``TypedDict`` in a
+  ``bodies_*`` module of its family, which the code that builds the body
+  returns (so ``mypy`` holds the daemon to it), and ``components.schemas``
+  are generated from those ``TypedDict`` by pydantic
+  (:mod:`mlxd.http.body_schemas`); a response points at its body with
+  ``ref(Body)``. A stream's events (SSE ``data:``, NDJSON lines) name theirs
+  with ``contentSchema`` (``event_data``), which schemathesis checks event
+  by event. ``tests/unit/test_response_bodies.py`` fails on a JSON answer
+  whose schema is not such a reference.
 - Every status a route can return is listed, with the OpenAI error envelope
-  ``{"error": {"message", "type", "param", "code"}}``; 503s carry ``Retry-After``.
+  ``{"error": {"message", "type", "param", "code"}}`` (``ErrorEnvelope``,
+  :mod:`mlxd.errors`); 503s carry ``Retry-After``.
   Every ``/v1`` and ``/admin`` route may also answer 401 (API key set) and
   503 ``shutting_down`` (draining).
 """

@@ -19,10 +19,9 @@ from mlxd.engines.base import (
     ToolCallDelta,
 )
 from mlxd.errors import ErrorEnvelope, Preempted
-from mlxd.http import bodies_admin, bodies_anthropic, bodies_ollama, bodies_openai, bodies_responses
 from mlxd.http.anthropic_shapes import MessagesRenderer
 from mlxd.http.bodies_admin import plan_body
-from mlxd.http.body_schemas import components, generate
+from mlxd.http.body_schemas import bodies, components, generate
 from mlxd.http.envelopes import error_body
 from mlxd.http.generation import Collected
 from mlxd.http.ollama_render import OllamaRenderer, load_reply
@@ -34,8 +33,7 @@ from mlxd.residency.moves import Victim, VictimReason
 from mlxd.residency.plan import Plan
 from mlxd.residency.states import State
 
-BODIES = [*bodies_openai.BODIES, *bodies_admin.BODIES, *bodies_anthropic.BODIES,
-          *bodies_ollama.BODIES, *bodies_responses.BODIES]
+BODIES = bodies()
 #: the media types whose schema is a JSON body, and those whose events or lines carry one
 JSON_TYPES = ("application/json",)
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson")
@@ -55,7 +53,8 @@ def _content_schemas(schema: Any) -> list[Any]:
 
 
 def _refs(schema: dict[str, Any]) -> list[str]:
-    return [r["$ref"] for r in schema.get("anyOf", [schema])]
+    """The components ``schema`` points at (a hand-written schema points at none: ``""``)."""
+    return [r.get("$ref", "") for r in schema.get("anyOf", [schema])]
 
 
 @pytest.mark.parametrize("config", [None, builtin_demo_config()], ids=["no config", "demo config"])
