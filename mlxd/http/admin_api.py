@@ -6,7 +6,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import trio
 from quart import Blueprint, Response, request
@@ -28,6 +28,7 @@ from mlxd.http.bodies_admin import (
     AdminStatus,
     DiskTierStatus,
     Health,
+    HealthStatus,
     JournalStatus,
     Reloaded,
     plan_body,
@@ -278,7 +279,7 @@ def health_report(st: AppState) -> Health:
         reasons.append(f"new loads refused: {res.load_gate}")
     reasons += views.failing_stops(st.manager, res)
     reasons += views.dead_engines(st.manager, res)
-    status: Literal["ok", "degraded", "shutting_down"] = (
+    status: HealthStatus = (
         "shutting_down" if st.draining else ("degraded" if reasons else "ok"))
     return {
         "status": status,

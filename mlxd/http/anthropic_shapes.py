@@ -66,7 +66,8 @@ BLOCKS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                503: "overloaded_error", 529: "overloaded_error"}
-STOP_REASONS: dict[FinishReason, StopReason] = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+STOP_REASONS: dict[FinishReason, StopReason] = {"stop": "end_turn", "length": "max_tokens",
+                                                "tool_calls": "tool_use"}
 #: the signature of a thinking block: clients keep it and send it back; mlxd does not check it
 SIGNATURE = "mlxd"
 

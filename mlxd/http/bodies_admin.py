@@ -125,10 +125,13 @@ class Reloaded(TypedDict):
 HistoryRows = TypeAliasType("HistoryRows", list[_Object])
 
 
+HealthStatus = Literal["ok", "degraded", "shutting_down"]
+
+
 class Health(TypedDict):
     """Liveness and readiness; ``shutting_down`` comes with status 503."""
 
-    status: Literal["ok", "degraded", "shutting_down"]
+    status: HealthStatus
     ready: bool
     reasons: list[str]
     #: models whose residency is being restored after a restart
