@@ -11,7 +11,24 @@ errors become :class:`JournalError`).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
+
+from typing_extensions import TypedDict
+
+
+class ErrorDetail(TypedDict):
+    """What went wrong: ``param`` names the request field at fault, ``code`` the error's kind."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorEnvelope(TypedDict):
+    """OpenAI's error body (every route outside the Anthropic and Ollama families)."""
+
+    error: ErrorDetail
 
 
 class MlxdError(Exception):
@@ -35,7 +52,7 @@ class MlxdError(Exception):
         self.param = param
         self.retry_after = retry_after if retry_after is not None else self.default_retry_after
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> ErrorEnvelope:
         """The OpenAI error envelope for this error."""
         return {
             "error": {

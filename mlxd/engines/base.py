@@ -216,10 +216,6 @@ class Finished:
     #: of ``cached_tokens``, those read from the prompt cache's disk tier (mlxd.engines.cache.prompt_disk)
     cached_from_disk: int = 0
 
-    def cached_by_tier(self) -> dict[str, int]:
-        """``usage.mlxd_cached_tokens``: the cached prompt tokens by tier (docs/prompt-cache.md)."""
-        return {"memory": self.cached_tokens - self.cached_from_disk, "disk": self.cached_from_disk}
-
 
 GenerationEvent = TextDelta | ToolCallDelta | Finished
 

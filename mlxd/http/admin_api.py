@@ -23,6 +23,17 @@ from mlxd.errors import (
     ModelNotFound,
 )
 from mlxd.http import access_log, sse
+from mlxd.http.bodies_admin import (
+    AdminPlan,
+    AdminStatus,
+    DiskTierStatus,
+    Health,
+    HealthStatus,
+    JournalStatus,
+    Reloaded,
+    plan_body,
+)
+from mlxd.http.bodies_openai import ModelObject
 from mlxd.http.context import AppState, state
 from mlxd.http.metrics import CONTENT_TYPE
 from mlxd.http.openai_api import model_object
@@ -74,7 +85,7 @@ def _int_arg(name: str, default: int, lo: int, hi: int) -> int:
     return value
 
 
-def _journal_status(st: AppState) -> dict[str, Any]:
+def _journal_status(st: AppState) -> JournalStatus:
     if st.journal is None:
         return {"enabled": False}
     return {
@@ -92,18 +103,23 @@ def _journal_status(st: AppState) -> dict[str, Any]:
 
 
 @bp.get("/admin/status")
-async def admin_status() -> Any:
+async def admin_status() -> AdminStatus:
     st = state()
-    body = st.manager.status()
-    body["version"] = __version__
-    body["uptime_s"] = round(time.time() - st.started_at, 3)
-    body["journal"] = _journal_status(st)
-    body["draining"] = st.draining
-    body["prompt_cache_disk"] = await _disk_tier_status(st)
-    return body
+    res = st.manager.status()
+    return {
+        "budget_bytes": res["budget_bytes"], "committed_bytes": res["committed_bytes"],
+        "free_bytes": res["free_bytes"], "policy": res["policy"],
+        "shutting_down": res["shutting_down"], "load_gate": res["load_gate"],
+        "models": res["models"], "waiters": res["waiters"], "leases": res["leases"],
+        "version": __version__,
+        "uptime_s": round(time.time() - st.started_at, 3),
+        "journal": _journal_status(st),
+        "draining": st.draining,
+        "prompt_cache_disk": await _disk_tier_status(st),
+    }
 
 
-async def _disk_tier_status(st: AppState) -> dict[str, Any]:
+async def _disk_tier_status(st: AppState) -> DiskTierStatus:
     """The prompt cache's disk tier: where, its bound, and what it holds (a stat walk on a thread)."""
     m = st.config.manager
     used, entries = (0, 0)
@@ -121,7 +137,7 @@ async def _committed() -> None:
 
 
 @bp.post("/admin/models/<path:model_id>/load")
-async def admin_load(model_id: str) -> Any:
+async def admin_load(model_id: str) -> ModelObject:
     st = state()
     access_log.note(model=model_id)
     if not st.manager.has_model(model_id):
@@ -135,7 +151,7 @@ async def admin_load(model_id: str) -> Any:
 
 
 @bp.post("/admin/models/<path:model_id>/unload")
-async def admin_unload(model_id: str) -> Any:
+async def admin_unload(model_id: str) -> ModelObject:
     st = state()
     access_log.note(model=model_id)
     if not st.manager.has_model(model_id):
@@ -147,7 +163,7 @@ async def admin_unload(model_id: str) -> Any:
 
 
 @bp.get("/admin/plan")
-async def admin_plan() -> Any:
+async def admin_plan() -> AdminPlan:
     """What acquiring ``model`` now would do, computed by the core on a copy of its state."""
     st = state()
     model = request.args.get("model")
@@ -165,9 +181,9 @@ async def admin_plan() -> Any:
             "tokens exceeds it"
         )
         committed = st.manager.snapshot().committed_bytes
-        return Plan(model, "fail", (), error.code, error.message, committed, None).as_dict()
+        return plan_body(Plan(model, "fail", (), error.code, error.message, committed, None))
     kv = kv_bytes_for(st.manager, model, tokens) if tokens else 0
-    return st.manager.plan(model, contention=contention, kv_bytes=kv).as_dict()
+    return plan_body(st.manager.plan(model, contention=contention, kv_bytes=kv))
 
 
 def _tokens_arg() -> int:
@@ -238,11 +254,11 @@ async def admin_history() -> Any:
 
 
 @bp.post("/admin/reload")
-async def admin_reload() -> Any:
+async def admin_reload() -> Reloaded:
     return await reload_config(state())
 
 
-def health_report(st: AppState) -> dict[str, Any]:
+def health_report(st: AppState) -> Health:
     reasons: list[str] = []
     if st.journal is not None and not st.journal.healthy:
         reasons.append(f"journal cannot write: {st.journal.last_error}")
@@ -263,7 +279,8 @@ def health_report(st: AppState) -> dict[str, Any]:
         reasons.append(f"new loads refused: {res.load_gate}")
     reasons += views.failing_stops(st.manager, res)
     reasons += views.dead_engines(st.manager, res)
-    status = "shutting_down" if st.draining else ("degraded" if reasons else "ok")
+    status: HealthStatus = (
+        "shutting_down" if st.draining else ("degraded" if reasons else "ok"))
     return {
         "status": status,
         "ready": not st.draining and not st.restoring,

@@ -22,6 +22,7 @@ from mlxd.engines.base import GenerationRequest
 from mlxd.errors import ModelNotFound, ShuttingDown
 from mlxd.http import generation
 from mlxd.http.anthropic_shapes import MessagesRenderer, ParsedMessages, parse_messages
+from mlxd.http.bodies_anthropic import TokenCount
 from mlxd.http.context import state
 from mlxd.http.openai_api import read_json_body, request_id
 from mlxd.http.preferences import preferences
@@ -63,7 +64,7 @@ async def messages() -> Any:
 
 
 @bp.post("/v1/messages/count_tokens")
-async def count_tokens() -> Any:
+async def count_tokens() -> TokenCount:
     """The prompt's tokens under the model's own template (the model is loaded to count)."""
     parsed = await _parse(counting=True)
     st = state()

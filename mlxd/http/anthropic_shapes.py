@@ -23,6 +23,7 @@ from typing import Any
 from mlxd.engines.base import (
     ChatMessage,
     Finished,
+    FinishReason,
     GenerationRequest,
     TextDelta,
     ThinkMarkers,
@@ -31,6 +32,18 @@ from mlxd.engines.base import (
 )
 from mlxd.errors import InvalidRequest, MlxdError
 from mlxd.http import anthropic_fields, sse
+from mlxd.http.bodies_anthropic import (
+    AnthropicError,
+    AnthropicMessage,
+    AnthropicUsage,
+    ContentBlock,
+    MessageEvent,
+    StartedMessage,
+    StopReason,
+    TextBlockDelta,
+    ThinkingBlockDelta,
+)
+from mlxd.http.bodies_openai import cached_tokens
 from mlxd.http.fields import Boolean, Integer, Kind, Number, Stops, Text, bad, read
 from mlxd.http.generation import Collected
 from mlxd.http.shapes import AnyOf, Array, Const, Obj, Tagged, check
@@ -56,12 +69,13 @@ ROLES = ("user", "assistant")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                503: "overloaded_error", 529: "overloaded_error"}
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+STOP_REASONS: dict[FinishReason, StopReason] = {"stop": "end_turn", "length": "max_tokens",
+                                                "tool_calls": "tool_use"}
 #: the signature of a thinking block: clients keep it and send it back; mlxd does not check it
 SIGNATURE = "mlxd"
 
 
-def error_body(err: MlxdError) -> dict[str, Any]:
+def error_body(err: MlxdError) -> AnthropicError:
     """Anthropic's error envelope (``{"type": "error", "error": {"type", "message"}}``)."""
     kind = ERROR_TYPES.get(err.http_status, "api_error" if err.http_status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": err.message}}
@@ -256,21 +270,22 @@ class MessagesRenderer:
         self._open: str | None = None  # the type of the open content block
         self.created = time.time()
 
-    def _event(self, obj: dict[str, Any]) -> bytes:
-        return sse.event(obj, name=str(obj["type"]))
+    def _event(self, obj: MessageEvent) -> bytes:
+        return sse.event(obj, name=obj["type"])
 
     def first(self) -> bytes:
-        message: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                   "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": self.input_tokens, "output_tokens": 0,
-                             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-                             "service_tier": "standard"}}
+        message: StartedMessage = {
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0,
+                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                      "service_tier": "standard"}}
         return self._event({"type": "message_start", "message": message}) + self._event({"type": "ping"})
 
-    def _start(self, block: dict[str, Any]) -> list[bytes]:
+    def _start(self, block: ContentBlock) -> list[bytes]:
         out = self._close()
         self._index += 1
-        self._open = str(block["type"])
+        self._open = block["type"]
         return [*out, self._event({"type": "content_block_start", "index": self._index,
                                    "content_block": block})]
 
@@ -297,7 +312,8 @@ class MessagesRenderer:
         kind = "thinking" if thinking else "text"
         out = [] if self._open == kind else self._start(
             {"type": "thinking", "thinking": "", "signature": ""} if thinking else {"type": "text", "text": ""})
-        delta = {"type": "thinking_delta", "thinking": text} if thinking else {"type": "text_delta", "text": text}
+        delta: ThinkingBlockDelta | TextBlockDelta = (
+            {"type": "thinking_delta", "thinking": text} if thinking else {"type": "text_delta", "text": text})
         return [*out, self._event({"type": "content_block_delta", "index": self._index, "delta": delta})]
 
     def _flush(self) -> list[bytes]:
@@ -322,8 +338,8 @@ class MessagesRenderer:
     def error(self, err: MlxdError) -> bytes:
         return self._event(error_body(err))
 
-    def whole(self, out: Collected, fin: Finished) -> dict[str, Any]:
-        content: list[dict[str, Any]] = [
+    def whole(self, out: Collected, fin: Finished) -> AnthropicMessage:
+        content: list[ContentBlock] = [
             {"type": "thinking", "thinking": piece, "signature": SIGNATURE} if thinking
             else {"type": "text", "text": piece}
             for thinking, piece in split_whole(self.markers, "".join(out.text))
@@ -338,16 +354,16 @@ class MessagesRenderer:
                 "usage": usage(fin)}
 
 
-def usage(fin: Finished) -> dict[str, Any]:
+def usage(fin: Finished) -> AnthropicUsage:
     """Anthropic's usage: ``input_tokens`` are the prompt tokens not read from the prompt cache
     (those are ``cache_read_input_tokens``, from memory or disk: ``mlxd_cached_tokens``);
     mlxd's cache writes cost nothing extra (0)."""
     return {"input_tokens": fin.prompt_tokens - fin.cached_tokens, "output_tokens": fin.completion_tokens,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": fin.cached_tokens,
-            "service_tier": "standard", "mlxd_cached_tokens": fin.cached_by_tier()}
+            "service_tier": "standard", "mlxd_cached_tokens": cached_tokens(fin)}
 
 
-def stop_reason(fin: Finished) -> tuple[str, str | None]:
+def stop_reason(fin: Finished) -> tuple[StopReason, str | None]:
     if fin.stop_sequence is not None and fin.finish_reason == "stop":
         return "stop_sequence", fin.stop_sequence
     return STOP_REASONS[fin.finish_reason], None

@@ -44,6 +44,7 @@ from mlxd.http import (
     responses_api,
 )
 from mlxd.http.access_log import AccessLog
+from mlxd.http.bodies_admin import OpenAPIDocument
 from mlxd.http.context import AppState, state
 from mlxd.http.openapi import openapi_document
 
@@ -106,7 +107,7 @@ def create_app(app_state: AppState) -> QuartTrio:
         return response
 
     @app.get("/openapi.json")
-    async def openapi() -> Any:
+    async def openapi() -> OpenAPIDocument:
         return openapi_document(state().config)
 
     @app.errorhandler(MlxdError)

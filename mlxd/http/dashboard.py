@@ -16,12 +16,12 @@ frames. Nothing is fetched from a third party, so it works offline.
 from __future__ import annotations
 
 from importlib import resources
-from typing import Any
 
 from quart import Blueprint, Response, g
 
 from mlxd.config.model import SCOPES
 from mlxd.errors import NotFound
+from mlxd.http.bodies_admin import Whoami
 from mlxd.http.context import state
 
 bp = Blueprint("dashboard", __name__)
@@ -76,7 +76,7 @@ async def dashboard_file(name: str) -> Response:
 
 
 @bp.get("/admin/whoami")
-async def whoami() -> Any:
+async def whoami() -> Whoami:
     """The key this request presented: its name and scopes (any known key may ask)."""
     st = state()
     key = g.get("mlxd_key")

@@ -20,6 +20,7 @@ from quart import Blueprint, request
 from mlxd.engines.text.prompt_limits import check_chars, limits_for
 from mlxd.errors import InvalidRequest, ModelNotFound, ShuttingDown
 from mlxd.http import generation
+from mlxd.http.bodies_openai import EmbeddingList
 from mlxd.http.context import state
 from mlxd.http.fields import Choice, Integer, Kind, Text, bad, is_int, read
 from mlxd.http.openai_api import read_json_body, request_id
@@ -107,7 +108,7 @@ async def embed_under_lease(
 
 
 @bp.post("/v1/embeddings")
-async def embeddings() -> Any:
+async def embeddings() -> EmbeddingList:
     st = state()
     if st.draining:
         raise ShuttingDown("mlxd is shutting down")

@@ -13,18 +13,26 @@ with its own shape (Ollama's ``{"error": "..."}`` on ``/api/``) adds one row.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from mlxd.errors import MlxdError
+from mlxd.errors import ErrorEnvelope, MlxdError
 from mlxd.http.anthropic_shapes import error_body as anthropic_error_body
+from mlxd.http.bodies_anthropic import AnthropicError
+from mlxd.http.bodies_ollama import OllamaError
 
-Render = Callable[[MlxdError], dict[str, Any]]
+#: an error's body, in one of the families' envelopes (their ``TypedDict``s)
+ErrorBody = ErrorEnvelope | AnthropicError | OllamaError
+Render = Callable[[MlxdError], ErrorBody]
+
+
+def _ollama_error_body(err: MlxdError) -> OllamaError:
+    return {"error": err.message}
+
 
 #: path prefix -> the error body of its routes; a prefix ending in "/" claims what is
 #: under it, another one itself and what is under it; the longest matching prefix wins
 FAMILIES: dict[str, Render] = {
     "/v1/messages": anthropic_error_body,
-    "/api/": lambda e: {"error": e.message},  # Ollama's shape
+    "/api/": _ollama_error_body,
 }
 
 
@@ -39,7 +47,7 @@ def family_of(path: str) -> Render | None:
     return best[1] if best is not None else None
 
 
-def error_body(err: MlxdError, path: str | None) -> dict[str, Any]:
+def error_body(err: MlxdError, path: str | None) -> ErrorBody:
     """``err``'s body on ``path`` (no path, outside a request: OpenAI's envelope)."""
     render = family_of(path) if path is not None else None
     return render(err) if render is not None else err.body()

@@ -28,7 +28,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager, aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -85,7 +85,9 @@ class Renderer(Protocol):
 
     def error(self, err: MlxdError) -> bytes: ...
 
-    def whole(self, out: Collected, fin: Finished) -> dict[str, Any]: ...
+    def whole(self, out: Collected, fin: Finished) -> Mapping[str, object]:
+        """The whole reply: the body its family's ``TypedDict`` describes (mlxd.http.body_schemas)."""
+        ...
 
 
 def _progress_comments(renderer: Renderer) -> bool:

@@ -46,6 +46,16 @@ from mlxd.errors import (
     ToolsNotSupported,
 )
 from mlxd.http import access_log, generation, ollama_catalog
+from mlxd.http.bodies_ollama import (
+    OllamaEmbed,
+    OllamaEmbedding,
+    OllamaError,
+    OllamaRunningList,
+    OllamaShow,
+    OllamaTags,
+    OllamaVersion,
+    PullProgress,
+)
 from mlxd.http.context import AppState, state
 from mlxd.http.embeddings_api import embed_under_lease, parse_input
 from mlxd.http.fields import bad, read
@@ -110,22 +120,22 @@ def _named(body: dict[str, Any]) -> object:
 
 
 @bp.get("/api/version")
-async def version() -> Any:
+async def version() -> OllamaVersion:
     return ollama_catalog.version()
 
 
 @bp.get("/api/tags")
-async def tags() -> Any:
+async def tags() -> OllamaTags:
     return await ollama_catalog.tags(state())
 
 
 @bp.get("/api/ps")
-async def ps() -> Any:
+async def ps() -> OllamaRunningList:
     return await ollama_catalog.ps(state())
 
 
 @bp.post("/api/show")
-async def show() -> Any:
+async def show() -> OllamaShow:
     st = state()
     body = await _body()
     read(body, "verbose", SHOW["verbose"], None)
@@ -233,18 +243,18 @@ def _found(name: str | None, body: dict[str, Any]) -> str:
 
 
 async def _embed(inputs: list[str], name: str | None, body: dict[str, Any],
-                 t0: float, dims: int | None = None) -> tuple[str, list[Any], dict[str, Any]]:
+                 t0: float, dims: int | None = None) -> OllamaEmbed:
     """The vectors of ``inputs`` under a lease on the model ``name`` resolved to (None: a 404,
     once the body's other fields are checked)."""
     prefs = preferences(body, request.headers)
     model = _found(name, body)
     vectors, tokens, lease_at = await embed_under_lease(model, inputs, prefs, dims)
-    return model, vectors, {"total_duration": ns(time.monotonic() - t0), "load_duration": ns(lease_at - t0),
-                     "prompt_eval_count": tokens}
+    return {"model": model, "embeddings": vectors, "total_duration": ns(time.monotonic() - t0),
+            "load_duration": ns(lease_at - t0), "prompt_eval_count": tokens}
 
 
 @bp.post("/api/embed")
-async def embed() -> Any:
+async def embed() -> OllamaEmbed:
     st = state()
     t0 = _arrived()
     body = await _body()
@@ -252,32 +262,31 @@ async def embed() -> Any:
     check(EMBED_BODY, body)
     inputs = parse_input(body["input"])
     dims = read(body, "dimensions", EMBED["dimensions"], None)
-    model, vectors, counters = await _embed(inputs, name, body, t0, dims)  # type: ignore[arg-type]
-    return {"model": model, "embeddings": vectors, **counters}
+    return await _embed(inputs, name, body, t0, dims)  # type: ignore[arg-type]
 
 
 @bp.post("/api/embeddings")
-async def embeddings() -> Any:
+async def embeddings() -> OllamaEmbedding:
     """The older route: one ``prompt``, one ``embedding``."""
     st = state()
     t0 = _arrived()
     body = await _body()
     name = resolve(body.get("model"), st.manager.has_model)
     check(EMBEDDINGS_BODY, body)
-    _, vectors, _ = await _embed([body["prompt"]], name, body, t0)
-    return {"embedding": vectors[0]}
+    return {"embedding": (await _embed([body["prompt"]], name, body, t0))["embeddings"][0]}
 
 
 # ---- pull, and what mlxd does not do --------------------------------------------------------
 
 
-async def _pull_lines(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+async def _pull_lines(events: AsyncIterator[PullProgress]) -> AsyncIterator[bytes]:
     async with aclosing(events) as it:  # type: ignore[type-var]
         try:
             async for ev in it:
                 yield line(ev)
         except MlxdError as e:
-            yield line({"error": e.message})
+            error: OllamaError = {"error": e.message}
+            yield line(error)
 
 
 @bp.post("/api/pull")
@@ -289,7 +298,7 @@ async def pull() -> Any:
         read(body, key, kind, None)
     if body.get("stream", True) is not False:
         return ndjson_response(_pull_lines(pull_events(st.config, repo)))
-    last: dict[str, Any] = {}
+    last: PullProgress = {"status": ""}
     async with aclosing(pull_events(st.config, repo)) as events:  # type: ignore[type-var]
         async for ev in events:
             last = ev

@@ -40,6 +40,16 @@ from mlxd.engines.model_files.model_facts import (
     template_facts,
 )
 from mlxd.engines.text.prompt_limits import limits_for, model_dir_if_known
+from mlxd.http.bodies_ollama import (
+    Capability,
+    OllamaDetails,
+    OllamaRunning,
+    OllamaRunningList,
+    OllamaShow,
+    OllamaTag,
+    OllamaTags,
+    OllamaVersion,
+)
 from mlxd.http.context import AppState
 from mlxd.http.ollama_render import timestamp
 from mlxd.residency.states import HOLDS_MEMORY
@@ -53,7 +63,7 @@ NEVER_S = (2**63 - 1) / 1e9
 HOLDING = HOLDS_MEMORY
 
 
-def version() -> dict[str, Any]:
+def version() -> OllamaVersion:
     return {"version": OLLAMA_VERSION, "mlxd": __version__}
 
 
@@ -66,7 +76,7 @@ def _facts(mc: ModelConfig) -> FileFacts | None:
     return file_facts(where) if where is not None else None
 
 
-def details(mc: ModelConfig, facts: FileFacts | None) -> dict[str, Any]:
+def details(mc: ModelConfig, facts: FileFacts | None) -> OllamaDetails:
     family = facts.family if facts is not None else ("" if mc.engine_kind.weights else mc.engine)
     return {
         "parent_model": "",
@@ -93,7 +103,7 @@ async def _all_facts(models: list[ModelConfig]) -> dict[str, FileFacts | None]:
     return await trio.to_thread.run_sync(lambda: {mc.name: _facts(mc) for mc in models})
 
 
-def tag(st: AppState, mc: ModelConfig, facts: FileFacts | None) -> dict[str, Any]:
+def tag(st: AppState, mc: ModelConfig, facts: FileFacts | None) -> OllamaTag:
     return {
         "name": mc.name,
         "model": mc.name,
@@ -104,17 +114,17 @@ def tag(st: AppState, mc: ModelConfig, facts: FileFacts | None) -> dict[str, Any
     }
 
 
-async def tags(st: AppState) -> dict[str, Any]:
+async def tags(st: AppState) -> OllamaTags:
     """``/api/tags``: every configured model (its files are read on a worker thread)."""
     models = list(st.config.models)
     facts = await _all_facts(models)
     return {"models": [tag(st, mc, facts[mc.name]) for mc in models]}
 
 
-def capabilities(mc: ModelConfig, template: TemplateFacts | None) -> list[str]:
+def capabilities(mc: ModelConfig, template: TemplateFacts | None) -> list[Capability]:
     if mc.embedding:
         return ["embedding"]
-    caps = ["completion"]
+    caps: list[Capability] = ["completion"]
     if mc.mllm:
         caps.append("vision")  # mlx-vlm models take images; their tools are refused (400)
     elif template is not None:
@@ -152,7 +162,7 @@ def _parameters(mc: ModelConfig) -> str:
     return "\n".join(f"{k:<30} {v}" for k, v in rows)
 
 
-async def show(st: AppState, mc: ModelConfig) -> dict[str, Any]:
+async def show(st: AppState, mc: ModelConfig) -> OllamaShow:
     """``/api/show`` of one configured model."""
     facts = await trio.to_thread.run_sync(_facts, mc)
     template = await template_of(mc)
@@ -177,7 +187,7 @@ def expires_at(st: AppState, name: str) -> str:
     return timestamp(min(wall, time.time() + NEVER_S) if wall is not None else None)
 
 
-def running(st: AppState, mc: ModelConfig, facts: FileFacts | None) -> dict[str, Any]:
+def running(st: AppState, mc: ModelConfig, facts: FileFacts | None) -> OllamaRunning:
     """One ``/api/ps`` entry."""
     status = st.manager.model_status(mc.name)
     return {
@@ -201,7 +211,7 @@ def running(st: AppState, mc: ModelConfig, facts: FileFacts | None) -> dict[str,
     }
 
 
-async def ps(st: AppState) -> dict[str, Any]:
+async def ps(st: AppState) -> OllamaRunningList:
     m = st.manager
     held = [mc for mc in st.config.models if m.has_model(mc.name) and m.state_of(mc.name) in HOLDING]
     facts = await _all_facts(held)

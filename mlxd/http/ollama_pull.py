@@ -40,6 +40,7 @@ from mlxd.engines.model_files.sources import (
     hub_timeout,
 )
 from mlxd.errors import LoadFailed, MlxdError
+from mlxd.http.bodies_ollama import PullProgress
 from mlxd.http.fields import bad
 from mlxd.http.structured import is_model_name
 
@@ -76,7 +77,7 @@ def advice(config: Config, repo: str) -> str | None:
             "under models: in the config, then POST /admin/reload (or send SIGHUP)")
 
 
-async def pull_events(config: Config, repo: str) -> AsyncIterator[dict[str, Any]]:
+async def pull_events(config: Config, repo: str) -> AsyncIterator[PullProgress]:
     """Ollama's progress objects for a pull of ``repo``; raises :class:`MlxdError` when it fails."""
     token = trio.lowlevel.current_trio_token()
     send, receive = trio.open_memory_channel[Message](math.inf)

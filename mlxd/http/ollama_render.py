@@ -31,6 +31,14 @@ from quart import Response
 
 from mlxd.engines.base import Finished, TextDelta, TokenLogprob, ToolCallDelta
 from mlxd.errors import MlxdError
+from mlxd.http.bodies_ollama import (
+    OllamaCounters,
+    OllamaError,
+    OllamaLogprob,
+    OllamaMessage,
+    OllamaReply,
+    OllamaToolCall,
+)
 from mlxd.http.generation import Collected
 
 NDJSON = "application/x-ndjson"
@@ -100,13 +108,13 @@ class ThinkingSplit:
         return (held, "") if self.inside else ("", held)
 
 
-def tool_call(index: int, ev: ToolCallDelta) -> dict[str, Any]:
+def tool_call(index: int, ev: ToolCallDelta) -> OllamaToolCall:
     """A call in Ollama's shape: ``arguments`` as an object."""
     return {"id": ev.call.id,
             "function": {"index": index, "name": ev.call.name, "arguments": json.loads(ev.call.arguments)}}
 
 
-def logprob(e: TokenLogprob) -> dict[str, Any]:
+def logprob(e: TokenLogprob) -> OllamaLogprob:
     return {"token": e.token, "logprob": e.logprob, "bytes": list(e.bytes),
             "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes)} for t in e.top]}
 
@@ -130,14 +138,11 @@ class OllamaRenderer:
 
     respond = staticmethod(ndjson_response)
 
-    def _base(self) -> dict[str, Any]:
-        return {"model": self.model, "created_at": timestamp()}
-
-    def _part(self, thinking: str, text: str, calls: list[dict[str, Any]] | None = None,
-              logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        obj = self._base()
+    def _part(self, thinking: str, text: str, calls: list[OllamaToolCall] | None = None,
+              logprobs: list[OllamaLogprob] | None = None) -> OllamaReply:
+        obj: OllamaReply = {"model": self.model, "created_at": timestamp(), "done": False}
         if self.kind == "chat":
-            msg: dict[str, Any] = {"role": "assistant", "content": text}
+            msg: OllamaMessage = {"role": "assistant", "content": text}
             if thinking:
                 msg["thinking"] = thinking
             if calls:
@@ -149,13 +154,12 @@ class OllamaRenderer:
                 obj["thinking"] = thinking
         if logprobs:
             obj["logprobs"] = logprobs
-        obj["done"] = False
         return obj
 
     def _text(self, text: str) -> tuple[str, str]:
         return self.split.feed(text) if self.split is not None else ("", text)
 
-    def counters(self, fin: Finished, end: float) -> dict[str, Any]:
+    def counters(self, fin: Finished, end: float) -> OllamaCounters:
         lease_at = self.lease_at if self.lease_at is not None else self.t0
         started = max(fin.started_at or lease_at, lease_at)
         first = self.first_at if self.first_at is not None else end
@@ -169,12 +173,12 @@ class OllamaRenderer:
         }
 
     def _last(self, fin: Finished, thinking: str = "", text: str = "",
-              calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+              calls: list[OllamaToolCall] | None = None) -> OllamaReply:
         obj = self._part(thinking, text, calls)
         obj["done"] = True
         obj["done_reason"] = "length" if fin.finish_reason == "length" else "stop"
-        obj.update(self.counters(fin, time.monotonic()))
-        return obj
+        done: OllamaReply = {**obj, **self.counters(fin, time.monotonic())}
+        return done
 
     # ---- the Renderer protocol (mlxd.http.generation) ------------------------------------
 
@@ -201,9 +205,10 @@ class OllamaRenderer:
         return [line(self._last(fin, thinking, text))]
 
     def error(self, err: MlxdError) -> bytes:
-        return line({"error": err.message})
+        body: OllamaError = {"error": err.message}
+        return line(body)
 
-    def whole(self, out: Collected, fin: Finished) -> dict[str, Any]:
+    def whole(self, out: Collected, fin: Finished) -> OllamaReply:
         if out.first_token_at is not None:
             self.first_at = out.first_token_at
         thinking, text = self._text("".join(out.text))
@@ -217,13 +222,12 @@ class OllamaRenderer:
         return obj
 
 
-def load_reply(model: str, *, chat: bool, unloaded: bool) -> dict[str, Any]:
+def load_reply(model: str, *, chat: bool, unloaded: bool) -> OllamaReply:
     """The reply to Ollama's load call (or unload call: ``done_reason: "unload"``)."""
-    obj: dict[str, Any] = {"model": model, "created_at": timestamp()}
+    obj: OllamaReply = {"model": model, "created_at": timestamp(), "done": True,
+                        "done_reason": "unload" if unloaded else "load"}
     if chat:
         obj["message"] = {"role": "assistant", "content": ""}
     else:
         obj["response"] = ""
-    obj["done"] = True
-    obj["done_reason"] = "unload" if unloaded else "load"
     return obj

@@ -23,6 +23,7 @@ from quart import Blueprint, request
 from mlxd.config import ModelConfig
 from mlxd.engines.base import (
     Finished,
+    FinishReason,
     GenerationRequest,
     TextDelta,
     TokenLogprob,
@@ -32,6 +33,24 @@ from mlxd.engines.base import (
 from mlxd.engines.text.prompt_limits import check_chars, check_prompt_chars, limits_for
 from mlxd.errors import InvalidRequest, MlxdError, ModelNotFound, ShuttingDown
 from mlxd.http import bodyscan, generation, sse
+from mlxd.http.bodies_openai import (
+    AssistantMessage,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprobs,
+    ModelList,
+    ModelObject,
+    TextChunkChoice,
+    TextCompletion,
+    TextCompletionChunk,
+    TextLogprobs,
+    TopLogprob,
+    Usage,
+    cached_tokens,
+)
+from mlxd.http.bodies_openai import ToolCall as ToolCallBody
 from mlxd.http.context import AppState, state
 from mlxd.http.generation import Collected
 from mlxd.http.structured import schema_checks_off_loop
@@ -43,7 +62,7 @@ log = logging.getLogger("mlxd.http")
 bp = Blueprint("openai", __name__)
 
 
-def model_object(st: AppState, name: str, status: dict[str, Any] | None = None) -> dict[str, Any]:
+def model_object(st: AppState, name: str, status: dict[str, Any] | None = None) -> ModelObject:
     """The OpenAI model object of ``name``: its current status, or the ``status`` given."""
     if status is None:
         status = st.manager.model_status(name)
@@ -64,13 +83,13 @@ def model_object(st: AppState, name: str, status: dict[str, Any] | None = None) 
 
 
 @bp.get("/v1/models")
-async def list_models() -> Any:
+async def list_models() -> ModelList:
     st = state()
     return {"object": "list", "data": [model_object(st, n) for n in st.manager.model_names()]}
 
 
 @bp.get("/v1/models/<path:model_id>")
-async def get_model(model_id: str) -> Any:
+async def get_model(model_id: str) -> ModelObject:
     st = state()
     if not st.manager.has_model(model_id):
         raise ModelNotFound(model_id)
@@ -181,41 +200,43 @@ class ResponseBuilder:
         self.created = int(time.time())
         self._offset = 0  # completions logprobs: text_offset of the next token
 
-    def _base(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": None}
+    def _chat_chunk(self, choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "system_fingerprint": None, "choices": choices}
+
+    def _text_chunk(self, choices: list[TextChunkChoice]) -> TextCompletionChunk:
+        return {"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.model, "system_fingerprint": None, "choices": choices}
 
     def chunk(
         self,
         text: str | None,
-        finish: str | None = None,
+        finish: FinishReason | None = None,
         *,
         first: bool = False,
         logprobs: tuple[TokenLogprob, ...] = (),
         call: ToolCallDelta | None = None,
     ) -> bytes:
-        lp = self.logprobs(logprobs) if logprobs else None
+        obj: ChatCompletionChunk | TextCompletionChunk
         if self.kind == "chat":
-            delta: dict[str, Any] = {}
+            delta: ChatDelta = {}
             if first:
                 delta = {"role": "assistant", "content": ""}
             elif call is not None:
                 delta = {"tool_calls": [{"index": call.index, **tool_call(call.call)}]}
             elif text is not None:
                 delta = {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
-            obj = self._base("chat.completion.chunk")
+            obj = self._chat_chunk([{"index": 0, "delta": delta, "finish_reason": finish,
+                                     "logprobs": self.chat_logprobs(logprobs) if logprobs else None}])
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
-            obj = self._base("text_completion")
-        obj["choices"] = [choice]
+            obj = self._text_chunk([{"index": 0, "text": text or "", "finish_reason": finish,
+                                     "logprobs": self.text_logprobs(logprobs) if logprobs else None}])
         if self.include_usage:
             obj["usage"] = None
         return sse.data(obj)
 
     def usage_chunk(self, fin: Finished) -> bytes:
-        obj = self._base("chat.completion.chunk" if self.kind == "chat" else "text_completion")
-        obj["choices"] = []
+        obj = self._chat_chunk([]) if self.kind == "chat" else self._text_chunk([])
         obj["usage"] = usage(fin)
         return sse.data(obj)
 
@@ -240,34 +261,32 @@ class ResponseBuilder:
     def error(self, err: MlxdError) -> bytes:
         return sse.data(err.body())
 
-    def whole(self, out: Collected, fin: Finished) -> dict[str, Any]:
+    def whole(self, out: Collected, fin: Finished) -> ChatCompletion | TextCompletion:
         text = "".join(out.text)
-        lp = self.logprobs(tuple(out.logprobs)) if out.wants_logprobs else None
+        entries = tuple(out.logprobs)
         if self.kind == "chat":
-            obj = self._base("chat.completion")
-            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            message: AssistantMessage = {"role": "assistant", "content": text, "refusal": None}
             if out.calls:
                 message["content"] = text or None
                 message["tool_calls"] = [tool_call(c.call) for c in out.calls]
-            obj["choices"] = [{"index": 0, "message": message, "logprobs": lp,
-                               "finish_reason": fin.finish_reason}]
-        else:
-            obj = self._base("text_completion")
-            obj["choices"] = [{"index": 0, "text": text, "logprobs": lp,
-                               "finish_reason": fin.finish_reason}]
-        obj["usage"] = usage(fin)
-        return obj
+            return {"id": self.id, "object": "chat.completion", "created": self.created,
+                    "model": self.model, "system_fingerprint": None,
+                    "choices": [{"index": 0, "message": message, "finish_reason": fin.finish_reason,
+                                 "logprobs": self.chat_logprobs(entries) if out.wants_logprobs else None}],
+                    "usage": usage(fin)}
+        return {"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.model, "system_fingerprint": None,
+                "choices": [{"index": 0, "text": text, "finish_reason": fin.finish_reason,
+                             "logprobs": self.text_logprobs(entries) if out.wants_logprobs else None}],
+                "usage": usage(fin)}
 
-    def logprobs(self, entries: tuple[TokenLogprob, ...]) -> dict[str, Any]:
-        """OpenAI's chat shape (``content``) or the completions shape (``tokens``, ...)."""
-        if self.kind == "chat":
-            return {
-                "content": [
-                    {**_entry(e), "top_logprobs": [_entry(t) for t in e.top]}
-                    for e in entries
-                ],
-                "refusal": None,
-            }
+    def chat_logprobs(self, entries: tuple[TokenLogprob, ...]) -> ChatLogprobs:
+        """OpenAI's chat shape (``content``)."""
+        return {"content": [{**_entry(e), "top_logprobs": [_entry(t) for t in e.top]} for e in entries],
+                "refusal": None}
+
+    def text_logprobs(self, entries: tuple[TokenLogprob, ...]) -> TextLogprobs:
+        """The completions shape (``tokens``, ...); ``text_offset`` counts on from the last call."""
         offsets = []
         for e in entries:
             offsets.append(self._offset)
@@ -280,23 +299,23 @@ class ResponseBuilder:
         }
 
 
-def _entry(e: TokenLogprob) -> dict[str, Any]:
+def _entry(e: TokenLogprob) -> TopLogprob:
     return {"token": e.token, "logprob": e.logprob, "bytes": list(e.bytes)}
 
 
-def tool_call(call: ToolCall) -> dict[str, Any]:
+def tool_call(call: ToolCall) -> ToolCallBody:
     return {"id": call.id, "type": "function",
             "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def usage(fin: Finished) -> dict[str, Any]:
+def usage(fin: Finished) -> Usage:
     return {
         "prompt_tokens": fin.prompt_tokens,
         "completion_tokens": fin.completion_tokens,
         "total_tokens": fin.prompt_tokens + fin.completion_tokens,
         # prompt tokens whose KV came from the model's prompt cache (OpenAI's field)
         "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
-        "mlxd_cached_tokens": fin.cached_by_tier(),
+        "mlxd_cached_tokens": cached_tokens(fin),
     }
 
 

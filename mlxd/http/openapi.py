@@ -27,8 +27,18 @@ The document describes exactly what the daemon accepts and answers, so tools
 - When the document is built for a config, model ids are an ``enum`` of the
   configured names (the document is rendered per request, so it follows
   ``/admin/reload``); any other id is a 404 ``model_not_found``.
+- Response bodies are not written here: each JSON body is a ``TypedDict`` in a
+  ``bodies_*`` module of its family, which the code that builds the body
+  returns (so ``mypy`` holds the daemon to it), and ``components.schemas``
+  are generated from those ``TypedDict`` by pydantic
+  (:mod:`mlxd.http.body_schemas`); a response points at its body with
+  ``ref(Body)``. A stream's events (SSE ``data:``, NDJSON lines) name theirs
+  with ``contentSchema`` (``event_data``), which schemathesis checks event
+  by event. ``tests/unit/test_response_bodies.py`` fails on a JSON answer
+  whose schema is not such a reference.
 - Every status a route can return is listed, with the OpenAI error envelope
-  ``{"error": {"message", "type", "param", "code"}}``; 503s carry ``Retry-After``.
+  ``{"error": {"message", "type", "param", "code"}}`` (``ErrorEnvelope``,
+  :mod:`mlxd.errors`); 503s carry ``Retry-After``.
   Every ``/v1`` and ``/admin`` route may also answer 401 (API key set) and
   503 ``shutting_down`` (draining).
 """
@@ -38,22 +48,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mlxd import __version__
+from mlxd.errors import ErrorEnvelope
 from mlxd.http import origins
-from mlxd.http.fields import nullable
-from mlxd.http.openapi_anthropic import ERROR as ANTHROPIC_ERROR
+from mlxd.http.bodies_admin import AdminPlan, AdminStatus, HistoryRows, OpenAPIDocument, Reloaded
+from mlxd.http.bodies_openai import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ModelList,
+    ModelObject,
+    TextCompletion,
+    TextCompletionChunk,
+)
+from mlxd.http.body_schemas import components, event_data, ref
 from mlxd.http.openapi_anthropic import anthropic_paths
 from mlxd.http.openapi_chat import chat_request, engine_groups
-from mlxd.http.openapi_clients import (
-    ANY_MODEL_NAME,
-    CHAT_LOGPROBS,
-    RESPONSE_TOOL_CALLS,
-    TEXT_LOGPROBS,
-    error_responses,
-    json_response,
-    with_model,
-)
+from mlxd.http.openapi_clients import ANY_MODEL_NAME, error_responses, json_response, with_model
 from mlxd.http.openapi_embeddings import embeddings_path
-from mlxd.http.openapi_ollama import ERROR as OLLAMA_ERROR
 from mlxd.http.openapi_ollama import ollama_paths
 from mlxd.http.openapi_operations import operations_paths
 from mlxd.http.openapi_responses import responses_paths, responses_request
@@ -64,65 +74,11 @@ from mlxd.http.preferences import (
     REQUIRE_RESIDENT_HEADER,
 )
 from mlxd.http.validation import COMPLETION_BODY
-from mlxd.residency.plan import ACTIONS
 from mlxd.residency.policy import STRATEGIES
-from mlxd.residency.states import State
 
 if TYPE_CHECKING:
     from mlxd.config import Config
 
-
-_ERROR = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["message", "type", "param", "code"],
-            "properties": {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": ["string", "null"]},
-                "code": {"type": ["string", "null"]},
-            },
-        }
-    },
-}
-
-_STATES = [state.value for state in State]
-
-_MODEL = {
-    "type": "object",
-    "required": ["id", "object", "created", "owned_by", "status", "loaded", "pinned",
-                 "memory_bytes", "memory_source", "memory", "last_used_at", "last_error"],
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"const": "model"},
-        "created": {"type": "integer"},
-        "owned_by": {"type": "string"},
-        "status": {"enum": _STATES},
-        "loaded": {"type": "boolean"},
-        "pinned": {"type": "boolean"},
-        "memory_bytes": {"type": ["integer", "null"]},
-        "memory_source": {"type": ["string", "null"]},
-        "memory": {
-            "type": "object",
-            "description": "what a load commits, by part",
-            "required": ["weights", "kv_cache", "prompt_cache"],
-            "properties": {
-                k: {"type": "integer", "minimum": 0} for k in ("weights", "kv_cache", "prompt_cache")
-            },
-        },
-        "last_used_at": {"type": ["number", "null"]},
-        "last_error": {"type": ["string", "null"]},
-    },
-}
-
-_MODEL_LIST = {
-    "type": "object",
-    "required": ["object", "data"],
-    "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL}},
-}
 
 #: what ``since`` generators should produce: empty or a duration (ISO times are accepted too)
 _SINCE = r"^(\s*[0-9]{1,9}(\.[0-9]{1,6})?\s*[smhd]\s*)?$"
@@ -156,74 +112,22 @@ _PREFERENCE_HEADERS = [
      "(Retry-After: 0) and nothing is loaded"},
 ]
 
-_PLAN = {
-    "type": "object",
-    "required": ["model", "action", "victims", "error", "committed_after", "eta_s"],
-    "properties": {
-        "model": {"type": "string"},
-        "action": {"enum": list(ACTIONS)},
-        "victims": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["model", "state", "bytes", "why"],
-                "properties": {
-                    "model": {"type": "string"},
-                    "state": {"const": "loaded"},
-                    "bytes": {"type": "integer", "minimum": 0},
-                    "why": {"enum": ["idle_lru", "idle_cost", "drain", "preempt", "priority"]},
-                },
+def _generation_event(chunk: type) -> dict[str, Any]:
+    """One SSE event of a generation stream (OpenAPI 3.1: the stream's ``schema`` is one event)."""
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "event": {"const": "message"},
+            "data": {
+                "description": "a chunk object, an error envelope, or the final [DONE]",
+                "anyOf": [{"const": "[DONE]"},
+                          {"type": "string", "pattern": r"^\{[\s\S]*\}$",
+                           **event_data(chunk, ErrorEnvelope)}],
             },
         },
-        "error": nullable({"type": "object", "required": ["code"],
-                            "properties": {"code": {"type": "string"}}}),
-        "committed_after": {"type": "integer", "minimum": 0},
-        "eta_s": nullable({"type": "number", "minimum": 0}),
-    },
-}
+    }
 
-
-_USAGE = {
-    "type": "object",
-    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-    "properties": {
-        "prompt_tokens": {"type": "integer", "minimum": 0},
-        "completion_tokens": {"type": "integer", "minimum": 0},
-        "total_tokens": {"type": "integer", "minimum": 0},
-        "prompt_tokens_details": {
-            "type": "object",
-            "required": ["cached_tokens"],
-            "properties": {"cached_tokens": {"type": "integer", "minimum": 0}},
-        },
-        "mlxd_cached_tokens": {"$ref": "#/components/schemas/CachedTokens"},
-    },
-}
-
-#: mlxd's extension of usage: the cached prompt tokens by tier (docs/prompt-cache.md)
-CACHED_TOKENS = {
-    "type": "object",
-    "description": "prompt tokens read from the prompt cache: from memory, and from its disk tier",
-    "required": ["memory", "disk"],
-    "properties": {"memory": {"type": "integer", "minimum": 0},
-                   "disk": {"type": "integer", "minimum": 0}},
-}
-
-_FINISH = {"enum": ["stop", "length", "tool_calls"]}
-
-#: one SSE event of a generation stream (Open API 3.1: the stream's ``schema`` is one event)
-_GENERATION_EVENT = {
-    "type": "object",
-    "required": ["data"],
-    "properties": {
-        "event": {"const": "message"},
-        "data": {
-            "type": "string",
-            "description": "a chunk object, an error envelope, or the final [DONE]",
-            "pattern": r"^(\[DONE\]|\{[\s\S]*\})$",
-            "contentMediaType": "application/json",
-        },
-    },
-}
 
 #: one SSE event of /admin/events: the id is the journal sequence, the data a JSON payload;
 #: live load_progress events (not journaled) have no id
@@ -237,45 +141,6 @@ _ADMIN_EVENT = {
                  "contentMediaType": "application/json"},
     },
 }
-
-
-def _completion(kind: str) -> dict[str, Any]:
-    if kind == "chat":
-        choice = {
-            "type": "object",
-            "required": ["index", "message", "finish_reason"],
-            "properties": {
-                "index": {"const": 0},
-                "message": {
-                    "type": "object",
-                    "required": ["role", "content"],
-                    "properties": {"role": {"const": "assistant"},
-                                   "content": {"type": ["string", "null"]},
-                                   "tool_calls": RESPONSE_TOOL_CALLS},
-                },
-                "logprobs": CHAT_LOGPROBS,
-                "finish_reason": _FINISH,
-            },
-        }
-    else:
-        choice = {
-            "type": "object",
-            "required": ["index", "text", "finish_reason"],
-            "properties": {"index": {"const": 0}, "text": {"type": "string"},
-                           "logprobs": TEXT_LOGPROBS, "finish_reason": _FINISH},
-        }
-    return {
-        "type": "object",
-        "required": ["id", "object", "created", "model", "choices", "usage"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "chat.completion" if kind == "chat" else "text_completion"},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": choice},
-            "usage": _USAGE,
-        },
-    }
 
 
 _DESCRIPTIONS = {
@@ -294,7 +159,7 @@ _DESCRIPTIONS = {
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    return error_responses(_DESCRIPTIONS, "Error", *codes)
+    return error_responses(_DESCRIPTIONS, "ErrorEnvelope", *codes)
 
 
 def _model_id(names: list[str]) -> dict[str, Any]:
@@ -313,7 +178,7 @@ _HISTORY_KIND = {
 _REQUEST_ID = {"X-Request-Id": {"required": False, "schema": {"type": "string"}}}
 
 
-def _generation(summary: str, request: dict[str, Any], kind: str) -> dict[str, Any]:
+def _generation(summary: str, request: dict[str, Any], whole: type, chunk: type) -> dict[str, Any]:
     return {
         "post": {
             "summary": summary,
@@ -325,8 +190,8 @@ def _generation(summary: str, request: dict[str, Any], kind: str) -> dict[str, A
                     "ending in data: [DONE]",
                     "headers": _REQUEST_ID,
                     "content": {
-                        "application/json": {"schema": _completion(kind)},
-                        "text/event-stream": {"schema": _GENERATION_EVENT},
+                        "application/json": {"schema": ref(whole)},
+                        "text/event-stream": {"schema": _generation_event(chunk)},
                     },
                 },
                 **_errors(400, 404, 413, 415, 502, *_GUARDED),
@@ -343,25 +208,25 @@ def _openai_paths(config: Config | None, model_id: dict[str, Any]) -> dict[str, 
         "/v1/models": {
             "get": {
                 "summary": "List models with their residency state",
-                "responses": {"200": json_response(_MODEL_LIST), **_errors(*_GUARDED)},
+                "responses": {"200": json_response(ref(ModelList)), **_errors(*_GUARDED)},
             }
         },
         "/v1/models/{model_id}": {
             "get": {
                 "summary": "One model with its residency state",
                 "parameters": [model_id],
-                "responses": {"200": json_response(_MODEL), **_errors(404, *_GUARDED)},
+                "responses": {"200": json_response(ref(ModelObject)), **_errors(404, *_GUARDED)},
             }
         },
         "/v1/chat/completions": _generation(
             "Chat completion (whole, or SSE with stream=true)",
             chat_request(groups, _named),
-            "chat",
+            ChatCompletion, ChatCompletionChunk,
         ),
         "/v1/completions": _generation(
             "Text completion (whole, or SSE with stream=true)",
             with_model(COMPLETION_BODY, _named(names)),
-            "completion",
+            TextCompletion, TextCompletionChunk,
         ),
     }
 
@@ -373,7 +238,7 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                 "summary": "Budget, committed and free bytes, every model's state, waiters, "
                 "leases, and per model the routing facts (committed_bytes, queued, running, "
                 "kv_in_use, expected_load_seconds); loads nothing",
-                "responses": {"200": json_response({"type": "object"}), **_errors(401, 403)},
+                "responses": {"200": json_response(ref(AdminStatus)), **_errors(401, 403)},
             }
         },
         "/admin/plan": {
@@ -392,14 +257,14 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                      "over the model's context the plan fails with context_length_exceeded",
                      "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,11}$"}},
                 ],
-                "responses": {"200": json_response(_PLAN), **_errors(400, 404, *_GUARDED)},
+                "responses": {"200": json_response(ref(AdminPlan)), **_errors(400, 404, *_GUARDED)},
             }
         },
         "/admin/models/{model_id}/load": {
             "post": {
                 "summary": "Load a model; replies once it is loaded and journaled",
                 "parameters": [model_id],
-                "responses": {"200": json_response(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
+                "responses": {"200": json_response(ref(ModelObject)), **_errors(400, 404, 502, *_GUARDED)},
             }
         },
         "/admin/models/{model_id}/unload": {
@@ -415,7 +280,7 @@ def _admin_paths(model_id: dict[str, Any]) -> dict[str, Any]:
                                             "off", ""]},
                     },
                 ],
-                "responses": {"200": json_response(_MODEL), **_errors(400, 404, 502, *_GUARDED)},
+                "responses": {"200": json_response(ref(ModelObject)), **_errors(400, 404, 502, *_GUARDED)},
             }
         },
     }
@@ -458,7 +323,7 @@ def _admin_journal_paths() -> dict[str, Any]:
                     _HISTORY_KIND,
                 ],
                 "responses": {
-                    "200": json_response({"type": "array", "items": {"type": "object"}}),
+                    "200": json_response(ref(HistoryRows)),
                     **_errors(400, 401, 403),
                 },
             }
@@ -466,14 +331,14 @@ def _admin_journal_paths() -> dict[str, Any]:
         "/admin/reload": {
             "post": {
                 "summary": "Re-read the config; add, remove or replace dormant models",
-                "responses": {"200": json_response({"type": "object", "required": ["reloaded"]}),
+                "responses": {"200": json_response(ref(Reloaded)),
                               **_errors(400, 409, *_GUARDED)},
             }
         },
     }
 
 
-def openapi_document(config: Config | None = None) -> dict[str, Any]:
+def openapi_document(config: Config | None = None) -> OpenAPIDocument:
     """The document; with ``config``, model ids are an enum of its model names."""
     model_id = _model_id([m.name for m in config.models] if config is not None else [])
     return origins.describe({
@@ -496,8 +361,6 @@ def openapi_document(config: Config | None = None) -> dict[str, Any]:
             **_admin_journal_paths(),
             **operations_paths(_errors),
         },
-        "components": {"schemas": {"Error": _ERROR, "AnthropicError": ANTHROPIC_ERROR,
-                                   "CachedTokens": CACHED_TOKENS,
-                                   "OllamaError": OLLAMA_ERROR}},
+        "components": {"schemas": components()},
     })
 

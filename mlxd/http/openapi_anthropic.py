@@ -14,27 +14,20 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.http.anthropic_shapes import body_kind
-from mlxd.http.openapi_clients import ANY_MODEL_NAME, NAME, OPEN, error_responses, with_model
-
-ERROR = {
-    "type": "object",
-    "required": ["type", "error"],
-    "properties": {
-        "type": {"const": "error"},
-        "error": {"type": "object", "required": ["type", "message"],
-                  "properties": {"type": {"type": "string"}, "message": {"type": "string"}}},
-    },
-}
-
-#: content blocks of a response
-_TEXT = {"type": "object", "required": ["type", "text"],
-         "properties": {"type": {"const": "text"}, "text": {"type": "string"}}, **OPEN}
-_TOOL_USE = {"type": "object", "required": ["type", "id", "name", "input"],
-             "properties": {"type": {"const": "tool_use"}, "id": {"type": "string", "minLength": 1},
-                            "name": NAME, "input": {"type": "object"}}, **OPEN}
-_THINKING = {"type": "object", "required": ["type", "thinking"],
-             "properties": {"type": {"const": "thinking"}, "thinking": {"type": "string"},
-                            "signature": {"type": "string"}}, **OPEN}
+from mlxd.http.bodies_anthropic import (
+    AnthropicError,
+    AnthropicMessage,
+    ContentBlockDelta,
+    ContentBlockStart,
+    ContentBlockStop,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    Ping,
+    TokenCount,
+)
+from mlxd.http.body_schemas import event_data, ref
+from mlxd.http.openapi_clients import ANY_MODEL_NAME, error_responses, with_model
 
 
 def _request(names: list[str], *, tools: bool, counting: bool) -> dict[str, Any]:
@@ -52,32 +45,16 @@ def _variants(groups: dict[str, list[str]], *, counting: bool) -> dict[str, Any]
     return parts[0] if len(parts) == 1 else {"anyOf": parts}
 
 
-_MESSAGE = {
-    "type": "object",
-    "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
-    "properties": {
-        "id": {"type": "string"}, "type": {"const": "message"}, "role": {"const": "assistant"},
-        "model": {"type": "string"},
-        "content": {"type": "array", "items": {"anyOf": [_TEXT, _TOOL_USE, _THINKING]}},
-        "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]},
-        "stop_sequence": {"type": ["string", "null"]},
-        "usage": {"type": "object", "required": ["input_tokens", "output_tokens"],
-                  "properties": {"input_tokens": {"type": "integer", "minimum": 0},
-                                 "output_tokens": {"type": "integer", "minimum": 0},
-                                 "cache_read_input_tokens": {"type": "integer", "minimum": 0},
-                                 "cache_creation_input_tokens": {"type": "integer", "minimum": 0},
-                                 "service_tier": {"type": "string"},
-                                 "mlxd_cached_tokens": {
-                                     "$ref": "#/components/schemas/CachedTokens"}}},
-    },
-}
+#: one SSE event of a streamed message: its name is its data's type
 _EVENT = {
     "type": "object",
     "required": ["event", "data"],
     "properties": {
         "event": {"enum": ["message_start", "ping", "content_block_start", "content_block_delta",
                            "content_block_stop", "message_delta", "message_stop", "error"]},
-        "data": {"type": "string", "pattern": r"^\{[\s\S]*\}$", "contentMediaType": "application/json"},
+        "data": {"type": "string", "pattern": r"^\{[\s\S]*\}$",
+                 **event_data(MessageStart, Ping, ContentBlockStart, ContentBlockDelta,
+                              ContentBlockStop, MessageDelta, MessageStop, AnthropicError)},
     },
 }
 _DESCRIPTIONS = {
@@ -105,7 +82,7 @@ def anthropic_paths(groups: dict[str, list[str]]) -> dict[str, Any]:
             "summary": "Anthropic Messages (whole, or an event stream with stream=true)",
             "requestBody": body(_variants(groups, counting=False)),
             "responses": {"200": {"description": "the message, or its event stream",
-                                  "content": {"application/json": {"schema": _MESSAGE},
+                                  "content": {"application/json": {"schema": ref(AnthropicMessage)},
                                               "text/event-stream": {"schema": _EVENT}}},
                           **statuses},
         }},
@@ -113,8 +90,7 @@ def anthropic_paths(groups: dict[str, list[str]]) -> dict[str, Any]:
             "summary": "The prompt's tokens under the model's template (loads the model)",
             "requestBody": body(_variants(groups, counting=True)),
             "responses": {"200": {"description": "the count", "content": {"application/json": {
-                "schema": {"type": "object", "required": ["input_tokens"],
-                           "properties": {"input_tokens": {"type": "integer", "minimum": 0}}}}}},
+                "schema": ref(TokenCount)}}},
                           **statuses},
         }},
     }

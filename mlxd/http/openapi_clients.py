@@ -66,28 +66,3 @@ def with_model(kind: Obj, fields: dict[str, Any]) -> dict[str, Any]:
 def tool_choice(tools: bool, description: str) -> dict[str, Any]:
     """OpenAI's ``tool_choice`` (also Ollama's ``options.tool_choice``)."""
     return {**nullable(tool_choice_kind(tools).schema()), "description": description}
-
-
-_TOP: dict[str, Any] = {"type": "object", "required": ["token", "logprob"],
-        "properties": {"token": {"type": "string"}, "logprob": {"type": "number"},
-                       "bytes": nullable({"type": "array", "items": {"type": "integer"}})}}
-CHAT_LOGPROBS = nullable({
-    "type": "object",
-    "required": ["content"],
-    "properties": {"content": {"type": "array", "items": {
-        **_TOP, "properties": {**_TOP["properties"], "top_logprobs": {"type": "array", "items": _TOP}}}}},
-})
-TEXT_LOGPROBS = nullable({
-    "type": "object",
-    "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
-    "properties": {"tokens": {"type": "array", "items": {"type": "string"}},
-                   "token_logprobs": {"type": "array", "items": {"type": "number"}},
-                   "top_logprobs": {"type": "array", "items": {"type": "object"}},
-                   "text_offset": {"type": "array", "items": {"type": "integer"}}},
-})
-RESPONSE_TOOL_CALLS = {"type": "array", "items": {
-    "type": "object", "required": ["id", "type", "function"],
-    "properties": {"id": {"type": "string"}, "type": {"const": "function"},
-                   "function": {"type": "object", "required": ["name", "arguments"],
-                                "properties": {"name": {"type": "string"},
-                                               "arguments": {"type": "string"}}}}}}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlxd.http.bodies_openai import EmbeddingList
+from mlxd.http.body_schemas import ref
 from mlxd.http.embeddings_api import BODY
 from mlxd.http.openapi_clients import ANY_MODEL_NAME, with_model
 
@@ -21,23 +23,9 @@ def embeddings_path(
         else {**ANY_MODEL_NAME, "not": {"enum": other_models},
               "description": "an embedding: true model"})
     request = with_model(BODY, {"model": model})
-    response = {
-        "type": "object",
-        "required": ["object", "data", "model", "usage"],
-        "properties": {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": {
-                "type": "object", "required": ["object", "index", "embedding"],
-                "properties": {"object": {"const": "embedding"}, "index": {"type": "integer"},
-                               "embedding": {"anyOf": [{"type": "array", "items": {"type": "number"}},
-                                                       {"type": "string"}]}}}},
-            "model": {"type": "string"},
-            "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"]},
-        },
-    }
     return {"/v1/embeddings": {"post": {
         "summary": "Embeddings of texts or token ids (embedding: true models)",
         "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
         "responses": {"200": {"description": "the vectors",
-                              "content": {"application/json": {"schema": response}}}, **errors},
+                              "content": {"application/json": {"schema": ref(EmbeddingList)}}}, **errors},
     }}}

@@ -21,13 +21,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from mlxd.http.bodies_ollama import (
+    OllamaEmbed,
+    OllamaEmbedding,
+    OllamaError,
+    OllamaReply,
+    OllamaRunningList,
+    OllamaShow,
+    OllamaTags,
+    OllamaVersion,
+    PullProgress,
+)
+from mlxd.http.body_schemas import event_data, ref
 from mlxd.http.fields import documented, nullable
 from mlxd.http.ollama_pull import REPO_PATTERN, REPO_REFUSED
 from mlxd.http.ollama_shapes import EMBED_BODY, EMBEDDINGS_BODY, PULL, SHOW, body_kind
 from mlxd.http.openapi_chat import engine_groups
 from mlxd.http.openapi_clients import (
     ANY_MODEL_NAME,
-    NAME,
     OPEN,
     error_responses,
     json_response,
@@ -47,8 +58,6 @@ _HEADERS = [
     {"name": CONTENTION_HEADER, "in": "header", "required": False,
      "schema": {"enum": ["fail", "wait", "wait_then_fail", "preempt", "wait_then_preempt"]}},
 ]
-
-ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 
 _DESCRIPTIONS = {
     400: "the request is wrong (the message names the field)",
@@ -78,13 +87,6 @@ def _model(names: list[str], others: list[str]) -> dict[str, Any]:
     return {**ANY_MODEL_NAME, "not": {"enum": refused}} if refused else ANY_MODEL_NAME
 
 
-#: a tool call of a reply
-_TOOL_CALL = {"type": "object", "required": ["function"],
-              "properties": {"id": {"type": "string"},
-                             "function": {"type": "object", "required": ["name"],
-                                          "properties": {"name": NAME, "arguments": {"type": "object"}},
-                                          **OPEN}},
-              **OPEN}
 #: the groups' capabilities: (images, tools and format)
 _GROUPS = {"text": (False, True), "vision": (True, False), "fake": (False, False)}
 
@@ -106,36 +108,9 @@ def _variants(build: Callable[[list[str], list[str], str], dict[str, Any]], grou
     return parts[0] if len(parts) == 1 else {"anyOf": parts}
 
 
-_DETAILS = {"type": "object", "properties": {
-    "format": {"type": "string"}, "family": {"type": "string"},
-    "parameter_size": {"type": "string"}, "quantization_level": {"type": "string"}}}
-_TAG_FIELDS: dict[str, Any] = {
-    "name": {"type": "string"}, "model": {"type": "string"}, "modified_at": {"type": "string"},
-    "size": {"type": "integer", "minimum": 0}, "digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-    "details": _DETAILS}
-_TAG = {"type": "object", "required": ["name", "model", "modified_at", "size", "digest", "details"],
-        "properties": _TAG_FIELDS}
-_RUNNING = {"type": "object",
-            "required": ["name", "model", "size", "digest", "details", "expires_at", "size_vram", "mlxd"],
-            "properties": {**_TAG_FIELDS, "expires_at": {"type": "string"},
-                           "size_vram": {"type": "integer", "minimum": 0},
-                           "context_length": {"type": "integer"},
-                           "mlxd": {"type": "object", "required": ["state"],
-                                    "properties": {"state": {"type": "string"}}}}}
-_COUNTERS = {k: {"type": "integer", "minimum": 0} for k in (
-    "total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
-    "eval_count", "eval_duration")}
-_REPLY = {"type": "object", "required": ["model", "created_at", "done"],
-          "properties": {"model": {"type": "string"}, "created_at": {"type": "string"},
-                         "done": {"type": "boolean"},
-                         "done_reason": {"enum": ["stop", "length", "load", "unload"]},
-                         "message": {"type": "object", "required": ["role", "content"],
-                                     "properties": {"role": {"const": "assistant"},
-                                                    "content": {"type": "string"},
-                                                    "tool_calls": {"type": "array", "items": _TOOL_CALL}}},
-                         "response": {"type": "string"}, **_COUNTERS}}
-_NDJSON = {"type": "string", "description": "one JSON object per line: replies with done false, "
-           "then one with done true (or {\"error\": ...})"}
+def _ndjson(line: type) -> dict[str, Any]:
+    return {"type": "string", "description": "one JSON object per line: replies with done false, "
+            "then one with done true (or {\"error\": ...})", **event_data(line, OllamaError)}
 
 
 def _model_or_name(named: dict[str, Any]) -> list[dict[str, Any]]:
@@ -145,17 +120,17 @@ def _model_or_name(named: dict[str, Any]) -> list[dict[str, Any]]:
             {"required": ["name"], "properties": {"model": {"type": "null"}, "name": named}}]
 
 
-def _post(summary: str, request: dict[str, Any], ok: dict[str, Any], *errors: int,
+def _post(summary: str, request: dict[str, Any], ok: type, *errors: int,
           streamed: bool = False, headers: bool = True) -> dict[str, Any]:
     """``headers``: the route reads X-Mlxd-Keep-Alive and X-Mlxd-Contention (it takes a lease)."""
-    content = dict(ok["content"])
+    content: dict[str, Any] = {"application/json": {"schema": ref(ok)}}
     if streamed:
-        content["application/x-ndjson"] = {"schema": _NDJSON}
+        content["application/x-ndjson"] = {"schema": _ndjson(ok)}
     return {"post": {
         "summary": summary,
         "parameters": _HEADERS if headers else [],
         "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
-        "responses": {"200": {**ok, "content": content}, **_errors(*errors)},
+        "responses": {"200": {"description": "OK", "content": content}, **_errors(*errors)},
     }}
 
 
@@ -187,45 +162,34 @@ def ollama_paths(config: Config | None) -> dict[str, Any]:
     embed_model = _model(embedding, generators)
     embed_request = with_model(EMBED_BODY, {"model": embed_model, "keep_alive": _KEEP_ALIVE})
     embeddings_request = with_model(EMBEDDINGS_BODY, {"model": embed_model, "keep_alive": _KEEP_ALIVE})
-    vectors = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
     repo = {"type": "string", "pattern": REPO_PATTERN, "not": {"pattern": REPO_REFUSED},
             "description": "a Hugging Face repo id (org/name)"}
     pull_request = {"type": "object", "anyOf": _model_or_name(repo), "properties": documented(PULL),
                     **OPEN}
-    status = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
     return {
         "/api/version": {"get": {"summary": "The Ollama API version mlxd speaks (and mlxd's own)",
-                                 "responses": {"200": json_response({"type": "object", "required": ["version"],
-                                                             "properties": {"version": {"type": "string"}}}),
+                                 "responses": {"200": json_response(ref(OllamaVersion)),
                                                **_errors(*_GUARDED)}}},
         "/api/tags": {"get": {"summary": "Every configured model, loaded or not",
-                              "responses": {"200": json_response({"type": "object", "required": ["models"],
-                                                          "properties": {"models": {"type": "array", "items": _TAG}}}),
+                              "responses": {"200": json_response(ref(OllamaTags)),
                                             **_errors(*_GUARDED)}}},
         "/api/ps": {"get": {"summary": "The models holding memory, with expires_at from keep_alive",
-                            "responses": {"200": json_response({"type": "object", "required": ["models"],
-                                                        "properties": {"models": {"type": "array", "items": _RUNNING}}}),
+                            "responses": {"200": json_response(ref(OllamaRunningList)),
                                           **_errors(*_GUARDED)}}},
         "/api/show": _post("A model's details, capabilities, context length and template",
                            {"type": "object", "anyOf": _model_or_name(_model(every, [])),
                             "properties": documented(SHOW), **OPEN},
-                           json_response({"type": "object", "required": ["capabilities", "details", "model_info"],
-                                  "properties": {"capabilities": {"type": "array", "items": {"enum": [
-                                      "completion", "tools", "vision", "embedding", "thinking"]}}}}),
-                           *_BODY_ERRORS, headers=False),
+                           OllamaShow, *_BODY_ERRORS, headers=False),
         "/api/chat": _post("Chat (NDJSON stream by default; stream: false for one reply)",
-                           _variants(_request("chat"), groups, embedding), json_response(_REPLY), 502, *_BODY_ERRORS, streamed=True),
+                           _variants(_request("chat"), groups, embedding), OllamaReply, 502, *_BODY_ERRORS, streamed=True),
         "/api/generate": _post("Generate from a prompt (NDJSON stream by default)",
-                               _variants(_request("generate"), groups, embedding), json_response(_REPLY), 502, *_BODY_ERRORS,
+                               _variants(_request("generate"), groups, embedding), OllamaReply, 502, *_BODY_ERRORS,
                                streamed=True),
         "/api/embed": _post("Embeddings of texts (embedding: true models)", embed_request,
-                            json_response({"type": "object", "required": ["model", "embeddings"],
-                                   "properties": {"embeddings": vectors}}), 502, *_BODY_ERRORS),
+                            OllamaEmbed, 502, *_BODY_ERRORS),
         "/api/embeddings": _post("One prompt's embedding (the older route)", embeddings_request,
-                                 json_response({"type": "object", "required": ["embedding"],
-                                        "properties": {"embedding": {"type": "array", "items": {"type": "number"}}}}),
-                                 502, *_BODY_ERRORS),
+                                 OllamaEmbedding, 502, *_BODY_ERRORS),
         "/api/pull": _post("Download a Hugging Face repo into the local cache (scope admin)", pull_request,
-                           json_response(status), 400, 413, 415, 502, *_GUARDED, streamed=True, headers=False),
+                           PullProgress, 400, 413, 415, 502, *_GUARDED, streamed=True, headers=False),
         **_not_served(),
     }

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlxd.config.model import SCOPES
+from mlxd.http.bodies_admin import Health, OpenAPIDocument, Whoami
+from mlxd.http.body_schemas import ref
 from mlxd.http.openapi_clients import json_response
 
 
@@ -18,14 +19,8 @@ def operations_paths(_errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
             "get": {
                 "summary": "Liveness and readiness (ok / degraded with reasons)",
                 "responses": {
-                    "200": json_response({"type": "object", "required": ["status", "ready", "reasons"],
-                                  "properties": {"status": {"enum": ["ok", "degraded"]},
-                                                 "ready": {"type": "boolean"},
-                                                 "reasons": {"type": "array",
-                                                             "items": {"type": "string"}}}}),
-                    "503": json_response({"type": "object", "required": ["status"],
-                                  "properties": {"status": {"const": "shutting_down"}}},
-                                 "shutting down"),
+                    "200": json_response(ref(Health)),
+                    "503": json_response(ref(Health), "shutting down"),
                 },
             }
         },
@@ -38,13 +33,13 @@ def operations_paths(_errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
             }
         },
         "/openapi.json": {
-            "get": {"summary": "This document", "responses": {"200": json_response({"type": "object"})}}
+            "get": {"summary": "This document", "responses": {"200": json_response(ref(OpenAPIDocument))}}
         },
         "/admin/whoami": {
             "get": {
                 "summary": "The key this request presented: its name (client) and scopes; any "
                 "known key may ask (the dashboard shows only what the scopes allow)",
-                "responses": {"200": json_response(_WHOAMI), **_errors(401)},
+                "responses": {"200": json_response(ref(Whoami)), **_errors(401)},
             }
         },
         "/": {"get": {"summary": "Redirects to the dashboard (/ui)",
@@ -63,13 +58,4 @@ def operations_paths(_errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-_WHOAMI = {
-    "type": "object",
-    "required": ["client", "scopes", "auth_required"],
-    "properties": {
-        "client": {"type": ["string", "null"], "description": "the key's name (null: no keys)"},
-        "scopes": {"type": "array", "items": {"enum": list(SCOPES)}},
-        "auth_required": {"type": "boolean"},
-    },
-}
 _HTML = {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}

@@ -14,17 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlxd.http.fields import nullable
+from mlxd.http.bodies_responses import EVENTS, DeletedResponse, ResponseObject
+from mlxd.http.body_schemas import event_data, ref
 from mlxd.http.openapi_chat import Named, per_group
-from mlxd.http.openapi_clients import OPEN, with_model
+from mlxd.http.openapi_clients import with_model
 from mlxd.http.responses_fields import body_kind
-
-_STRING = nullable({"type": "string"})
-
-
-def _obj(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "required": required, "properties": properties, **OPEN}
-
 
 #: what each engine group takes: (images, function tools, grammar)
 _GROUPS = {"text": (False, True, True), "vision": (True, False, False), "fake": (False, False, False)}
@@ -39,29 +33,10 @@ def responses_request(groups: dict[str, list[str]], named: Named) -> dict[str, A
     return per_group(groups, variant)
 
 
-_OUTPUT_ITEM = _obj(["type", "id"], {
-    "type": {"enum": ["message", "function_call"]},
-    "id": {"type": "string"},
-    "status": {"enum": ["in_progress", "completed", "incomplete"]},
-})
-RESPONSE = _obj(["id", "object", "created_at", "status", "model", "output"], {
-    "id": {"type": "string", "pattern": "^resp_"},
-    "object": {"const": "response"},
-    "created_at": {"type": "integer"},
-    "status": {"enum": ["completed", "incomplete"]},
-    "model": {"type": "string"},
-    "output": {"type": "array", "items": _OUTPUT_ITEM},
-    "usage": _obj(["input_tokens", "output_tokens", "total_tokens"], {
-        "input_tokens": {"type": "integer"}, "output_tokens": {"type": "integer"},
-        "total_tokens": {"type": "integer"},
-        "input_tokens_details": _obj(["cached_tokens"], {"cached_tokens": {"type": "integer"}})}),
-    "previous_response_id": _STRING,
-    "store": {"type": "boolean"},
-})
 #: one SSE event of a streamed response (Open API 3.1: the stream's ``schema`` is one event)
 _EVENT = {"type": "object", "required": ["event", "data"], "properties": {
     "event": {"type": "string", "pattern": r"^response\.[a-z_.]+$"},
-    "data": {"type": "string", "pattern": r"^\{[\s\S]*\}$", "contentMediaType": "application/json"},
+    "data": {"type": "string", "pattern": r"^\{[\s\S]*\}$", **event_data(*EVENTS)},
 }}
 _RESPONSE_ID = {"name": "response_id", "in": "path", "required": True,
                 "schema": {"type": "string", "minLength": 1}}
@@ -74,11 +49,8 @@ def responses_paths(
     """``errors(*codes)``: the error responses (OpenAI envelope); ``headers``: the preference headers."""
     ok = {"description": "the response (whole), or with stream: true an SSE stream of response.* "
           "events ending in response.completed, response.incomplete or response.failed",
-          "content": {"application/json": {"schema": RESPONSE},
+          "content": {"application/json": {"schema": ref(ResponseObject)},
                       "text/event-stream": {"schema": _EVENT}}}
-    deleted = _obj(["id", "object", "deleted"], {"id": {"type": "string"},
-                                                  "object": {"const": "response"},
-                                                  "deleted": {"const": True}})
     return {
         "/v1/responses": {"post": {
             "summary": "OpenAI Responses API: items in, items out (whole, or SSE with stream=true)",
@@ -91,14 +63,14 @@ def responses_paths(
                 "summary": "A stored response (store: true); 404 once deleted or pruned",
                 "parameters": [_RESPONSE_ID],
                 "responses": {"200": {"description": "the response",
-                                      "content": {"application/json": {"schema": RESPONSE}}},
+                                      "content": {"application/json": {"schema": ref(ResponseObject)}}},
                               **errors(404, *guarded)},
             },
             "delete": {
                 "summary": "Delete a stored response",
                 "parameters": [_RESPONSE_ID],
                 "responses": {"200": {"description": "deleted",
-                                      "content": {"application/json": {"schema": deleted}}},
+                                      "content": {"application/json": {"schema": ref(DeletedResponse)}}},
                               **errors(404, *guarded)},
             },
         },

@@ -26,6 +26,7 @@ from werkzeug.sansio.utils import get_host
 from mlxd.config.origins import SAFE_METHODS, BrowserRules
 from mlxd.errors import FormBodyRefused, HostNotAllowed, MlxdError, OriginNotAllowed
 from mlxd.http import envelopes
+from mlxd.http.bodies_admin import OpenAPIDocument
 from mlxd.http.preferences import Headers
 
 #: the body types of a CORS "simple request": a page sends them without asking first
@@ -101,7 +102,7 @@ _ORIGIN_REFUSED = ("origin_not_allowed (a foreign Origin) or json_body_required 
                    "body): what a web page may send unasked (every state-changing route)")
 
 
-def describe(document: dict[str, Any]) -> dict[str, Any]:
+def describe(document: OpenAPIDocument) -> OpenAPIDocument:
     """The OpenAPI document with this guard's answers: 421 on every operation, 403 on every
     state-changing one; written here once, so routes added later are described too."""
     for operations in document["paths"].values():

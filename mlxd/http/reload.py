@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import fields, replace
-from typing import Any
 
 import trio
 
 from mlxd.config import Config
 from mlxd.errors import ConfigError, InvalidRequest
+from mlxd.http.bodies_admin import Reloaded
 from mlxd.http.context import AppState
 
 log = logging.getLogger("mlxd.http")
 
 
-async def reload_config(st: AppState) -> dict[str, Any]:
+async def reload_config(st: AppState) -> Reloaded:
     """Re-read ``st``'s config file and apply it; the report ``POST /admin/reload`` answers.
 
     A file that does not load is a 400 :class:`~mlxd.errors.InvalidRequest`
@@ -55,7 +55,9 @@ async def reload_config(st: AppState) -> dict[str, Any]:
     log.info("config reloaded from %s: %s", path or "the built-in demo config", report)
     for change in restart:
         log.warning("config reload: %s: takes effect at the next start", change)
-    return {"reloaded": True, **report, "restart_needed": restart, "warnings": list(new.warnings)}
+    return {"reloaded": True, "added": report["added"], "removed": report["removed"],
+            "replaced": report["replaced"], "unchanged": report["unchanged"],
+            "restart_needed": restart, "warnings": list(new.warnings)}
 
 
 def restart_needed(running: Config, new: Config) -> list[str]:

@@ -29,6 +29,7 @@ from mlxd.engines.base import GenerationRequest
 from mlxd.engines.text.prompt_limits import check_prompt_chars, limits_for
 from mlxd.errors import InvalidRequest, ModelNotFound, ShuttingDown
 from mlxd.http import generation
+from mlxd.http.bodies_responses import DeletedResponse, ResponseObject
 from mlxd.http.context import state
 from mlxd.http.openai_api import read_json_body, request_id
 from mlxd.http.responses_events import ResponsesRenderer
@@ -129,11 +130,11 @@ async def create_response() -> Any:
 
 
 @bp.get("/v1/responses/<path:response_id>")
-async def get_response(response_id: str) -> Any:
+async def get_response(response_id: str) -> ResponseObject:
     return await store().get(response_id)
 
 
 @bp.delete("/v1/responses/<path:response_id>")
-async def delete_response(response_id: str) -> Any:
+async def delete_response(response_id: str) -> DeletedResponse:
     await store().delete(response_id)
     return {"id": response_id, "object": "response", "deleted": True}

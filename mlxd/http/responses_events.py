@@ -31,11 +31,26 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 from mlxd.engines.base import Finished, TextDelta, TokenLogprob, ToolCall, ToolCallDelta
 from mlxd.errors import MlxdError
 from mlxd.http import sse
+from mlxd.http.bodies_responses import (
+    FunctionCallItem,
+    ItemEventKind,
+    ItemStatus,
+    Lifecycle,
+    OutputItem,
+    OutputMessage,
+    OutputText,
+    PartEventKind,
+    ResponseError,
+    ResponseEvent,
+    ResponseObject,
+    ResponsesLogprob,
+    ResponsesUsage,
+    Status,
+)
 from mlxd.http.generation import Collected
 from mlxd.http.responses_fields import ParsedResponses
 
@@ -44,13 +59,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def _logprob(e: TokenLogprob) -> dict[str, Any]:
+def _logprob(e: TokenLogprob) -> ResponsesLogprob:
     return {"token": e.token, "bytes": list(e.bytes), "logprob": e.logprob,
             "top_logprobs": [{"token": t.token, "bytes": list(t.bytes), "logprob": t.logprob}
                              for t in e.top]}
 
 
-def usage(fin: Finished) -> dict[str, Any]:
+def usage(fin: Finished) -> ResponsesUsage:
     return {
         "input_tokens": fin.prompt_tokens,
         # prompt tokens whose KV came from the model's prompt cache
@@ -61,7 +76,7 @@ def usage(fin: Finished) -> dict[str, Any]:
     }
 
 
-def _call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
+def _call_item(item_id: str, call: ToolCall, status: ItemStatus) -> FunctionCallItem:
     arguments = call.arguments if status == "completed" else ""
     return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id,
             "name": call.name, "arguments": arguments}
@@ -71,7 +86,7 @@ class ResponsesRenderer:
     """One response's object and events (see the module docstring)."""
 
     def __init__(
-        self, parsed: ParsedResponses, on_done: Callable[[dict[str, Any]], None] | None = None
+        self, parsed: ParsedResponses, on_done: Callable[[ResponseObject], None] | None = None
     ) -> None:
         self.model = parsed.model
         self.id = new_id("resp")
@@ -81,20 +96,20 @@ class ResponsesRenderer:
         self.on_done = on_done
         self._seq = 0
         #: output items finished so far, in order
-        self._items: list[dict[str, Any]] = []
+        self._items: list[OutputItem] = []
         #: the message being streamed: its id, text and logprobs so far
-        self._open: tuple[str, list[str], list[dict[str, Any]]] | None = None
+        self._open: tuple[str, list[str], list[ResponsesLogprob]] | None = None
 
     # ---- the response object -----------------------------------------------------------------
 
     def response(
         self,
-        status: str,
-        output: list[dict[str, Any]],
+        status: Status,
+        output: list[OutputItem],
         *,
         fin: Finished | None = None,
-        error: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        error: ResponseError | None = None,
+    ) -> ResponseObject:
         done = status in ("completed", "incomplete")
         return {
             "id": self.id,
@@ -110,8 +125,8 @@ class ResponsesRenderer:
             **self._echo,
         }
 
-    def _finished(self, fin: Finished, output: list[dict[str, Any]]) -> dict[str, Any]:
-        status = "incomplete" if fin.finish_reason == "length" else "completed"
+    def _finished(self, fin: Finished, output: list[OutputItem]) -> ResponseObject:
+        status: Status = "incomplete" if fin.finish_reason == "length" else "completed"
         response = self.response(status, output, fin=fin)
         if self.on_done is not None:
             self.on_done(response)
@@ -119,49 +134,63 @@ class ResponsesRenderer:
 
     # ---- events ---------------------------------------------------------------------------------
 
-    def _event(self, kind: str, **fields: Any) -> bytes:
-        frame = sse.event({"type": kind, **fields, "sequence_number": self._seq}, name=kind)
+    def _next(self) -> int:
+        """The next event's ``sequence_number``."""
         self._seq += 1
-        return frame
+        return self._seq - 1
+
+    def _event(self, event: ResponseEvent) -> bytes:
+        return sse.event(event, name=event["type"])
+
+    def _lifecycle(self, kind: Lifecycle, response: ResponseObject) -> bytes:
+        return self._event({"type": kind, "response": response, "sequence_number": self._next()})
+
+    def _item(self, kind: ItemEventKind, index: int, item: OutputItem) -> bytes:
+        return self._event({"type": kind, "output_index": index, "item": item,
+                            "sequence_number": self._next()})
+
+    def _part(self, kind: PartEventKind, item_id: str, index: int, part: OutputText) -> bytes:
+        return self._event({"type": kind, "item_id": item_id, "output_index": index,
+                            "content_index": 0, "part": part, "sequence_number": self._next()})
 
     def first(self) -> bytes:
         snapshot = self.response("in_progress", [])
-        return (self._event("response.created", response=snapshot)
-                + self._event("response.in_progress", response=snapshot))
+        return (self._lifecycle("response.created", snapshot)
+                + self._lifecycle("response.in_progress", snapshot))
 
     def _open_message(self) -> list[bytes]:
         item_id = new_id("msg")
         self._open = (item_id, [], [])
         index = len(self._items)
-        item = {"id": item_id, "type": "message", "status": "in_progress", "role": "assistant",
-                "content": []}
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        return [self._event("response.output_item.added", output_index=index, item=item),
-                self._event("response.content_part.added", item_id=item_id, output_index=index,
-                            content_index=0, part=part)]
+        item: OutputMessage = {"id": item_id, "type": "message", "status": "in_progress",
+                               "role": "assistant", "content": []}
+        part: OutputText = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return [self._item("response.output_item.added", index, item),
+                self._part("response.content_part.added", item_id, index, part)]
 
-    def _take_message(self, status: str) -> dict[str, Any] | None:
+    def _take_message(self, status: ItemStatus) -> OutputMessage | None:
         """The message being streamed, finished with ``status`` and added to the output."""
         if self._open is None:
             return None
         item_id, text, logprobs = self._open
         self._open = None
-        part = {"type": "output_text", "text": "".join(text), "annotations": [], "logprobs": logprobs}
-        item = {"id": item_id, "type": "message", "status": status, "role": "assistant",
-                "content": [part]}
+        part: OutputText = {"type": "output_text", "text": "".join(text), "annotations": [],
+                            "logprobs": logprobs}
+        item: OutputMessage = {"id": item_id, "type": "message", "status": status,
+                               "role": "assistant", "content": [part]}
         self._items.append(item)
         return item
 
-    def _close_message(self, status: str = "completed") -> list[bytes]:
+    def _close_message(self, status: ItemStatus = "completed") -> list[bytes]:
         item = self._take_message(status)
         if item is None:
             return []
         part, index = item["content"][0], len(self._items) - 1
-        logprobs = part["logprobs"]
-        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        return [self._event("response.output_text.done", **where, text=part["text"], logprobs=logprobs),
-                self._event("response.content_part.done", **where, part=part),
-                self._event("response.output_item.done", output_index=index, item=item)]
+        return [self._event({"type": "response.output_text.done", "item_id": item["id"],
+                             "output_index": index, "content_index": 0, "text": part["text"],
+                             "logprobs": part["logprobs"], "sequence_number": self._next()}),
+                self._part("response.content_part.done", item["id"], index, part),
+                self._item("response.output_item.done", index, item)]
 
     def text(self, ev: TextDelta) -> list[bytes]:
         if not ev.text and not ev.logprobs:
@@ -172,9 +201,9 @@ class ResponsesRenderer:
         lp = [_logprob(e) for e in ev.logprobs]
         text.append(ev.text)
         logprobs.extend(lp)
-        out.append(self._event("response.output_text.delta", item_id=item_id,
-                               output_index=len(self._items), content_index=0, delta=ev.text,
-                               logprobs=lp))
+        out.append(self._event({"type": "response.output_text.delta", "item_id": item_id,
+                                "output_index": len(self._items), "content_index": 0,
+                                "delta": ev.text, "logprobs": lp, "sequence_number": self._next()}))
         return out
 
     def call(self, ev: ToolCallDelta) -> list[bytes]:
@@ -182,37 +211,41 @@ class ResponsesRenderer:
         item_id, index = new_id("fc"), len(self._items)
         done = _call_item(item_id, ev.call, "completed")
         self._items.append(done)
-        where = {"item_id": item_id, "output_index": index}
         return [*out,
-                self._event("response.output_item.added", output_index=index,
-                            item=_call_item(item_id, ev.call, "in_progress")),
-                self._event("response.function_call_arguments.delta", **where, delta=ev.call.arguments),
-                self._event("response.function_call_arguments.done", **where, name=ev.call.name,
-                            arguments=ev.call.arguments),
-                self._event("response.output_item.done", output_index=index, item=done)]
+                self._item("response.output_item.added", index,
+                           _call_item(item_id, ev.call, "in_progress")),
+                self._event({"type": "response.function_call_arguments.delta", "item_id": item_id,
+                             "output_index": index, "delta": ev.call.arguments,
+                             "sequence_number": self._next()}),
+                self._event({"type": "response.function_call_arguments.done", "item_id": item_id,
+                             "output_index": index, "name": ev.call.name,
+                             "arguments": ev.call.arguments, "sequence_number": self._next()}),
+                self._item("response.output_item.done", index, done)]
 
     def finish(self, fin: Finished) -> list[bytes]:
-        status = "incomplete" if fin.finish_reason == "length" else "completed"
+        status: ItemStatus = "incomplete" if fin.finish_reason == "length" else "completed"
         out = [] if self._open is not None or self._items else self._open_message()
         out += self._close_message(status)
         response = self._finished(fin, list(self._items))
-        return [*out, self._event(f"response.{response['status']}", response=response)]
+        last: Lifecycle = ("response.incomplete" if response["status"] == "incomplete"
+                           else "response.completed")
+        return [*out, self._lifecycle(last, response)]
 
     def error(self, err: MlxdError) -> bytes:
         self._take_message("incomplete")  # in the failed response's output, with no events of its own
         failed = self.response("failed", list(self._items),
                                error={"code": err.code, "message": err.message})
-        return self._event("response.failed", response=failed)
+        return self._lifecycle("response.failed", failed)
 
     # ---- whole ----------------------------------------------------------------------------------
 
-    def whole(self, out: Collected, fin: Finished) -> dict[str, Any]:
+    def whole(self, out: Collected, fin: Finished) -> ResponseObject:
         text = "".join(out.text)
-        output: list[dict[str, Any]] = []
+        output: list[OutputItem] = []
         if text or not out.calls:
-            status = "incomplete" if fin.finish_reason == "length" else "completed"
-            part = {"type": "output_text", "text": text, "annotations": [],
-                    "logprobs": [_logprob(e) for e in out.logprobs]}
+            status: ItemStatus = "incomplete" if fin.finish_reason == "length" else "completed"
+            part: OutputText = {"type": "output_text", "text": text, "annotations": [],
+                                "logprobs": [_logprob(e) for e in out.logprobs]}
             output.append({"id": new_id("msg"), "type": "message", "status": status,
                            "role": "assistant", "content": [part]})
         output += [_call_item(new_id("fc"), c.call, "completed") for c in out.calls]

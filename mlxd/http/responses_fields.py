@@ -28,6 +28,7 @@ from typing import Any
 
 from mlxd.engines.base import Constraint, Tool
 from mlxd.errors import InvalidRequest
+from mlxd.http.bodies_responses import ResponseEcho
 from mlxd.http.fields import Boolean, Choice, Integer, Kind, Text, bad, read
 from mlxd.http.preferences import Headers, Preferences, preferences
 from mlxd.http.responses_items import input_items, input_kind
@@ -78,7 +79,7 @@ class ParsedResponses:
     store: bool
     previous_response_id: str | None
     #: the request's fields as the response object shows them (tools, tool_choice, text, ...)
-    echo: dict[str, Any] = field(default_factory=dict)
+    echo: ResponseEcho
     preferences: Preferences = field(default_factory=Preferences)
 
 
@@ -274,7 +275,7 @@ def parse_responses(
         raise bad("top_logprobs", f"needs include: [\"{LOGPROBS_INCLUDE}\"]")
     stream = _field(body, "stream", False)
     truncation = _field(body, "truncation")
-    echo: dict[str, Any] = {
+    echo: ResponseEcho = {
         "instructions": instructions,
         "max_output_tokens": max_output,
         "metadata": dict(body.get("metadata") or {}),

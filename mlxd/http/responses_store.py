@@ -22,11 +22,12 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
 
 from mlxd.errors import InvalidRequest, JournalError, ResponseNotFound
+from mlxd.http.bodies_responses import ResponseObject
 from mlxd.http.responses_items import MAX_ITEMS
 from mlxd.journal import responses
 from mlxd.journal.migrate import open_readonly
@@ -58,14 +59,14 @@ class ResponseStore:
     # ---- writing ------------------------------------------------------------------------------
 
     def save(
-        self, items: list[dict[str, Any]], response: dict[str, Any], created_at: float
+        self, items: list[dict[str, Any]], response: ResponseObject, created_at: float
     ) -> None:
         """Keep a finished response (``response["store"]`` true), without waiting for the disk."""
         journal = self.journal
-        if journal is None or not response.get("store"):
+        if journal is None or not response["store"]:
             return
         record = ResponseStored(
-            response["id"], created_at, response["model"], response.get("previous_response_id"),
+            response["id"], created_at, response["model"], response["previous_response_id"],
             response["status"], json.dumps(items), json.dumps(response),
         )
         try:
@@ -90,12 +91,13 @@ class ResponseStore:
 
     # ---- reading ------------------------------------------------------------------------------
 
-    async def get(self, response_id: str) -> dict[str, Any]:
+    async def get(self, response_id: str) -> ResponseObject:
+        """A stored response (as :meth:`save` kept it: a ``ResponseObject``'s JSON)."""
         await self._settled(response_id)
         found = await self._read(lambda c: responses.read_response(c, response_id))
         if found is None:
             raise ResponseNotFound(response_id, param="response_id")
-        return found
+        return cast(ResponseObject, found)
 
     async def history(self, previous_id: str) -> list[dict[str, Any]]:
         """The items of the conversation ending with ``previous_id``, oldest first: each

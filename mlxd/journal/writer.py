@@ -252,9 +252,8 @@ class Writer:
         try:
             if self.pruner is not None:
                 self.pruner.setup(conn)
-            # Pruning may have removed the newest events (released leases, superseded
-            # transitions): new rows must still number after the watermark, or the pruner
-            # would never reach them and a replay would read them before older rows.
+            # Pruning may have removed the newest events: new rows still number after its
+            # watermark, or the pruner would never reach them and replay misorder them.
             max_seq = conn.execute(
                 "SELECT max(coalesce((SELECT max(seq) FROM events), 0),"
                 " coalesce((SELECT max(seq) FROM transitions), 0))"

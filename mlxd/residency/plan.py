@@ -39,7 +39,6 @@ load time (unloads taken as instant); None when it depends on leases ending
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from mlxd.errors import ModelNotFound
 from mlxd.residency.core import Core
@@ -60,22 +59,6 @@ class Plan:
     error_message: str | None
     committed_after: int
     eta_s: float | None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON shape of ``GET /admin/plan`` (DESIGN.md)."""
-        return {
-            "model": self.model,
-            "action": self.action,
-            "victims": [
-                {"model": v.model, "state": v.state.value, "bytes": v.bytes, "why": v.why.value}
-                for v in self.victims
-            ],
-            "error": None
-            if self.error_code is None
-            else {"code": self.error_code, "message": self.error_message},
-            "committed_after": self.committed_after,
-            "eta_s": None if self.eta_s is None else round(self.eta_s, 3),
-        }
 
 
 def plan(

@@ -8,6 +8,7 @@ import trio
 import trio.testing
 
 from mlxd.errors import CapacityTimeout, ModelCapacity, Preempted
+from mlxd.http.bodies_admin import plan_body
 from mlxd.residency.core import Core
 from mlxd.residency.lease import Lease
 from mlxd.residency.messages import (
@@ -301,19 +302,19 @@ async def test_plan_names_the_victims_and_changes_nothing(autojump_clock: trio.a
     """The plan of a model that needs a busy model's room says drain_then_load with that victim, and nothing moves."""
     cfg = make_config({"a": 4, "b": 4, "c": 1}, 6, strategy="wait", wait_timeout_s=None)
     async with running(cfg) as h:
-        assert plan_of(h, "c").as_dict() == {
+        assert plan_body(plan_of(h, "c")) == {
             "model": "c", "action": "load", "victims": [], "error": None,
             "committed_after": 1 * GIB, "eta_s": None,
         }
         held = await h.hold("a")
         events = len(h.events)
-        p = plan_of(h, "b").as_dict()
+        p = plan_body(plan_of(h, "b"))
         assert p["action"] == "drain_then_load"
         assert p["victims"] == [{"model": "a", "state": "loaded", "bytes": 4 * GIB, "why": "drain"}]
         assert p["committed_after"] == 4 * GIB and p["eta_s"] is None
         assert len(h.events) == events and h.state("a") == "loaded"
         assert plan_of(h, "a").action == "ready"
-        failing = plan_of(h, "b", contention=ContentionPolicy.of("fail")).as_dict()
+        failing = plan_body(plan_of(h, "b", contention=ContentionPolicy.of("fail")))
         assert failing["action"] == "fail" and failing["error"]["code"] == "model_capacity"
         held.release.set()
 
