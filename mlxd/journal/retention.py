@@ -30,11 +30,15 @@ watermark ``retention.pruned_through`` (P), up to C, in journal order:
 
 * the ``leases`` rows whose ``lease_released`` event is in (P, C]: released
   leases only, so **an open lease is never pruned**;
-* the transitions in (P, C] that have a later transition of the same model, so
-  **a model's latest transition is never pruned**; before they go, each
+* the transitions up to C that have a later transition of the same model, so
+  **a model's latest transition is never pruned**: those in (P, C], and one
+  kept below P as its model's latest that a newer one has since superseded
+  (else it would stay, older than its model's checkpoint, and a replay in seq
+  order would read it after the checkpoint); before they go, each
   model's ``checkpoints`` row moves to its last pruned transition (``state`` is
   that row's ``to_state``: where the kept history starts);
-* the events rows in (P, C], except those of the transitions kept;
+* the events rows in (P, C], except those of the transitions kept, and those
+  of the superseded transitions below P;
 * every 32nd slice, ``measurements`` and ``kv_peaks`` older than C's time,
   except each model's latest (the memory estimate reads the measurement,
   ``check-config`` the peak);
@@ -209,17 +213,21 @@ PRUNE_LEASES = (
 MOVE_CHECKPOINTS = (
     "INSERT INTO checkpoints(model, seq, run_id, at, state, pruned)"
     " SELECT model, max(seq), run_id, at, to_state, count(*) FROM transitions t"
-    " WHERE seq > :p AND seq <= :c AND " + _HAS_LATER.format(t="t") + " GROUP BY model"
+    " WHERE seq <= :c AND " + _HAS_LATER.format(t="t") + " GROUP BY model"
     " ON CONFLICT(model) DO UPDATE SET seq = excluded.seq, run_id = excluded.run_id,"
     " at = excluded.at, state = excluded.state, pruned = checkpoints.pruned + excluded.pruned"
 )
 PRUNE_TRANSITIONS = (
-    "DELETE FROM transitions WHERE seq > :p AND seq <= :c AND "
-    + _HAS_LATER.format(t="transitions")
+    "DELETE FROM transitions WHERE seq <= :c AND " + _HAS_LATER.format(t="transitions")
 )
 PRUNE_EVENTS = (
     "DELETE FROM events WHERE seq > :p AND seq <= :c"
     " AND seq NOT IN (SELECT seq FROM transitions WHERE seq > :p AND seq <= :c)"
+)
+#: below P only kept transitions' events are left: those whose transition went
+PRUNE_SUPERSEDED_EVENTS = (
+    "DELETE FROM events WHERE seq <= :p AND kind = 'transition'"
+    " AND seq NOT IN (SELECT seq FROM transitions WHERE seq <= :p)"
 )
 _OLDER_NOT_LATEST = (
     "DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} m WHERE at < :at"
@@ -246,6 +254,7 @@ def prune_range(
     conn.execute(MOVE_CHECKPOINTS, args)
     transitions = conn.execute(PRUNE_TRANSITIONS, args).rowcount
     events = conn.execute(PRUNE_EVENTS, args).rowcount
+    events += conn.execute(PRUNE_SUPERSEDED_EVENTS, args).rowcount
     gone = conn.execute(PRUNE_MEASUREMENTS, {"at": c_at}).rowcount if measurements else 0
     peaks = conn.execute(PRUNE_KV_PEAKS, {"at": c_at}).rowcount if measurements else 0
     stored = conn.execute(PRUNE_RESPONSES, {"at": c_at}).rowcount

@@ -115,6 +115,28 @@ def test_age_pruning_keeps_each_models_latest_transition_and_open_leases(tmp_pat
     assert check_journal(f.conn) == []
 
 
+def test_a_latest_transition_kept_below_the_watermark_goes_once_a_newer_one_supersedes_it(
+    tmp_path: Path,
+) -> None:
+    """A transition kept as its model's latest when a slice passed it is pruned once newer ones come: the history replays in order."""
+    f = Fill(tmp_path / "j.db")
+    policy = Policy(retain_days=30)
+    f.cycle("a", NOW - 40 * DAY)
+    f.prune_all(Pruner(policy, clock=lambda: NOW))
+    kept = transitions(f.conn)
+    assert [(r["seq"], r["to_state"]) for r in kept] == [(kept[0]["seq"], "unloaded")]
+    f.cycle("a", NOW - 39 * DAY)  # a newer cycle: the kept row is no longer a's latest
+    whole = [*kept, *transitions(f.conn)[1:]]
+    f.prune_all(Pruner(policy, clock=lambda: NOW))
+    left = transitions(f.conn)
+    assert [r["to_state"] for r in left] == ["unloaded"] and left[0]["seq"] > kept[0]["seq"]
+    assert f.conn.execute(
+        "SELECT count(*) FROM events WHERE kind = 'transition'"
+    ).fetchone()[0] == 1
+    assert replay(left, read_checkpoints(f.conn)) == replay(whole)
+    assert check_journal(f.conn) == []
+
+
 async def test_after_pruning_the_newest_events_a_restart_numbers_rows_past_the_watermark(
     tmp_path: Path,
 ) -> None:
