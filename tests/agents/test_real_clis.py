@@ -48,12 +48,27 @@ def _posts(proxy: RecordingProxy, path: str) -> list[dict[str, Any]]:
     return [r.json() for r in proxy.requests if r.method == "POST" and r.path.split("?")[0] == path]
 
 
+#: the answer after the tool's result: one fixed word. The demo model's weights are random, so
+#: its free text ends only when it happens to sample its end token (a Codex turn once ran to
+#: max_output_tokens 4,096 and ended incomplete); a grammar that completes ends it.
+_ONE_WORD = {"type": "string", "enum": ["done"]}
+_FINISH = {
+    "/v1/responses": {"text": {"format": {"type": "json_schema", "name": "done", "schema": _ONE_WORD}}},
+    "/v1/messages": {"output_config": {"format": {"type": "json_schema", "schema": _ONE_WORD}}},
+}
+
+
 def _force_once(path: str, choice: dict[str, Any]) -> Any:
-    """A proxy rewrite setting ``tool_choice`` on the first request to ``path`` only."""
+    """A proxy rewrite setting ``tool_choice`` on the first request to ``path``, and a one-word
+    answer on the requests after it (the tool's result sent back)."""
     done: list[bool] = []
 
     def rewrite(p: str, body: Any) -> Any:
-        if p.split("?")[0] == path and not done and isinstance(body, dict) and body.get("tools"):
+        if p.split("?")[0] != path or not isinstance(body, dict):
+            return body
+        if done:
+            return {**body, **_FINISH[path]}
+        if body.get("tools"):
             done.append(True)
             return {**body, "tool_choice": choice}
         return body
