@@ -210,9 +210,11 @@ _HAS_LATER = (
 PRUNE_LEASES = (
     f"DELETE FROM leases WHERE released_at IS NOT NULL AND id IN ({_RELEASED_IN_RANGE})"
 )
+#: ``NOT INDEXED``: the rows up to C by rowid (below P only kept ones are left), not the whole
+#: table in (model, seq) order, which SQLite picks for the GROUP BY without a lower bound
 MOVE_CHECKPOINTS = (
     "INSERT INTO checkpoints(model, seq, run_id, at, state, pruned)"
-    " SELECT model, max(seq), run_id, at, to_state, count(*) FROM transitions t"
+    " SELECT model, max(seq), run_id, at, to_state, count(*) FROM transitions t NOT INDEXED"
     " WHERE seq <= :c AND " + _HAS_LATER.format(t="t") + " GROUP BY model"
     " ON CONFLICT(model) DO UPDATE SET seq = excluded.seq, run_id = excluded.run_id,"
     " at = excluded.at, state = excluded.state, pruned = checkpoints.pruned + excluded.pruned"
