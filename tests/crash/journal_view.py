@@ -32,6 +32,8 @@ class Snapshot:
     probe_column: bool = False
     #: model -> (at, state) of its checkpoint (where retention's pruning left it)
     checkpoints: dict[str, tuple[float, str]] = field(default_factory=dict)
+    #: model -> the run of its checkpoint's row (the run whose rows retention reached last)
+    checkpoint_runs: dict[str, int] = field(default_factory=dict)
     #: events rows retention has pruned from the file so far
     events_pruned: int = 0
     #: released leases rows retention has pruned so far (an open lease is never pruned)
@@ -69,9 +71,9 @@ def snapshot(path: Path) -> Snapshot:
         conn.execute("BEGIN")  # one snapshot: a live daemon may prune between two reads
         snap.problems = check_journal(conn)
         if "checkpoints" in snap.tables:
-            snap.checkpoints = {
-                r[0]: (r[1], r[2]) for r in conn.execute("SELECT model, at, state FROM checkpoints")
-            }
+            rows = conn.execute("SELECT model, at, state, run_id FROM checkpoints").fetchall()
+            snap.checkpoints = {r[0]: (r[1], r[2]) for r in rows}
+            snap.checkpoint_runs = {r[0]: r[3] for r in rows}
             snap.events_pruned, snap.leases_pruned = conn.execute(
                 "SELECT events_pruned, leases_pruned FROM retention"
             ).fetchone()
