@@ -118,10 +118,11 @@ _ROLE_BLOCKS = {"user": ("text", "tool_result"),
                 "assistant": ("text", "tool_use", "thinking", "redacted_thinking")}
 #: at least one user or assistant message (:func:`parse_messages`)
 A_TURN = {"properties": {"messages": {"contains": {"properties": {"role": {"enum": list(ROLES)}}}}}}
-#: 'any' and 'tool' need tools (:func:`_tool_choice`)
+#: 'any' and 'tool' need tools (:func:`_tool_choice`); a null tool_choice is no choice
 FORCING_NEEDS_TOOLS = {
     "if": {"required": ["tool_choice"],
-           "properties": {"tool_choice": {"properties": {"type": {"enum": ["any", "tool"]}}}}},
+           "properties": {"tool_choice": {"type": "object", "required": ["type"],
+                                          "properties": {"type": {"enum": ["any", "tool"]}}}}},
     "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
 }
 
