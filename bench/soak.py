@@ -345,8 +345,8 @@ def report(args: argparse.Namespace, samples: list[dict[str, Any]], t: Traffic,
         "",
         f"- RSS slope after the {args.warmup:g}-minute warm-up: {v['rss_slope_mb_per_min']:.2f} MB/min "
         f"({'ok' if v['rss_ok'] else 'FAIL'}: under 1 MB/min)",
-        f"- open fds after warm-up, highest of the first -> of the last {EDGE_SAMPLES} samples: {v['fds_after_warmup'][0]} -> {v['fds_after_warmup'][1]} "
-        f"({'ok' if v['fds_ok'] else 'FAIL'})",
+        f"- open fds after warm-up, highest of the first -> of the last {EDGE_SAMPLES} samples: "
+        f"{v['fds_after_warmup'][0]} -> {v['fds_after_warmup'][1]} ({'ok' if v['fds_ok'] else 'FAIL'})",
         f"- threads after warm-up, highest of the first -> of the last {EDGE_SAMPLES} samples: "
         f"{v['threads_after_warmup'][0]} -> "
         f"{v['threads_after_warmup'][1]} ({'ok' if v['threads_ok'] else 'FAIL'})",
