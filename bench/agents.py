@@ -533,7 +533,7 @@ def render(
             "",
         ]
     if "prefill" in args.rows:
-        lines += row_lines(figures, prefill, [BARE, *[p for p in servers if p in figures]])
+        lines += row_lines(figures, prefill, [BARE, *peers])
     lines += [""] + [f"Left out: {n}: {why}" for n, why in missing.items()]
     lines += target_lines(figures, peers) if agents else []
     return "\n".join(lines) + "\n"
