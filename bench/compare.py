@@ -111,14 +111,22 @@ def free_port() -> int:
 
 
 def write_models(kinds: list[str]) -> dict[str, Path]:
-    from mlxd.engines.model_files.demo_model import is_model_dir, write_demo_model
+    from mlxd.engines.model_files.demo_model import TEXT_SHAPES, is_model_dir, write_demo_model
+
+    def current(path: Path, kind: str) -> bool:
+        """A model written by this mlxd's ``demo-model`` (an older one's shape is rewritten)."""
+        if not is_model_dir(path):
+            return False
+        config = json.loads((path / "config.json").read_text())
+        return all(config.get(k) == v for k, v in TEXT_SHAPES.get(kind, {}).items())
 
     out: dict[str, Path] = {}
     for kind in kinds:
         for suffix in ("", "-b"):
             path = WORK / "models" / f"{kind}{suffix}"
-            if not is_model_dir(path):
-                if suffix and is_model_dir(WORK / "models" / kind):
+            if not current(path, kind):
+                shutil.rmtree(path, ignore_errors=True)
+                if suffix and current(WORK / "models" / kind, kind):
                     shutil.copytree(WORK / "models" / kind, path)
                 else:
                     write_demo_model(path, kind)  # type: ignore[arg-type]
