@@ -142,3 +142,30 @@ async def test_a_lone_request_holds_no_more_kv_than_admission_counts(
     per_token = batched.kv_bytes_per_token
     assert per_token
     assert 0 < loop.kv_peak_bytes <= batch_kv_bytes([fin.prompt_tokens + 5], per_token)
+
+
+def test_a_lone_prefill_grows_its_kv_once_and_decodes_in_steps_again() -> None:
+    """reserve_prompt: a prompt of 2,000 tokens fed in chunks of 512 allocates its KV once
+    (a cache grown 256 at a time copies all it holds at each chunk), keeps what was fed, and
+    stays within what admission counts; step_back: decoding grows 256 at a time again."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from mlxd.config.kv import KV_STEP
+    from mlxd.engines.scheduling.solo import reserve_prompt, step_back
+
+    cache = KVCache()
+    (kv,) = reserve_prompt([cache], 2000)
+    chunks = [mx.full((1, 2, n, 4), float(i)) for i, n in enumerate([512, 512, 512, 464])]
+    capacities = []
+    for chunk in chunks:
+        kv.update_and_fetch(chunk, chunk)
+        capacities.append(kv.keys.shape[2])
+    assert capacities == [2048] * 4  # one allocation, never a copy
+    assert 2000 <= capacities[0] < 2000 + KV_STEP
+    assert kv.offset == 2000
+    assert mx.array_equal(kv.keys[..., :2000, :], mx.concatenate(chunks, axis=2))
+    (kv,) = step_back([kv])
+    more = mx.zeros((1, 2, 49, 4))
+    kv.update_and_fetch(more, more)
+    assert kv.keys.shape[2] == 2000 + KV_STEP  # the 2,000 held, and one step more

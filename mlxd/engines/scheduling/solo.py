@@ -86,6 +86,35 @@ def compact(kv: list[Any], slack: int = 1) -> list[Any]:
     return kv
 
 
+def reserve_prompt(kv: list[Any], tokens: int) -> list[Any]:
+    """Let plain KV caches make room for ``tokens`` more positions at their next update.
+
+    A cache grows :data:`~mlxd.config.kv.KV_STEP` positions at a time by copying
+    everything it holds into a larger array: prefilled in chunks of 512, a
+    32,000-token prompt of the small demo model copied its KV 62 times (15-20 s of a
+    440 s prefill on this CPU). Grown once to the prompt's length (rounded up to a
+    step, as admission counts it), it copies at most the prefix it started with.
+    :func:`step_back` restores the step for decoding and the batch.
+    """
+    from mlx_lm.models.cache import KVCache
+
+    step = max(KV_STEP, -(-tokens // KV_STEP) * KV_STEP)
+    for c in kv:
+        if type(c) is KVCache:
+            c.step = step
+    return kv
+
+
+def step_back(kv: list[Any]) -> list[Any]:
+    """Plain KV caches grow :data:`~mlxd.config.kv.KV_STEP` positions at a time again."""
+    from mlx_lm.models.cache import KVCache
+
+    for c in kv:
+        if type(c) is KVCache:
+            c.step = KV_STEP
+    return kv
+
+
 class SoloHost(Protocol):
     """What a lone run needs of the loop that hands it its job
     (:class:`~mlxd.engines.scheduling.batch_loop.BatchLoop`)."""
@@ -133,13 +162,15 @@ class SoloRun:
         if kv is None:
             kv = make_prompt_cache(self.model)
         compact(kv, slack=KV_STEP)  # a prefix trimmed from a longer entry keeps its length
+        reserve_prompt(kv, len(rest))
         fed = cached
         with mx.stream(generation_stream):
             while len(rest) > 1:  # the prompt but its last token, a chunk per step
                 if job.cancel.is_set():
                     st.outcome = "cancelled"
                     return None
-                if interrupted():
+                if interrupted():  # the batch takes the KV as admission counts it
+                    kv = compact(step_back(kv), slack=KV_STEP)
                     return Resume(rest, kv, ids[:fed], 0, self.sampler, self.detok, self.out, cached,
                                   self.guard, self.from_disk)
                 n = min(loop.solo_chunk, len(rest) - 1)
@@ -151,7 +182,7 @@ class SoloRun:
                 st.prefill_done, st.prefill_chunks = fed, st.prefill_chunks + 1  # as the batch counts
                 job.emit(PrefillProgress(fed, len(ids)))
                 loop.note_step(kv)
-            return self._decode(ids[:fed], rest, kv, cached, interrupted)
+            return self._decode(ids[:fed], rest, step_back(kv), cached, interrupted)
 
     def _decode(
         self, in_kv: list[int], rest: list[int], kv: list[Any], cached: int,
